@@ -1,0 +1,208 @@
+"""Frozen configuration objects: ModelConfig (from config.json), EngineConfig, ServerConfig.
+
+CLI flags are generated from the dataclass fields (name -> ``--name-with-dashes``), so the
+defaults and help texts live in exactly one place. Nothing mutates a config after start-up;
+derived sizes are properties or are returned by the components that compute them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+def _opt(default: Any, help: str, choices: tuple | None = None, flag: bool = False) -> Any:
+    return field(default=default, metadata={"help": help, "choices": choices, "flag": flag})
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The architecture fields the engine needs, parsed from a HF ``config.json``."""
+
+    architecture: str
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    rms_norm_eps: float
+    rope_theta: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    attention_bias: bool = False
+    qk_norm: bool = True
+    hidden_act: str = "silu"
+    torch_dtype: str = "bfloat16"
+    quantization_config: dict | None = None
+
+    @property
+    def q_size(self) -> int:
+        return self.num_attention_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_key_value_heads * self.head_dim
+
+    @property
+    def is_fp8_checkpoint(self) -> bool:
+        qc = self.quantization_config or {}
+        return str(qc.get("quant_method", "")).lower() == "fp8"
+
+    def kv_bytes_per_token(self, dtype_size: int) -> int:
+        """Bytes of K and V for one token over all layers."""
+        return 2 * self.num_key_value_heads * self.head_dim * self.num_hidden_layers * dtype_size
+
+    @classmethod
+    def from_dict(cls, cfg: dict) -> ModelConfig:
+        archs = cfg.get("architectures") or []
+        if not archs:
+            raise ValueError("config.json has no 'architectures' field")
+        heads = int(cfg["num_attention_heads"])
+        hidden = int(cfg["hidden_size"])
+        rope_theta = cfg.get("rope_theta")
+        if rope_theta is None:
+            rp = cfg.get("rope_parameters") or {}
+            rope_theta = rp.get("rope_theta", 10000.0)
+        scaling = cfg.get("rope_scaling")
+        if scaling and scaling.get("rope_type", scaling.get("type")) not in (None, "default"):
+            raise ValueError(f"rope_scaling {scaling!r} is not supported")
+        return cls(
+            architecture=archs[0],
+            hidden_size=hidden,
+            num_hidden_layers=int(cfg["num_hidden_layers"]),
+            num_attention_heads=heads,
+            num_key_value_heads=int(cfg.get("num_key_value_heads", heads)),
+            head_dim=int(cfg.get("head_dim") or hidden // heads),
+            intermediate_size=int(cfg["intermediate_size"]),
+            vocab_size=int(cfg["vocab_size"]),
+            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+            rope_theta=float(rope_theta),
+            max_position_embeddings=int(cfg.get("max_position_embeddings", 32768)),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            attention_bias=bool(cfg.get("attention_bias", False)),
+            qk_norm=archs[0] == "Qwen3ForCausalLM",
+            hidden_act=str(cfg.get("hidden_act", "silu")),
+            torch_dtype=str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16"),
+            quantization_config=cfg.get("quantization_config"),
+        )
+
+    @classmethod
+    def from_path(cls, model_path: str | Path) -> ModelConfig:
+        path = Path(model_path) / "config.json"
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: no config.json in the model directory")
+        return cls.from_dict(json.loads(path.read_text()))
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Everything the engine (model runner, beam search, scheduler) is built from."""
+
+    model_path: str = _opt("", "HF-format checkpoint directory (config.json, tokenizer, safetensors)")
+    sid_vocab_file: str | None = _opt(None, "catalog of valid SIDs (comma-key JSON, RecIF sid2pid.json, list-of-lists JSON or text lines); without it decoding is unconstrained (smoke only)")
+    sid: str | None = _opt(None, "override the SID layout: START:END/SIZE[,begin=ID][,end=ID] (token ids START..END-1 are codebooks of SIZE codes)")
+    device: str | None = _opt(None, "cpu or cuda (default: cuda when available)", ("cpu", "cuda"))
+    dtype: str | None = _opt(None, "activation / unquantized weight dtype (default: bfloat16 on cuda, float32 on cpu)", ("float32", "bfloat16", "float16"))
+    quantization: str | None = _opt(None, "fp8 = W8A8 per-channel FP8; any other value = unquantized weights in --dtype (default: fp8 on cuda, none on cpu)")
+    kv_cache_dtype: str = _opt("auto", "KV cache dtype: auto (= --dtype) or fp8_e4m3", ("auto", "fp8_e4m3"))
+    logprob_scope: str = _opt("level", "log_softmax over the current level's codes (level), the whole SID range (sid) or the full vocabulary (full)", ("level", "sid", "full"))
+    length_penalty: float = _opt(1.0, "sequence_score = cum_logprob / gen_len ** length_penalty")
+    beam_width: int = _opt(50, "default beam width n (a request's n overrides it); also the CUDA-graph capture unit")
+    batch_slots: int | None = _opt(None, "beam-row slot budget shared by all running requests (default: --cuda-graph-max-bs)")
+    cuda_graph_max_bs: int = _opt(800, "largest decode batch (beam rows) captured as a CUDA graph")
+    disable_cuda_graph: bool = _opt(False, "run decode eagerly (never a silent fallback)", flag=True)
+    attention_backend: str | None = _opt(None, "attention backend (default: torch on cpu, flashinfer-free dense 'sdpa' on cuda)", ("torch", "sdpa", "flashinfer"))
+    max_seq_len: int = _opt(8192, "longest accepted prompt (tokens); longer prompts are rejected with 400")
+    max_prefill_tokens: int = _opt(16384, "tokens prefilled together in one forward")
+    mem_fraction_static: float = _opt(0.85, "fraction of free GPU memory given to weights + KV pool")
+    kv_pool_tokens: int | None = _opt(None, "prompt KV pool size in tokens (default: from free memory, or 262144 on cpu)")
+    enable_prefix_cache: bool = _opt(True, "radix prefix cache over prompt tokens")
+    schedule_policy: str = _opt("lpm", "admission order: longest prefix match (with aging) or first come first served", ("lpm", "fcfs"))
+    lpm_aging_ms: float = _opt(100.0, "LPM aging: each ms of waiting counts as this many matched tokens / 1 ms (no starvation)")
+    max_queue_len: int = _opt(4096, "waiting requests accepted before 503")
+    enable_fused_rms_fp8: bool = _opt(True, "fused RMSNorm(+residual) -> per-token FP8 quant kernel (GPU, FP8)")
+    enable_fused_silu_fp8: bool = _opt(True, "fused SiLU(gate)*up -> per-token FP8 quant kernel (GPU, FP8)")
+    enable_fused_qk_rope_kv: bool = _opt(True, "fused q/k RMSNorm + RoPE + KV write kernel (GPU)")
+    seed: int = _opt(0, "base seed for weights-free randomness (Gumbel sampling without a request seed)")
+
+    @property
+    def resolved_device(self) -> str:
+        if self.device:
+            return self.device
+        try:
+            import torch
+
+            return "cuda" if torch.cuda.is_available() else "cpu"
+        except Exception:  # pragma: no cover
+            return "cpu"
+
+    @property
+    def resolved_dtype(self) -> str:
+        if self.dtype:
+            return self.dtype
+        return "bfloat16" if self.resolved_device == "cuda" else "float32"
+
+    @property
+    def use_fp8(self) -> bool:
+        """FP8 GEMMs: only --quantization fp8 (or an FP8 checkpoint's quantization_config)."""
+        q = self.quantization
+        if q is None:
+            return self.resolved_device == "cuda"
+        return q.lower() == "fp8"
+
+    @property
+    def resolved_attention_backend(self) -> str:
+        if self.attention_backend:
+            return self.attention_backend
+        return "sdpa" if self.resolved_device == "cuda" else "torch"
+
+    @property
+    def resolved_batch_slots(self) -> int:
+        return self.batch_slots or self.cuda_graph_max_bs
+
+
+@dataclass(frozen=True)
+class ServerConfig(EngineConfig):
+    """Engine configuration plus the HTTP front end."""
+
+    host: str = _opt("127.0.0.1", "bind address (the server has no authentication: keep it on loopback)")
+    port: int = _opt(8000, "bind port (0 = pick a free one and print it)")
+    served_model_name: str | None = _opt(None, "model name reported by /v1/models (default: the directory name)")
+    max_body_bytes: int = _opt(8 * 1024 * 1024, "largest accepted request body (413 above)")
+    shutdown_timeout_s: float = _opt(30.0, "on SIGTERM, how long in-flight requests may take to finish")
+    warmup: bool = _opt(True, "run warm-up requests before /health reports ok")
+
+
+def add_config_args(parser: argparse.ArgumentParser, cls: type) -> None:
+    """Add one ``--flag`` per dataclass field of ``cls`` (defaults and help from the class)."""
+    for f in dataclasses.fields(cls):
+        name = "--" + f.name.replace("_", "-")
+        meta = f.metadata
+        kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+        if kind == "bool":
+            parser.add_argument(name, dest=f.name, action=argparse.BooleanOptionalAction, default=f.default, help=meta.get("help"))
+            continue
+        conv: Any = str
+        if kind.startswith("int"):
+            conv = int
+        elif kind.startswith("float"):
+            conv = float
+        parser.add_argument(name, dest=f.name, type=conv, default=f.default, choices=meta.get("choices"), help=meta.get("help"))
+
+
+def config_from_args(cls: type, args: argparse.Namespace, **overrides: Any):
+    names = {f.name for f in dataclasses.fields(cls)}
+    values = {k: v for k, v in vars(args).items() if k in names}
+    values.update(overrides)
+    return cls(**values)
+
+
+def env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
