@@ -1,0 +1,65 @@
+"""One beam-search step: exact global top-n over (beam x catalog-valid next token).
+
+NOTE on ordering: candidates are laid out parent-major with codes ascending inside each
+parent (the trie's CSR order), and selected with a *stable* descending sort, so ties are
+broken by the lowest (parent beam, token id) and results are reproducible bit for bit.
+Dead beams carry cum = -inf; every state has a fixed row count (the request's n) so the
+step is shape-static.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class StepResult:
+    parents: torch.Tensor  # [n] parent row of each new row
+    codes: torch.Tensor  # [n] chosen code (index into the level's logprob columns)
+    nodes: torch.Tensor  # [n] trie node at the next level
+    cum: torch.Tensor  # [n] cumulative logprob (without sampling noise); -inf = dead
+
+
+def gumbel_like(x: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    u = torch.rand(x.shape, generator=generator, device=x.device, dtype=torch.float32)
+    return -torch.log(-torch.log(u.clamp_min(1e-20)).clamp_min(1e-20))
+
+
+def expand(cum: torch.Tensor, logprobs: torch.Tensor, cand_codes: torch.Tensor,
+           cand_nodes: torch.Tensor, cand_valid: torch.Tensor, n: int,
+           temperature: float = 0.0, generator: torch.Generator | None = None) -> StepResult:
+    """cum [m], logprobs [m, K], cand_* [m, F] -> top ``n`` children.
+
+    If m * F < n the result is padded with dead rows (cum = -inf)."""
+    m, f = cand_codes.shape
+    lp = logprobs.gather(1, cand_codes)
+    total = (cum[:, None] + lp).masked_fill(~cand_valid, float("-inf")).reshape(-1)
+    key = total
+    if temperature > 0:
+        key = total / temperature + gumbel_like(total, generator)
+        key = key.masked_fill(torch.isinf(total), float("-inf"))
+    take = min(n, m * f)
+    order = torch.sort(key, descending=True, stable=True).indices[:take]
+    parents = torch.div(order, f, rounding_mode="floor")
+    pos = order - parents * f
+    res = StepResult(parents, cand_codes[parents, pos], cand_nodes[parents, pos], total[order])
+    if take < n:
+        pad = n - take
+        z = torch.zeros(pad, dtype=torch.long, device=cum.device)
+        res = StepResult(
+            torch.cat([res.parents, z]), torch.cat([res.codes, z]), torch.cat([res.nodes, z]),
+            torch.cat([res.cum, torch.full((pad,), float("-inf"), device=cum.device)]),
+        )
+    return res
+
+
+def unconstrained_candidates(m: int, k: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Every code of a K-code level is allowed (no catalog: smoke-only decoding)."""
+    codes = torch.arange(k, device=device).expand(m, k)
+    return codes, torch.zeros_like(codes), torch.ones(m, k, dtype=torch.bool, device=device)
+
+
+def sequence_scores(cum: torch.Tensor, gen_len: int, length_penalty: float) -> torch.Tensor:
+    return cum / (float(gen_len) ** length_penalty)

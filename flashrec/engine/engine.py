@@ -1,0 +1,134 @@
+"""Engine assembly: tokenizer -> catalog -> SID layout -> trie -> model runner -> scheduler.
+
+``Engine.generate`` runs requests to completion synchronously (offline CLI, tests); the
+server drives the same scheduler from a background thread (``engine/loop.py``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import platform
+from typing import Any
+
+import torch
+
+from flashrec import __version__
+from flashrec.config import EngineConfig, ModelConfig, env_flag
+from flashrec.engine.prompt import build_prompt_ids
+from flashrec.engine.request import GenRequest, GenResult
+from flashrec.engine.runner import ModelRunner
+from flashrec.engine.scheduler import Scheduler
+from flashrec.sid.catalog import load_catalog
+from flashrec.sid.layout import resolve_sid_layout
+from flashrec.sid.trie import SidTrie
+
+log = logging.getLogger("flashrec")
+
+
+def load_tokenizer(model_path: str):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_path)
+
+
+class Engine:
+    def __init__(self, config: EngineConfig) -> None:
+        if not config.model_path:
+            raise ValueError("--model-path is required")
+        self.config = config
+        self.model_config = ModelConfig.from_path(config.model_path)
+        self.tokenizer = load_tokenizer(config.model_path)
+        catalog = None
+        if config.sid_vocab_file:
+            catalog = load_catalog(config.sid_vocab_file)
+        self.layout = resolve_sid_layout(self.tokenizer, config.sid, catalog.depth if catalog else None)
+        if catalog is not None:
+            catalog = load_catalog(config.sid_vocab_file, layout=self.layout)
+            self.trie = SidTrie(catalog.codes, self.layout.codebook_size, device=config.resolved_device)
+            self.depth = self.trie.depth
+            log.info("catalog %s: %d SIDs, depth %d", config.sid_vocab_file, len(catalog), self.depth)
+        else:
+            self.trie = None
+            self.depth = self.layout.num_levels
+            log.warning("no --sid-vocab-file: decoding is unconstrained over the SID codebooks (smoke only)")
+        self.catalog = catalog
+        self.runner = ModelRunner(config, self.model_config, self.layout, self.depth)
+        self.scheduler = Scheduler(self.runner, self.layout, self.trie, self.tokenizer)
+        self.scheduler.debug_hash = env_flag("FLASHREC_DEBUG_STEP_HASH")
+        self._ids = itertools.count()
+
+    # ---- prompts ------------------------------------------------------------------------
+    @property
+    def vocab_size(self) -> int:
+        return self.model_config.vocab_size
+
+    @property
+    def max_beam_rows(self) -> int:
+        return self.config.resolved_batch_slots
+
+    def build_prompt(self, messages=None, text: str | None = None, input_ids=None,
+                     chat_template_kwargs: dict | None = None) -> list[int]:
+        """See ``flashrec.engine.prompt.build_prompt_ids``."""
+        return build_prompt_ids(self.tokenizer, self.layout, self.vocab_size, messages=messages,
+                                text=text, input_ids=input_ids, chat_template_kwargs=chat_template_kwargs)
+
+    def new_request(self, input_ids: list[int], n: int | None = None, max_tokens: int | None = None,
+                    temperature: float = 0.0, seed: int | None = None, rid: str | None = None) -> GenRequest:
+        return GenRequest(rid or f"req-{next(self._ids)}", input_ids, n or self.config.beam_width,
+                          max_tokens or (self.depth + 1), temperature, seed)
+
+    # ---- offline execution --------------------------------------------------------------
+    def generate(self, requests: list[GenRequest]) -> list[GenResult]:
+        """Run ``requests`` to completion (batched continuously) and return results in order."""
+        for r in requests:
+            self.check_request(r)
+            self.scheduler.add(r)
+        done: dict[str, GenResult] = {}
+        while self.scheduler.has_work():
+            for req, res in self.scheduler.step():
+                if isinstance(res, Exception):
+                    raise res
+                done[req.rid] = res
+        return [done[r.rid] for r in requests]
+
+    def check_request(self, r: GenRequest) -> None:
+        if r.n < 1 or r.n > self.max_beam_rows:
+            raise ValueError(f"n={r.n} must be in [1, {self.max_beam_rows}] (--batch-slots)")
+        if r.max_tokens < 1:
+            raise ValueError("max_tokens must be >= 1")
+        if r.prompt_len > self.config.max_seq_len:
+            raise ValueError(f"prompt of {r.prompt_len} tokens exceeds --max-seq-len {self.config.max_seq_len}")
+        if r.prompt_len > self.runner.kv.pool_tokens:
+            raise ValueError(f"prompt of {r.prompt_len} tokens exceeds the KV pool ({self.runner.kv.pool_tokens})")
+
+    def server_info(self) -> dict[str, Any]:
+        import dataclasses
+
+        info = {
+            "version": __version__,
+            "config": dataclasses.asdict(self.config),
+            "model": dataclasses.asdict(self.model_config),
+            "sid_layout": {
+                "arg": self.layout.to_arg(),
+                "code_start": self.layout.code_start,
+                "codebook_size": self.layout.codebook_size,
+                "num_levels": self.layout.num_levels,
+                "sid_begin": self.layout.sid_begin,
+                "sid_end": self.layout.sid_end,
+            },
+            "catalog": {"path": self.config.sid_vocab_file, "sids": len(self.catalog) if self.catalog else None,
+                        "depth": self.depth},
+            "device": str(self.runner.device),
+            "dtype": str(self.runner.dtype),
+            "fp8": self.runner.use_fp8,
+            "kv_cache_dtype": str(self.runner.kv.dtype),
+            "kv_pool_tokens": self.runner.kv.pool_tokens,
+            "batch_slots": self.max_beam_rows,
+            "attention_backend": self.config.resolved_attention_backend,
+            "versions": {"torch": torch.__version__, "python": platform.python_version()},
+        }
+        if torch.cuda.is_available():
+            info["gpu"] = torch.cuda.get_device_name(0)
+        return info
+

@@ -1,0 +1,69 @@
+"""KV memory: a token-granular prompt pool (shared with the radix cache) and a dense
+per-beam-row decode buffer.
+
+    prompt pool   k[layer]: [pool_tokens, n_kv, head_dim]   one slot per prompt token
+    decode buffer dk[layer]: [slots * depth, n_kv, head_dim]  row r, step t -> r * depth + t
+
+All beams of a request read the same prompt slots (never copied per beam). After each beam
+step the decode rows of a request are gathered by parent index (``reorder``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from flashrec.config import ModelConfig
+
+
+class TokenAllocator:
+    """Free list of integer slots, handed out lowest first so runs are reproducible."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._free = list(range(size - 1, -1, -1))  # pop() from the end -> lowest first
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    @property
+    def num_used(self) -> int:
+        return self.size - len(self._free)
+
+    def alloc(self, n: int) -> list[int]:
+        if n > len(self._free):
+            raise MemoryError(f"need {n} slots, {len(self._free)} free")
+        out = [self._free.pop() for _ in range(n)]
+        return out
+
+    def free(self, slots: list[int]) -> None:
+        self._free.extend(sorted(slots, reverse=True))
+        if len(self._free) > self.size:
+            raise RuntimeError("double free in TokenAllocator")
+        self._free.sort(reverse=True)
+
+
+class KVCache:
+    def __init__(self, cfg: ModelConfig, pool_tokens: int, row_slots: int, depth: int,
+                 dtype: torch.dtype, device: torch.device | str) -> None:
+        shape_kv = (cfg.num_key_value_heads, cfg.head_dim)
+        self.dtype = dtype
+        self.depth = depth
+        self.pool_tokens = pool_tokens
+        self.row_slots = row_slots
+        self.k = [torch.zeros(pool_tokens, *shape_kv, dtype=dtype, device=device) for _ in range(cfg.num_hidden_layers)]
+        self.v = [torch.zeros_like(t) for t in self.k]
+        self.dk = [torch.zeros(row_slots * depth, *shape_kv, dtype=dtype, device=device) for _ in range(cfg.num_hidden_layers)]
+        self.dv = [torch.zeros_like(t) for t in self.dk]
+        self.tokens = TokenAllocator(pool_tokens)
+        self.rows = TokenAllocator(row_slots)
+
+    def reorder(self, rows: torch.Tensor, parents: torch.Tensor, upto: int) -> None:
+        """Decode KV of beam rows ``rows`` becomes that of ``rows[parents]`` (positions < upto)."""
+        if upto <= 0:
+            return
+        d = self.depth
+        src = rows[parents]
+        for buf in (*self.dk, *self.dv):
+            view = buf.view(self.row_slots, d, *buf.shape[1:])
+            view[rows, :upto] = view[src, :upto]

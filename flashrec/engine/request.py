@@ -1,0 +1,55 @@
+"""Request and result records exchanged between the front ends and the engine."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+
+@dataclass
+class GenRequest:
+    """One beam-search request. ``input_ids`` is the full prompt and ends with <|sid_begin|>."""
+
+    rid: str
+    input_ids: list[int]
+    n: int
+    max_tokens: int
+    temperature: float = 0.0
+    seed: int | None = None
+    arrival: float = field(default_factory=time.monotonic)
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.input_ids)
+
+
+@dataclass(frozen=True)
+class BeamResult:
+    """One returned beam, best first in ``GenResult.beams``."""
+
+    token_ids: list[int]
+    cum_logprob: float
+    sequence_score: float
+    finish_reason: str  # "stop" (produced <|sid_end|>) or "length"
+    text: str = ""
+
+
+@dataclass
+class GenResult:
+    rid: str
+    beams: list[BeamResult]
+    prompt_tokens: int
+    cached_tokens: int = 0
+    error: str | None = None
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(len(b.token_ids) for b in self.beams)
+
+
+class EngineError(RuntimeError):
+    """A batch failed inside the engine; only the requests of that batch see it."""
+
+
+class QueueFullError(RuntimeError):
+    """The waiting queue is at --max-queue-len."""

@@ -1,0 +1,147 @@
+"""Model runner: builds the model, KV memory, attention backend and LM head; runs one
+prefill forward or one decode forward over a batch and returns level logprobs."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from flashrec.config import EngineConfig, ModelConfig
+from flashrec.engine.kv import KVCache
+from flashrec.layers.attention import DecodeGroup, DecodeMeta, PrefillMeta, create_backend
+from flashrec.layers.logits import RestrictedLMHead
+from flashrec.layers.rotary import build_cos_sin
+from flashrec.models.loader import load_weights, read_checkpoint
+from flashrec.models.registry import get_model_class
+from flashrec.profiler import trace_range
+from flashrec.sid.layout import SidLayout
+
+log = logging.getLogger("flashrec")
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class ForwardContext:
+    """Per-model constants the layers read (passed down, never global)."""
+
+    attn: object
+    cos_sin: torch.Tensor
+    fused_rms_fp8: bool = False
+    fused_silu_fp8: bool = False
+    fused_qk_rope_kv: object | None = None
+
+
+def _kv_dtype(cfg: EngineConfig, act: torch.dtype) -> torch.dtype:
+    if cfg.kv_cache_dtype == "fp8_e4m3":
+        return torch.float8_e4m3fn
+    return act
+
+
+class ModelRunner:
+    def __init__(self, config: EngineConfig, model_config: ModelConfig, layout: SidLayout,
+                 depth: int) -> None:
+        self.config = config
+        self.model_config = model_config
+        self.device = torch.device(config.resolved_device)
+        self.dtype = DTYPES[config.resolved_dtype]
+        self.use_fp8 = self._resolve_fp8(model_config)
+        cls = get_model_class(model_config)
+        with torch.device("meta"):
+            model = cls(model_config)
+        model = model.to_empty(device="cpu")
+        tensors = read_checkpoint(config.model_path)
+        load_weights(model, tensors, self.dtype, quantize_fp8=self.use_fp8 and not model_config.is_fp8_checkpoint,
+                     dequantize_fp8=model_config.is_fp8_checkpoint and not self.use_fp8)
+        del tensors
+        self.model = model.to(self.device).eval()
+        self.depth = depth
+        kv_dtype = _kv_dtype(config, self.dtype)
+        pool = self._pool_tokens(model_config, kv_dtype)
+        self.kv = KVCache(model_config, pool, config.resolved_batch_slots, max(depth, 1), kv_dtype, self.device)
+        self.attn = create_backend(config.resolved_attention_backend, self.kv, model_config.num_attention_heads,
+                                   model_config.num_key_value_heads, model_config.head_dim)
+        cos_sin = build_cos_sin(model_config.max_position_embeddings, model_config.head_dim,
+                                model_config.rope_theta, device=self.device)
+        on_gpu = self.device.type == "cuda"
+        self.ctx = ForwardContext(
+            self.attn, cos_sin,
+            fused_rms_fp8=on_gpu and self.use_fp8 and config.enable_fused_rms_fp8,
+            fused_silu_fp8=on_gpu and self.use_fp8 and config.enable_fused_silu_fp8,
+        )
+        self.lm_head = RestrictedLMHead(self.model.lm_head(), layout, config.logprob_scope)
+        log.info("model %s on %s: dtype %s, fp8 %s, KV pool %d tokens (%s), %d beam-row slots",
+                 model_config.architecture, self.device, self.dtype, self.use_fp8, pool, kv_dtype,
+                 config.resolved_batch_slots)
+
+    def _resolve_fp8(self, mc: ModelConfig) -> bool:
+        q = self.config.quantization
+        if q is None:
+            return mc.is_fp8_checkpoint or self.config.resolved_device == "cuda"
+        return q.lower() == "fp8"
+
+    def _pool_tokens(self, mc: ModelConfig, kv_dtype: torch.dtype) -> int:
+        if self.config.kv_pool_tokens:
+            return self.config.kv_pool_tokens
+        per_token = mc.kv_bytes_per_token(torch.empty(0, dtype=kv_dtype).element_size())
+        if self.device.type != "cuda":
+            return max(4096, min(262144, (1 << 30) // per_token))
+        free, total = torch.cuda.mem_get_info(self.device)
+        budget = free - total * (1.0 - self.config.mem_fraction_static)
+        decode = 2 * self.config.resolved_batch_slots * self.depth * per_token
+        return max(4096, int((budget - decode) // per_token))
+
+    @torch.inference_mode()
+    def prefill(self, input_ids: torch.Tensor, meta: PrefillMeta) -> torch.Tensor:
+        """Runs the new tokens of a prefill batch; returns [B, K] level-0 logprobs."""
+        with trace_range("flashrec.prefill"):
+            h = self.model(input_ids, meta.positions, meta, self.ctx, select=meta.last_index)
+            return self.lm_head.level_logprobs(h, 0)
+
+    @torch.inference_mode()
+    def decode(self, input_ids: torch.Tensor, meta: DecodeMeta, levels: list[int]) -> list[torch.Tensor]:
+        """One decode forward over all beam rows; returns per group the logprobs of the level
+        it decodes next (``levels[i]``; level == depth means the end token)."""
+        with trace_range("flashrec.decode"):
+            h = self.model(input_ids, meta.positions, meta, self.ctx)
+            out = []
+            for grp, level in zip(meta.groups, levels):
+                hg = h[grp.start:grp.end]
+                if level >= self.depth:
+                    out.append(self.lm_head.end_logprobs(hg))
+                else:
+                    out.append(self.lm_head.level_logprobs(hg, level))
+            return out
+
+
+def make_prefill_meta(seqs, device) -> PrefillMeta:
+    """seqs: list of (prefix_len, new_slots list, all_slots list)."""
+    positions, out_loc, seq_slots, new_lens, prefix_lens, last = [], [], [], [], [], []
+    off = 0
+    for prefix_len, new_slots, all_slots in seqs:
+        n = len(new_slots)
+        positions.extend(range(prefix_len, prefix_len + n))
+        out_loc.extend(new_slots)
+        seq_slots.append(torch.tensor(all_slots, dtype=torch.long, device=device))
+        new_lens.append(n)
+        prefix_lens.append(prefix_len)
+        off += n
+        last.append(off - 1)
+    t = lambda x: torch.tensor(x, dtype=torch.long, device=device)  # noqa: E731
+    return PrefillMeta(t(positions), t(out_loc), seq_slots, new_lens, prefix_lens, t(last))
+
+
+def make_decode_meta(groups_in, depth: int, device) -> DecodeMeta:
+    """groups_in: list of (rows tensor [n], prompt_slots tensor, step, position)."""
+    rows, positions, out_loc, groups = [], [], [], []
+    start = 0
+    for r, prompt_slots, step, pos in groups_in:
+        n = r.shape[0]
+        rows.append(r)
+        positions.append(torch.full((n,), pos, dtype=torch.long, device=device))
+        out_loc.append(r * depth + step)
+        groups.append(DecodeGroup(start, start + n, prompt_slots, step))
+        start += n
+    return DecodeMeta(torch.cat(positions), torch.cat(rows), torch.cat(out_loc), groups)

@@ -1,0 +1,313 @@
+"""Continuous batching of beam rows.
+
+Each ``step()``: admit waiting requests under the beam-row slot budget and the KV pool
+(longest-prefix-match order with aging, or FCFS), prefill them together, then run ONE decode
+forward over the rows of every running request (different requests, different n), expand
+each request's beams, and retire finished requests. Requests join and leave between steps.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import random
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from flashrec.beam.search import expand, sequence_scores, unconstrained_candidates
+from flashrec.engine.radix import Node, RadixCache
+from flashrec.engine.request import BeamResult, EngineError, GenRequest, GenResult
+from flashrec.engine.runner import ModelRunner, make_decode_meta, make_prefill_meta
+from flashrec.profiler import trace_range
+from flashrec.sid.layout import SidLayout
+
+log = logging.getLogger("flashrec")
+
+
+@dataclass(eq=False)
+class ReqState:
+    req: GenRequest
+    target_len: int
+    prompt_slots: list[int] = field(default_factory=list)
+    private_slots: list[int] = field(default_factory=list)
+    cached_tokens: int = 0
+    node: Node | None = None
+    rows: torch.Tensor | None = None
+    tokens: torch.Tensor | None = None  # [n, g] generated token ids
+    cum: torch.Tensor | None = None
+    nodes: torch.Tensor | None = None
+    generator: torch.Generator | None = None
+    prompt_slots_t: torch.Tensor | None = None
+
+    @property
+    def generated(self) -> int:
+        return 0 if self.tokens is None else self.tokens.shape[1]
+
+    @property
+    def done(self) -> bool:
+        return self.generated >= self.target_len
+
+
+@dataclass
+class SchedulerStats:
+    steps_total: int = 0
+    prompt_tokens_total: int = 0
+    prefix_hit_tokens_total: int = 0
+    batch_failures_total: int = 0
+
+
+class Scheduler:
+    def __init__(self, runner: ModelRunner, layout: SidLayout, trie, tokenizer=None) -> None:
+        self.runner = runner
+        self.cfg = runner.config
+        self.layout = layout
+        self.trie = trie
+        self.tokenizer = tokenizer
+        self.depth = runner.depth
+        self.kv = runner.kv
+        self.device = runner.device
+        self.radix = RadixCache() if self.cfg.enable_prefix_cache else None
+        self.waiting: list[GenRequest] = []
+        self.running: list[ReqState] = []
+        self.stats = SchedulerStats()
+        self.debug_hash = False
+        self.step_delay_s = 0.0
+
+    # ---- public -------------------------------------------------------------------------
+    def add(self, req: GenRequest) -> None:
+        self.waiting.append(req)
+
+    def cancel(self, rid: str) -> bool:
+        for i, r in enumerate(self.waiting):
+            if r.rid == rid:
+                del self.waiting[i]
+                return True
+        for st in self.running:
+            if st.req.rid == rid:
+                self._release(st)
+                self.running.remove(st)
+                return True
+        return False
+
+    @property
+    def used_rows(self) -> int:
+        return self.kv.rows.num_used
+
+    @property
+    def kv_used_tokens(self) -> int:
+        """Prompt KV held by requests (cached-but-unreferenced tokens are not counted)."""
+        evictable = self.radix.evictable_tokens if self.radix else 0
+        return self.kv.tokens.num_used - evictable
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def flush_cache(self) -> int:
+        if self.radix is None:
+            return 0
+        freed = self.radix.flush()
+        self.kv.tokens.free(freed)
+        return len(freed)
+
+    def step(self) -> list[tuple[GenRequest, GenResult | Exception]]:
+        """One engine step. Returns finished (or failed) requests."""
+        out: list[tuple[GenRequest, GenResult | Exception]] = []
+        with trace_range("flashrec.schedule"):
+            admitted = self._admit()
+        if admitted:
+            out.extend(self._prefill(admitted))
+        out.extend(self._decode())
+        for st in [s for s in self.running if s.done]:
+            self.running.remove(st)
+            out.append((st.req, self._result(st)))
+            self._release(st)
+        self.stats.steps_total += 1
+        if self.step_delay_s:
+            time.sleep(self.step_delay_s)
+        return out
+
+    # ---- admission ----------------------------------------------------------------------
+    def _order(self) -> list[GenRequest]:
+        if self.cfg.schedule_policy == "fcfs" or self.radix is None:
+            return sorted(self.waiting, key=lambda r: r.arrival)
+        now = time.monotonic()
+        aged = [r for r in self.waiting if (now - r.arrival) * 1000.0 >= self.cfg.lpm_aging_ms]
+        fresh = [r for r in self.waiting if (now - r.arrival) * 1000.0 < self.cfg.lpm_aging_ms]
+        fresh.sort(key=lambda r: (-len(self.radix.match(r.input_ids[:-1])[0]), r.arrival))
+        return sorted(aged, key=lambda r: r.arrival) + fresh
+
+    def _admit(self) -> list[ReqState]:
+        admitted: list[ReqState] = []
+        budget = self.cfg.max_prefill_tokens
+        for req in self._order():
+            if req.n > self.kv.rows.num_free:
+                break
+            slots: list[int] = []
+            node = None
+            if self.radix is not None:
+                slots, node = self.radix.match(req.input_ids[:-1])  # >= 1 token left to compute
+            need = req.prompt_len - len(slots)
+            if admitted and need > budget:
+                break
+            if self.radix is not None:
+                self.radix.lock(node)
+            if need > self.kv.tokens.num_free and self.radix is not None:
+                self.kv.tokens.free(self.radix.evict(need - self.kv.tokens.num_free))
+            if need > self.kv.tokens.num_free:
+                if self.radix is not None:
+                    self.radix.unlock(node)
+                break
+            st = ReqState(req, target_len=min(self.depth + 1, req.max_tokens))
+            st.node = node
+            st.cached_tokens = len(slots)
+            st.private_slots = self.kv.tokens.alloc(need)
+            st.prompt_slots = list(slots) + st.private_slots
+            st.rows = torch.tensor(self.kv.rows.alloc(req.n), dtype=torch.long, device=self.device)
+            seed = req.seed if req.seed is not None else random.getrandbits(62)
+            st.generator = torch.Generator(device=self.device).manual_seed(seed)
+            budget -= need
+            admitted.append(st)
+            self.waiting.remove(req)
+        return admitted
+
+    # ---- prefill ------------------------------------------------------------------------
+    def _prefill(self, batch: list[ReqState]) -> list[tuple[GenRequest, GenResult | Exception]]:
+        seqs = [(st.cached_tokens, st.private_slots, st.prompt_slots) for st in batch]
+        ids = [t for st in batch for t in st.req.input_ids[st.cached_tokens:]]
+        try:
+            meta = make_prefill_meta(seqs, self.device)
+            input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
+            logprobs = self.runner.prefill(input_ids, meta)
+            for i, st in enumerate(batch):
+                self._publish_prompt(st)
+                st.prompt_slots_t = torch.tensor(st.prompt_slots, dtype=torch.long, device=self.device)
+                zero = torch.zeros(1, dtype=torch.float32, device=self.device)
+                self._advance(st, zero, logprobs[i : i + 1], torch.zeros(1, dtype=torch.long, device=self.device),
+                              None, "prefill", meta_hash=self._hash_meta(meta) if self.debug_hash else None)
+                self.stats.prompt_tokens_total += st.req.prompt_len
+                self.stats.prefix_hit_tokens_total += st.cached_tokens
+        except Exception as exc:  # noqa: BLE001 - one batch fails, the server goes on
+            return self._fail(batch, exc)
+        self.running.extend(batch)
+        return []
+
+    def _publish_prompt(self, st: ReqState) -> None:
+        """Insert the prompt into the radix cache; keep only the slots it did not take."""
+        if self.radix is None:
+            return
+        new_node, dup = self.radix.insert(st.req.input_ids, st.prompt_slots)
+        self.radix.lock(new_node)
+        self.radix.unlock(st.node)
+        st.node = new_node
+        st.private_slots = dup
+
+    # ---- decode -------------------------------------------------------------------------
+    def _decode(self) -> list[tuple[GenRequest, GenResult | Exception]]:
+        batch, groups = [], []
+        for st in self.running:
+            g = st.generated
+            if st.done:
+                continue
+            if g >= self.depth and self.runner.lm_head.end_step_is_free:
+                self._append_end(st)
+                continue
+            step = g - 1
+            groups.append((st.rows, st.prompt_slots_t, step, st.req.prompt_len + step))
+            batch.append(st)
+        if not batch:
+            return []
+        try:
+            meta = make_decode_meta(groups, self.kv.depth, self.device)
+            input_ids = torch.cat([st.tokens[:, -1] for st in batch])
+            levels = [st.generated for st in batch]
+            logprobs = self.runner.decode(input_ids, meta, levels)
+            mh = self._hash_meta(meta) if self.debug_hash else None
+            for st, lp in zip(batch, logprobs):
+                self._advance(st, st.cum, lp, st.nodes, st.rows, "decode", meta_hash=mh)
+        except Exception as exc:  # noqa: BLE001
+            for st in batch:
+                self.running.remove(st)
+            return self._fail(batch, exc)
+        return []
+
+    def _candidates(self, level: int, nodes: torch.Tensor):
+        m = nodes.shape[0]
+        if level >= self.depth:  # the end token: one candidate per beam
+            z = torch.zeros(m, 1, dtype=torch.long, device=self.device)
+            return z, z, torch.ones(m, 1, dtype=torch.bool, device=self.device)
+        if self.trie is None:
+            return unconstrained_candidates(m, self.layout.codebook_size, self.device)
+        return self.trie.candidates(level, nodes)
+
+    def _advance(self, st: ReqState, cum, logprobs, nodes, rows, phase: str, meta_hash=None) -> None:
+        level = st.generated
+        with trace_range("flashrec.beam"):
+            codes, child, valid = self._candidates(level, nodes)
+            res = expand(cum, logprobs, codes, child, valid, st.req.n, st.req.temperature, st.generator)
+            if level >= self.depth:
+                new_tok = torch.full_like(res.codes, self.layout.sid_end)
+            else:
+                new_tok = res.codes + self.layout.level_range(level)[0]
+            if st.tokens is None:
+                st.tokens = new_tok[:, None]
+            else:
+                self.kv.reorder(rows, res.parents, upto=level)
+                st.tokens = torch.cat([st.tokens[res.parents], new_tok[:, None]], dim=1)
+            st.cum, st.nodes = res.cum, res.nodes
+        if meta_hash is not None:
+            out_h = _hash_tensors(st.tokens, st.cum)
+            log.info("STEP_HASH rid=%s step=%d phase=%s inputs=%s outputs=%s",
+                     st.req.rid, level, phase, meta_hash, out_h)
+
+    def _append_end(self, st: ReqState) -> None:
+        end = torch.full((st.tokens.shape[0], 1), self.layout.sid_end, dtype=torch.long, device=self.device)
+        st.tokens = torch.cat([st.tokens, end], dim=1)
+
+    # ---- results / cleanup --------------------------------------------------------------
+    def _result(self, st: ReqState) -> GenResult:
+        g = st.generated
+        scores = sequence_scores(st.cum, g, self.cfg.length_penalty)
+        alive = torch.isfinite(st.cum)
+        order = torch.sort(scores.masked_fill(~alive, float("-inf")), descending=True, stable=True).indices
+        n_alive = int(alive.sum())
+        toks = st.tokens[order[:n_alive]].tolist()
+        cums = st.cum[order[:n_alive]].tolist()
+        scs = scores[order[:n_alive]].tolist()
+        beams = []
+        for t, c, s in zip(toks, cums, scs):
+            reason = "stop" if t and t[-1] == self.layout.sid_end else "length"
+            text = self.tokenizer.decode(t, skip_special_tokens=False) if self.tokenizer is not None else ""
+            beams.append(BeamResult(t, c, s, reason, text))
+        return GenResult(st.req.rid, beams, st.req.prompt_len, st.cached_tokens)
+
+    def _release(self, st: ReqState) -> None:
+        if st.rows is not None:
+            self.kv.rows.free(st.rows.tolist())
+            st.rows = None
+        if st.private_slots:
+            self.kv.tokens.free(st.private_slots)
+            st.private_slots = []
+        if self.radix is not None and st.node is not None:
+            self.radix.unlock(st.node)
+            st.node = None
+
+    def _fail(self, batch: list[ReqState], exc: Exception):
+        self.stats.batch_failures_total += 1
+        log.exception("batch of %d requests failed", len(batch), exc_info=exc)
+        for st in batch:
+            self._release(st)
+        err = EngineError(f"{type(exc).__name__}: {exc}")
+        return [(st.req, err) for st in batch]
+
+    def _hash_meta(self, meta) -> str:
+        return _hash_tensors(meta.positions, meta.out_loc, *(getattr(meta, "seq_slots", []) or []),
+                             *(g.prompt_slots for g in getattr(meta, "groups", [])))
+
+
+def _hash_tensors(*ts: torch.Tensor) -> str:
+    h = hashlib.sha1()
+    for t in ts:
+        h.update(t.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]

@@ -1,0 +1,158 @@
+"""Checkpoint loading: HF names -> fused parameters through one merge table.
+
+    q_proj, k_proj, v_proj -> qkv_proj (concatenated along the output dim, in that order)
+    gate_proj, up_proj     -> gate_up_proj
+FP8 checkpoints: ``<name>.weight_scale`` (or ``weight_scale_inv``) per output channel is
+concatenated alongside its weight, never requantized. ``quantize_fp8`` quantizes unquantized
+decoder weights per channel on load. Missing, unexpected or mis-shaped tensors fail loudly,
+naming the checkpoint tensor.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from flashrec.layers.linear import Linear
+
+log = logging.getLogger("flashrec")
+
+# checkpoint projection -> (fused module attribute, part index, number of parts)
+PACKED_MODULES: dict[str, tuple[str, int, int]] = {
+    "q_proj": ("qkv_proj", 0, 3),
+    "k_proj": ("qkv_proj", 1, 3),
+    "v_proj": ("qkv_proj", 2, 3),
+    "gate_proj": ("gate_up_proj", 0, 2),
+    "up_proj": ("gate_up_proj", 1, 2),
+}
+SCALE_SUFFIXES = (".weight_scale_inv", ".weight_scale")
+
+
+class CheckpointError(ValueError):
+    pass
+
+
+def _checkpoint_files(model_path: Path) -> list[Path]:
+    index = model_path / "model.safetensors.index.json"
+    if index.is_file():
+        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        return [model_path / n for n in names]
+    files = sorted(model_path.glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(f"{model_path}: no *.safetensors files")
+    return files
+
+
+def read_checkpoint(model_path: str | Path) -> dict[str, torch.Tensor]:
+    out: dict[str, torch.Tensor] = {}
+    for f in _checkpoint_files(Path(model_path)):
+        with safe_open(str(f), framework="pt") as fh:
+            for name in fh.keys():
+                out[name] = fh.get_tensor(name)
+    return out
+
+
+def _internal_name(name: str) -> str:
+    if name == "lm_head.weight":
+        return "lm_head_weight"
+    return name[len("model."):] if name.startswith("model.") else name
+
+
+def load_weights(model: torch.nn.Module, tensors: dict[str, torch.Tensor], dtype: torch.dtype,
+                 quantize_fp8: bool = False, dequantize_fp8: bool = False) -> None:
+    """Load ``tensors`` (HF names) into ``model`` in place."""
+    scales = {}
+    for name in list(tensors):
+        for suf in SCALE_SUFFIXES:
+            if name.endswith(suf):
+                scales[name[: -len(suf)] + ".weight"] = tensors.pop(name)
+                break
+    params = dict(model.named_parameters())
+    linears = {n: m for n, m in model.named_modules() if isinstance(m, Linear)}
+    pending: dict[str, dict[int, tuple[str, torch.Tensor, torch.Tensor | None]]] = {}
+    seen: set[str] = set()
+
+    for name, t in tensors.items():
+        iname = _internal_name(name)
+        if iname == "lm_head_weight" and iname not in params:
+            continue  # tied embeddings: some checkpoints still store a copy of lm_head
+        mod_path, _, leaf = iname.rpartition(".")
+        parent, _, proj = mod_path.rpartition(".")
+        if proj in PACKED_MODULES:
+            fused, part, nparts = PACKED_MODULES[proj]
+            key = f"{parent}.{fused}.{leaf}"
+            pending.setdefault(key, {})[part] = (name, t, scales.pop(name, None))
+            if len(pending[key]) == nparts:
+                got = pending.pop(key)
+                parts = [got[i] for i in range(nparts)]
+                merged = torch.cat([p[1] for p in parts], dim=0)
+                sc = [p[2] for p in parts]
+                scale = None if all(s is None for s in sc) else _cat_scales(parts, sc)
+                _assign(model, params, linears, key, merged, scale, ", ".join(p[0] for p in parts),
+                        dtype, quantize_fp8, dequantize_fp8)
+                seen.add(key)
+            continue
+        _assign(model, params, linears, iname, t, scales.pop(name, None), name, dtype,
+                quantize_fp8, dequantize_fp8)
+        seen.add(iname)
+
+    if pending:
+        key, parts = next(iter(pending.items()))
+        have = [p[0] for p in parts.values()]
+        raise CheckpointError(f"incomplete fused projection {key}: only {have} present")
+    if scales:
+        raise CheckpointError(f"weight scale without weight: {sorted(scales)[0]}")
+    expected = {n for n in params}
+    missing = sorted(expected - seen)
+    if missing:
+        raise CheckpointError(f"missing tensor for parameter {missing[0]} ({len(missing)} missing in all)")
+
+
+def _cat_scales(parts, sc) -> torch.Tensor:
+    if any(s is None for s in sc):
+        raise CheckpointError(f"weight_scale present for some but not all of {[p[0] for p in parts]}")
+    return torch.cat([_per_channel(s, p[1].shape[0], p[0]) for s, p in zip(sc, parts)], dim=0)
+
+
+def _per_channel(scale: torch.Tensor, rows: int, name: str) -> torch.Tensor:
+    s = scale.float()
+    if s.numel() == 1:
+        return s.reshape(1, 1).expand(rows, 1).clone()
+    if s.numel() != rows:
+        raise CheckpointError(f"{name}: weight_scale of shape {tuple(scale.shape)} is not per-channel for {rows} rows")
+    return s.reshape(rows, 1)
+
+
+def _assign(model, params, linears, iname, t, scale, ckpt_name, dtype, quantize_fp8, dequantize_fp8):
+    from flashrec.kernels.fp8 import FP8_DTYPE, dequantize
+
+    if iname not in params:
+        raise CheckpointError(f"unexpected tensor {ckpt_name} (no parameter {iname} in the model)")
+    mod_name, _, leaf = iname.rpartition(".")
+    lin = linears.get(mod_name)
+    if lin is not None and leaf == "weight":
+        want = (lin.out_features, lin.in_features)
+        if tuple(t.shape) != want:
+            raise CheckpointError(f"{ckpt_name}: shape {tuple(t.shape)}, expected {want}")
+        if t.dtype == FP8_DTYPE:
+            if scale is None:
+                raise CheckpointError(f"{ckpt_name}: FP8 weight without weight_scale")
+            scale = _per_channel(scale, t.shape[0], ckpt_name)
+            if dequantize_fp8:
+                lin.load(dequantize(t, scale).to(dtype), dtype=dtype)
+            else:
+                lin.load(t, weight_scale=scale)
+        else:
+            lin.load(t.to(torch.float32) if quantize_fp8 else t, quantize_fp8=quantize_fp8, dtype=dtype)
+        return
+    p = params[iname]
+    if tuple(t.shape) != tuple(p.shape):
+        raise CheckpointError(f"{ckpt_name}: shape {tuple(t.shape)}, expected {tuple(p.shape)}")
+    if t.dtype == FP8_DTYPE:
+        raise CheckpointError(f"{ckpt_name}: FP8 tensor for a non-linear parameter")
+    with torch.no_grad():
+        p.data = t.to(dtype).contiguous()

@@ -1,0 +1,120 @@
+"""Qwen3 dense decoder, declarative. Fused ``qkv_proj`` / ``gate_up_proj`` (merged by the
+loader), per-head q/k RMSNorm before NeoX RoPE, residual dual stream, FP8 dual path.
+
+The same class serves Llama / Qwen2 shapes (no q/k norm; optional q/k/v bias) through
+``ModelConfig.qk_norm`` and ``attention_bias``: the differences are config, not code paths.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from flashrec.config import ModelConfig
+from flashrec.layers.linear import Linear
+from flashrec.layers.norm import RMSNorm
+from flashrec.layers.rotary import apply_rope
+from flashrec.profiler import trace_range
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_id: int, qkv_bias: bool) -> None:
+        super().__init__()
+        self.layer_id = layer_id
+        self.hq, self.hkv, self.d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.qkv_proj = Linear(cfg.hidden_size, cfg.q_size + 2 * cfg.kv_size, bias=qkv_bias)
+        self.o_proj = Linear(cfg.q_size, cfg.hidden_size)
+        self.q_norm = RMSNorm(self.d, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(self.d, cfg.rms_norm_eps) if cfg.qk_norm else None
+
+    def forward(self, x, positions, meta, ctx, x_fp8=None, a_scale=None) -> torch.Tensor:
+        qkv = self.qkv_proj(x) if x_fp8 is None else self.qkv_proj.forward_fp8(x_fp8, a_scale, x.dtype)
+        t = qkv.shape[0]
+        # zero-copy per-head views into the fused GEMM output
+        q = qkv[:, : self.hq * self.d].view(t, self.hq, self.d)
+        k = qkv[:, self.hq * self.d : (self.hq + self.hkv) * self.d].view(t, self.hkv, self.d)
+        v = qkv[:, (self.hq + self.hkv) * self.d :].view(t, self.hkv, self.d)
+        stored = False
+        if ctx.fused_qk_rope_kv is not None:
+            q, k, v, stored = ctx.fused_qk_rope_kv(self, qkv, positions, meta)
+        else:
+            if self.q_norm is not None:
+                q, k = self.q_norm(q), self.k_norm(k)
+            q = apply_rope(q, positions, ctx.cos_sin)
+            k = apply_rope(k, positions, ctx.cos_sin)
+        out = ctx.attn.forward(q.contiguous(), k, v, self.layer_id, meta, skip_store=stored)
+        return self.o_proj(out)
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.inter = cfg.intermediate_size
+        self.gate_up_proj = Linear(cfg.hidden_size, 2 * cfg.intermediate_size)
+        self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size)
+
+    def forward(self, x, ctx, x_fp8=None, a_scale=None) -> torch.Tensor:
+        gu = self.gate_up_proj(x) if x_fp8 is None else self.gate_up_proj.forward_fp8(x_fp8, a_scale, x.dtype)
+        if ctx.fused_silu_fp8 and self.down_proj.is_fp8:
+            from flashrec.kernels.silu_fp8 import silu_mul_quant_fp8
+
+            y8, s = silu_mul_quant_fp8(gu)
+            return self.down_proj.forward_fp8(y8, s, x.dtype)
+        gate, up = gu[:, : self.inter], gu[:, self.inter :]
+        return self.down_proj(nn.functional.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_id: int) -> None:
+        super().__init__()
+        self.self_attn = Attention(cfg, layer_id, qkv_bias=cfg.attention_bias)
+        self.mlp = MLP(cfg)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def _use_fused_quant(self, ctx) -> bool:
+        return ctx.fused_rms_fp8 and self.self_attn.qkv_proj.is_fp8
+
+    def forward(self, x, residual, positions, meta, ctx):
+        if self._use_fused_quant(ctx):
+            x8, s, residual = self.input_layernorm.quant_fp8(x, residual)
+            h = self.self_attn(x if residual is None else residual, positions, meta, ctx, x8, s)
+            x8, s, residual = self.post_attention_layernorm.quant_fp8(h, residual)
+            return self.mlp(h, ctx, x8, s), residual
+        if residual is None:
+            residual = x
+            x = self.input_layernorm(x)
+        else:
+            x, residual = self.input_layernorm(x, residual)
+        h = self.self_attn(x, positions, meta, ctx)
+        h, residual = self.post_attention_layernorm(h, residual)
+        return self.mlp(h, ctx), residual
+
+
+class Qwen3ForCausalLM(nn.Module):
+    """``forward`` returns the final-normed hidden states of the rows in ``select`` (all rows
+    when None); the LM head is applied by ``RestrictedLMHead`` on ``lm_head()`` rows."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.embed_tokens.weight.requires_grad_(False)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head_weight = None if cfg.tie_word_embeddings else nn.Parameter(
+            torch.empty(cfg.vocab_size, cfg.hidden_size), requires_grad=False)
+
+    def lm_head(self) -> torch.Tensor:
+        return self.embed_tokens.weight if self.lm_head_weight is None else self.lm_head_weight
+
+    def forward(self, input_ids, positions, meta, ctx, select: torch.Tensor | None = None):
+        x = self.embed_tokens(input_ids)
+        residual = None
+        for layer in self.layers:
+            with trace_range("flashrec.layer"):
+                x, residual = layer(x, residual, positions, meta, ctx)
+        if select is not None:
+            x, residual = x[select], residual[select]
+        x, _ = self.norm(x, residual)
+        return x
