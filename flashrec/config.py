@@ -130,7 +130,6 @@ class EngineConfig:
     enable_fused_rms_fp8: bool = _opt(True, "fused RMSNorm(+residual) -> per-token FP8 quant kernel (GPU, FP8)")
     enable_fused_silu_fp8: bool = _opt(True, "fused SiLU(gate)*up -> per-token FP8 quant kernel (GPU, FP8)")
     enable_fused_qk_rope_kv: bool = _opt(True, "fused q/k RMSNorm + RoPE + KV write kernel (GPU)")
-    seed: int = _opt(0, "base seed for weights-free randomness (Gumbel sampling without a request seed)")
 
     @property
     def resolved_device(self) -> str:

@@ -1,0 +1,5 @@
+import sys
+
+from flashrec.cli import main
+
+sys.exit(main())

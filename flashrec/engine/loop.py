@@ -1,0 +1,176 @@
+"""The engine thread: owns the scheduler, steps it while there is work, and hands results to
+front ends through futures. Every scheduler, model and profiler call happens on this thread."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import CancelledError, Future
+from typing import Any
+
+from flashrec.engine.engine import Engine
+from flashrec.engine.request import GenRequest, GenResult, QueueFullError
+
+log = logging.getLogger("flashrec")
+
+
+class EngineLoop:
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.scheduler = engine.scheduler
+        self.ready = False
+        self._cond = threading.Condition()
+        self._inbox: list[GenRequest] = []
+        self._cancels: list[str] = []
+        self._calls: list[tuple[Callable[[], Any], Future]] = []
+        self._futures: dict[str, Future] = {}
+        self._hooks: list[Callable[[int], None]] = []
+        self._admitting = True
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="flashrec-engine", daemon=True)
+        delay_ms = float(os.environ.get("FLASHREC_TEST_STEP_DELAY_MS", "0") or 0)
+        self.scheduler.step_delay_s = delay_ms / 1000.0  # test-only planted slowdown (gate tests)
+
+    # ---- front-end API (any thread) -----------------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, req: GenRequest) -> Future:
+        fut: Future = Future()
+        with self._cond:
+            if not self._admitting:
+                raise QueueFullError("server is shutting down")
+            if len(self._inbox) + len(self.scheduler.waiting) >= self.engine.config.max_queue_len:
+                raise QueueFullError(f"queue full ({self.engine.config.max_queue_len} waiting)")
+            if req.rid in self._futures:
+                raise ValueError(f"duplicate request id {req.rid!r}")
+            self._futures[req.rid] = fut
+            self._inbox.append(req)
+            self._cond.notify()
+        return fut
+
+    def cancel(self, rid: str) -> None:
+        with self._cond:
+            self._cancels.append(rid)
+            self._cond.notify()
+
+    def call_on_engine_thread(self, fn: Callable[[], Any]) -> Future:
+        fut: Future = Future()
+        with self._cond:
+            self._calls.append((fn, fut))
+            self._cond.notify()
+        return fut
+
+    def add_step_hook(self, fn: Callable[[int], None]) -> None:
+        self._hooks.append(fn)
+
+    def flush_cache(self) -> bool:
+        return self.call_on_engine_thread(self.scheduler.flush_cache).result() >= 0
+
+    def stats(self) -> dict[str, int]:
+        s = self.scheduler
+        with self._cond:
+            queued = len(self._inbox)
+        return {
+            "queue_len": queued + len(s.waiting),
+            "running_requests": len(s.running),
+            "used_slots": s.used_rows,
+            "total_slots": s.kv.rows.size,
+            "kv_used_tokens": s.kv_used_tokens,
+            "kv_total_tokens": s.kv.pool_tokens,
+            "kv_cached_tokens": s.radix.cached_tokens if s.radix else 0,
+            "prefix_hit_tokens_total": s.stats.prefix_hit_tokens_total,
+            "prompt_tokens_total": s.stats.prompt_tokens_total,
+            "steps_total": s.stats.steps_total,
+            "batch_failures_total": s.stats.batch_failures_total,
+        }
+
+    def in_flight(self) -> int:
+        with self._cond:
+            return len(self._futures)
+
+    def drain(self, timeout_s: float) -> bool:
+        """Stop admitting; wait until in-flight requests finish (True) or the time is up."""
+        with self._cond:
+            self._admitting = False
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.in_flight() == 0:
+                return True
+            time.sleep(0.01)
+        return self.in_flight() == 0
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        if self._thread.is_alive():
+            self._thread.join(timeout=30)
+
+    # ---- engine thread ------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not (self._inbox or self._cancels or self._calls or self._stopping
+                           or self.scheduler.has_work()):
+                    self._cond.wait()
+                if self._stopping:
+                    break
+                inbox, self._inbox = self._inbox, []
+                cancels, self._cancels = self._cancels, []
+                calls, self._calls = self._calls, []
+            for fn, fut in calls:
+                try:
+                    fut.set_result(fn())
+                except Exception as exc:  # noqa: BLE001
+                    fut.set_exception(exc)
+            for req in inbox:
+                self.scheduler.add(req)
+            for rid in cancels:
+                if self.scheduler.cancel(rid):
+                    self._resolve(rid, CancelledError(f"request {rid} cancelled"))
+            if not self.scheduler.has_work():
+                continue
+            try:
+                finished = self.scheduler.step()
+            except Exception as exc:  # noqa: BLE001 - keep the thread alive whatever happens
+                log.exception("engine step failed")
+                finished = [(st.req, exc) for st in list(self.scheduler.running)]
+                for st in list(self.scheduler.running):
+                    self.scheduler.cancel(st.req.rid)
+            for req, res in finished:
+                self._resolve(req.rid, res)
+            for hook in list(self._hooks):
+                try:
+                    hook(self.scheduler.stats.steps_total)
+                except Exception:  # noqa: BLE001
+                    log.exception("step hook failed")
+        # fail whatever is left
+        with self._cond:
+            rids = list(self._futures)
+        for rid in rids:
+            self._resolve(rid, CancelledError("engine stopped"))
+
+    def _resolve(self, rid: str, res: GenResult | BaseException) -> None:
+        with self._cond:
+            fut = self._futures.pop(rid, None)
+        if fut is None or fut.done():
+            return
+        if isinstance(res, BaseException):
+            fut.set_exception(res)
+        else:
+            fut.set_result(res)
+
+    def warmup(self, requests: int = 2) -> None:
+        """Run a few requests through the whole path (before /health reports ok)."""
+        eng = self.engine
+        ids = eng.build_prompt(messages=[{"role": "user", "content": "warm-up"}])
+        futs = [self.submit(eng.new_request(ids, n=min(eng.config.beam_width, eng.max_beam_rows),
+                                            rid=f"warmup-{i}")) for i in range(requests)]
+        for f in futs:
+            f.result()
+        self.call_on_engine_thread(self.scheduler.flush_cache).result()
+        self.ready = True
