@@ -24,7 +24,8 @@ class StepResult:
 
 def gumbel_like(x: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
     u = torch.rand(x.shape, generator=generator, device=x.device, dtype=torch.float32)
-    return -torch.log(-torch.log(u.clamp_min(1e-20)).clamp_min(1e-20))
+    e = -torch.log(u.clamp_min(1e-20))  # Exp(1)
+    return -torch.log(e.clamp_min(1e-20))
 
 
 def expand(cum: torch.Tensor, logprobs: torch.Tensor, cand_codes: torch.Tensor,
