@@ -1,0 +1,43 @@
+"""Shared fixtures: synthetic checkpoints built by our own code, cached per test session."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+
+@pytest.fixture(scope="session")
+def synth_model(tmp_path_factory):
+    """``synth_model(preset="tiny", catalog_size=None, **overrides) -> Path`` (cached)."""
+    from flashrec.synth import build_checkpoint
+
+    cache: dict[str, Path] = {}
+
+    def make(preset: str = "tiny", catalog_size: int | None = None, dtype: str = "float32",
+             seed: int = 0, **overrides) -> Path:
+        key = json.dumps([preset, catalog_size, dtype, seed, sorted(overrides.items())])
+        if key not in cache:
+            out = tmp_path_factory.mktemp(f"model-{preset}")
+            cache[key] = Path(build_checkpoint(out, preset, seed=seed, dtype=dtype,
+                                               catalog_size=catalog_size, **overrides))
+        return cache[key]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def tiny_model(synth_model) -> Path:
+    """The tiny Qwen3 preset with a 2,000-SID catalog (``catalog.json`` inside the dir)."""
+    return synth_model("tiny", catalog_size=2000)
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs an NVIDIA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

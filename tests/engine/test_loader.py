@@ -1,0 +1,98 @@
+"""Loader: merge table, FP8 checkpoints / on-load quantization, loud failures naming tensors."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from flashrec.config import EngineConfig
+from flashrec.engine.engine import Engine
+from flashrec.models.loader import CheckpointError
+
+# Documented tolerance (docs/configuration.md): mean |sequence_score| difference of FP8 (W8A8
+# per channel) vs the unquantized model on the tiny preset, and top-1 agreement.
+FP8_SCORE_TOL = 0.25
+
+
+def _engine(path, **kw):
+    return Engine(EngineConfig(model_path=str(path), sid_vocab_file=str(path / "catalog.json"), **kw))
+
+
+def test_fused_projections_equal_separate(tiny_model):
+    eng = _engine(tiny_model)
+    raw = load_file(str(tiny_model / "model.safetensors"))
+    attn = eng.runner.model.layers[1].self_attn
+    want = torch.cat([raw[f"model.layers.1.self_attn.{p}_proj.weight"] for p in "qkv"], 0)
+    assert torch.equal(attn.qkv_proj.weight, want)
+    x = torch.randn(5, want.shape[1])
+    q = x @ raw["model.layers.1.self_attn.q_proj.weight"].t()
+    assert torch.allclose(attn.qkv_proj(x)[:, : q.shape[1]], q, atol=1e-6)
+    mlp = eng.runner.model.layers[0].mlp
+    up = x @ raw["model.layers.0.mlp.up_proj.weight"].t()
+    assert torch.allclose(mlp.gate_up_proj(x)[:, mlp.inter :], up, atol=1e-6)
+
+
+def _scores(eng):
+    ids = eng.build_prompt(messages=[{"role": "user", "content": "fp8 tolerance check"}])
+    return eng.generate([eng.new_request(ids, n=16)])[0].beams
+
+
+@pytest.mark.parametrize("mode", ["checkpoint", "on-load"])
+def test_fp8_within_tolerance(synth_model, tiny_model, mode):
+    ref = _scores(_engine(tiny_model))
+    if mode == "checkpoint":
+        path = synth_model("tiny", catalog_size=2000, dtype="fp8")
+        eng = _engine(path)  # quantization_config turns FP8 on; CPU computes from dequantized weights
+    else:
+        eng = _engine(tiny_model, quantization="fp8")
+    assert eng.runner.use_fp8
+    assert eng.runner.model.layers[0].self_attn.qkv_proj.is_fp8
+    got = _scores(eng)
+    assert got[0].token_ids == ref[0].token_ids
+    diff = sum(abs(a.sequence_score - b.sequence_score) for a, b in zip(got, ref)) / len(ref)
+    assert diff <= FP8_SCORE_TOL
+
+
+def test_directory_name_does_not_turn_on_fp8(tiny_model, tmp_path):
+    d = tmp_path / "model-fp8"
+    shutil.copytree(tiny_model, d)
+    assert not _engine(d).runner.use_fp8
+
+
+def _broken(tiny_model, tmp_path, edit):
+    d = tmp_path / "broken"
+    shutil.copytree(tiny_model, d)
+    tensors = load_file(str(d / "model.safetensors"))
+    edit(tensors)
+    save_file(tensors, str(d / "model.safetensors"))
+    return d
+
+
+@pytest.mark.parametrize("case,edit,needle", [
+    ("missing", lambda t: t.pop("model.layers.1.post_attention_layernorm.weight"), "layers.1.post_attention_layernorm.weight"),
+    ("unexpected", lambda t: t.__setitem__("model.layers.0.mlp.extra.weight", torch.zeros(2, 2)), "model.layers.0.mlp.extra.weight"),
+    ("misshaped", lambda t: t.__setitem__("model.layers.0.self_attn.o_proj.weight", torch.zeros(3, 3)), "model.layers.0.self_attn.o_proj.weight"),
+    ("incomplete-fused", lambda t: t.pop("model.layers.0.self_attn.k_proj.weight"), "qkv_proj"),
+    ("fp8-without-scale", lambda t: t.__setitem__("model.layers.0.mlp.down_proj.weight",
+                                                  t["model.layers.0.mlp.down_proj.weight"].to(torch.float8_e4m3fn)),
+     "model.layers.0.mlp.down_proj.weight"),
+])
+def test_bad_checkpoint_names_tensor(tiny_model, tmp_path, case, edit, needle):
+    d = _broken(tiny_model, tmp_path, edit)
+    with pytest.raises(CheckpointError, match=needle.replace(".", r"\.")):
+        _engine(d)
+
+
+def test_unknown_architecture_lists_supported(tiny_model, tmp_path):
+    import json
+
+    d = tmp_path / "arch"
+    shutil.copytree(tiny_model, d)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["architectures"] = ["MysteryForCausalLM"]
+    (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="Qwen3ForCausalLM"):
+        _engine(d)
