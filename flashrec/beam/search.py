@@ -31,27 +31,31 @@ def gumbel_like(x: torch.Tensor, generator: torch.Generator | None) -> torch.Ten
 def expand(cum: torch.Tensor, logprobs: torch.Tensor, cand_codes: torch.Tensor,
            cand_nodes: torch.Tensor, cand_valid: torch.Tensor, n: int,
            temperature: float = 0.0, generator: torch.Generator | None = None) -> StepResult:
-    """cum [m], logprobs [m, K], cand_* [m, F] -> top ``n`` children.
+    """Batched over B requests with the same n and level:
+    cum [B, m], logprobs [B, m, K], cand_* [B, m, F] -> top ``n`` children, each [B, n].
 
-    If m * F < n the result is padded with dead rows (cum = -inf)."""
-    m, f = cand_codes.shape
-    lp = logprobs.gather(1, cand_codes)
-    total = (cum[:, None] + lp).masked_fill(~cand_valid, float("-inf")).reshape(-1)
+    If m * F < n the result is padded with dead rows (cum = -inf). ``parents`` index rows
+    within each request."""
+    b, m, f = cand_codes.shape
+    lp = logprobs.gather(2, cand_codes)
+    total = (cum[:, :, None] + lp).masked_fill(~cand_valid, float("-inf")).reshape(b, m * f)
     key = total
     if temperature > 0:
         key = total / temperature + gumbel_like(total, generator)
         key = key.masked_fill(torch.isinf(total), float("-inf"))
     take = min(n, m * f)
-    order = torch.sort(key, descending=True, stable=True).indices[:take]
+    order = torch.sort(key, dim=1, descending=True, stable=True).indices[:, :take]
     parents = torch.div(order, f, rounding_mode="floor")
     pos = order - parents * f
-    res = StepResult(parents, cand_codes[parents, pos], cand_nodes[parents, pos], total[order])
+    flat = parents * f + pos
+    res = StepResult(parents, cand_codes.reshape(b, -1).gather(1, flat),
+                     cand_nodes.reshape(b, -1).gather(1, flat), total.gather(1, order))
     if take < n:
         pad = n - take
-        z = torch.zeros(pad, dtype=torch.long, device=cum.device)
+        z = torch.zeros(b, pad, dtype=torch.long, device=cum.device)
         res = StepResult(
-            torch.cat([res.parents, z]), torch.cat([res.codes, z]), torch.cat([res.nodes, z]),
-            torch.cat([res.cum, torch.full((pad,), float("-inf"), device=cum.device)]),
+            torch.cat([res.parents, z], 1), torch.cat([res.codes, z], 1), torch.cat([res.nodes, z], 1),
+            torch.cat([res.cum, torch.full((b, pad), float("-inf"), device=cum.device)], 1),
         )
     return res
 

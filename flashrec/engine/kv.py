@@ -53,17 +53,16 @@ class KVCache:
         self.row_slots = row_slots
         self.k = [torch.zeros(pool_tokens, *shape_kv, dtype=dtype, device=device) for _ in range(cfg.num_hidden_layers)]
         self.v = [torch.zeros_like(t) for t in self.k]
-        self.dk = [torch.zeros(row_slots * depth, *shape_kv, dtype=dtype, device=device) for _ in range(cfg.num_hidden_layers)]
-        self.dv = [torch.zeros_like(t) for t in self.dk]
+        # one tensor for all layers' decode K and V, so a beam reorder is a single gather
+        self.dkv = torch.zeros(2 * cfg.num_hidden_layers, row_slots, depth, *shape_kv, dtype=dtype, device=device)
+        flat = self.dkv.view(2 * cfg.num_hidden_layers, row_slots * depth, *shape_kv)
+        self.dk = [flat[i] for i in range(cfg.num_hidden_layers)]
+        self.dv = [flat[cfg.num_hidden_layers + i] for i in range(cfg.num_hidden_layers)]
         self.tokens = TokenAllocator(pool_tokens)
         self.rows = TokenAllocator(row_slots)
 
-    def reorder(self, rows: torch.Tensor, parents: torch.Tensor, upto: int) -> None:
-        """Decode KV of beam rows ``rows`` becomes that of ``rows[parents]`` (positions < upto)."""
-        if upto <= 0:
-            return
-        d = self.depth
-        src = rows[parents]
-        for buf in (*self.dk, *self.dv):
-            view = buf.view(self.row_slots, d, *buf.shape[1:])
-            view[rows, :upto] = view[src, :upto]
+    def reorder(self, rows: torch.Tensor, src: torch.Tensor) -> None:
+        """Decode KV of beam rows ``rows`` becomes that of rows ``src`` (all layers, K and V, all
+        positions: positions a row has not reached yet are rewritten before they are read)."""
+        if rows.numel():
+            self.dkv[:, rows] = self.dkv[:, src]

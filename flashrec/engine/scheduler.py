@@ -180,14 +180,16 @@ class Scheduler:
             meta = make_prefill_meta(seqs, self.device)
             input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
             logprobs = self.runner.prefill(input_ids, meta)
+            zero = torch.zeros(1, dtype=torch.float32, device=self.device)
+            root = torch.zeros(1, dtype=torch.long, device=self.device)
+            items = []
             for i, st in enumerate(batch):
                 self._publish_prompt(st)
                 st.prompt_slots_t = torch.tensor(st.prompt_slots, dtype=torch.long, device=self.device)
-                zero = torch.zeros(1, dtype=torch.float32, device=self.device)
-                self._advance(st, zero, logprobs[i : i + 1], torch.zeros(1, dtype=torch.long, device=self.device),
-                              None, "prefill", meta_hash=self._hash_meta(meta) if self.debug_hash else None)
+                items.append((st, zero, logprobs[i : i + 1], root))
                 self.stats.prompt_tokens_total += st.req.prompt_len
                 self.stats.prefix_hit_tokens_total += st.cached_tokens
+            self._advance(items, "prefill")
         except Exception as exc:  # noqa: BLE001 - one batch fails, the server goes on
             return self._fail(batch, exc)
         self.running.extend(batch)
@@ -223,9 +225,7 @@ class Scheduler:
             input_ids = torch.cat([st.tokens[:, -1] for st in batch])
             levels = [st.generated for st in batch]
             logprobs = self.runner.decode(input_ids, meta, levels)
-            mh = self._hash_meta(meta) if self.debug_hash else None
-            for st, lp in zip(batch, logprobs):
-                self._advance(st, st.cum, lp, st.nodes, st.rows, "decode", meta_hash=mh)
+            self._advance([(st, st.cum, lp, st.nodes) for st, lp in zip(batch, logprobs)], "decode")
         except Exception as exc:  # noqa: BLE001
             for st in batch:
                 self.running.remove(st)
@@ -241,25 +241,52 @@ class Scheduler:
             return unconstrained_candidates(m, self.layout.codebook_size, self.device)
         return self.trie.candidates(level, nodes)
 
-    def _advance(self, st: ReqState, cum, logprobs, nodes, rows, phase: str, meta_hash=None) -> None:
-        level = st.generated
+    def _advance(self, items, phase: str) -> None:
+        """Expand every request's beams; requests with equal (n, level, rows) and temperature
+        0 are expanded together in one batched call; decode KV is reordered in one gather."""
+        buckets: dict[tuple, list] = {}
+        for it in items:
+            st, cum = it[0], it[1]
+            key = (st.req.n, st.generated, cum.shape[0], st.req.temperature)
+            if st.req.temperature > 0:
+                key = key + (st.req.rid,)  # own generator
+            buckets.setdefault(key, []).append(it)
+        dst, src = [], []
         with trace_range("flashrec.beam"):
-            codes, child, valid = self._candidates(level, nodes)
-            res = expand(cum, logprobs, codes, child, valid, st.req.n, st.req.temperature, st.generator)
-            if level >= self.depth:
-                new_tok = torch.full_like(res.codes, self.layout.sid_end)
-            else:
-                new_tok = res.codes + self.layout.level_range(level)[0]
-            if st.tokens is None:
-                st.tokens = new_tok[:, None]
-            else:
-                self.kv.reorder(rows, res.parents, upto=level)
-                st.tokens = torch.cat([st.tokens[res.parents], new_tok[:, None]], dim=1)
-            st.cum, st.nodes = res.cum, res.nodes
-        if meta_hash is not None:
-            out_h = _hash_tensors(st.tokens, st.cum)
-            log.info("STEP_HASH rid=%s step=%d phase=%s inputs=%s outputs=%s",
-                     st.req.rid, level, phase, meta_hash, out_h)
+            for (n, level, m, temp, *_), group in buckets.items():
+                nodes = torch.cat([it[3] for it in group])
+                codes, child, valid = self._candidates(level, nodes)
+                b = len(group)
+                res = expand(torch.stack([it[1] for it in group]), torch.stack([it[2] for it in group]),
+                             codes.view(b, m, -1), child.view(b, m, -1), valid.view(b, m, -1), n,
+                             temp, group[0][0].generator)
+                if level >= self.depth:
+                    new_tok = torch.full_like(res.codes, self.layout.sid_end)
+                else:
+                    new_tok = res.codes + self.layout.level_range(level)[0]
+                for i, it in enumerate(group):
+                    st = it[0]
+                    par = res.parents[i]
+                    if st.tokens is None:
+                        st.tokens = new_tok[i][:, None]
+                    else:
+                        dst.append(st.rows)
+                        src.append(st.rows[par])
+                        st.tokens = torch.cat([st.tokens[par], new_tok[i][:, None]], dim=1)
+                    st.cum, st.nodes = res.cum[i], res.nodes[i]
+                    if self.debug_hash:
+                        self._log_hash(st, level, phase, par)
+            if dst:
+                self.kv.reorder(torch.cat(dst), torch.cat(src))
+
+    def _log_hash(self, st: ReqState, level: int, phase: str, parents: torch.Tensor) -> None:
+        g = st.generated - 1  # tokens before this step
+        pos = st.req.prompt_len + g - 1 if g > 0 else st.req.prompt_len - 1
+        inputs = _hash_tensors(torch.tensor([pos, st.req.prompt_len, g]), st.prompt_slots_t, st.rows,
+                               st.tokens[:, :-1] if g > 0 else torch.tensor(st.req.input_ids))
+        outputs = _hash_tensors(st.tokens[:, -1], parents, st.cum)
+        log.info("STEP_HASH rid=%s step=%d phase=%s inputs=%s outputs=%s", st.req.rid, level, phase,
+                 inputs, outputs)
 
     def _append_end(self, st: ReqState) -> None:
         end = torch.full((st.tokens.shape[0], 1), self.layout.sid_end, dtype=torch.long, device=self.device)
@@ -300,10 +327,6 @@ class Scheduler:
             self._release(st)
         err = EngineError(f"{type(exc).__name__}: {exc}")
         return [(st.req, err) for st in batch]
-
-    def _hash_meta(self, meta) -> str:
-        return _hash_tensors(meta.positions, meta.out_loc, *(getattr(meta, "seq_slots", []) or []),
-                             *(g.prompt_slots for g in getattr(meta, "groups", [])))
 
 
 def _hash_tensors(*ts: torch.Tensor) -> str:
