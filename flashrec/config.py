@@ -118,7 +118,7 @@ class EngineConfig:
     batch_slots: int | None = _opt(None, "beam-row slot budget shared by all running requests (default: --cuda-graph-max-bs)")
     cuda_graph_max_bs: int = _opt(800, "largest decode batch (beam rows) captured as a CUDA graph")
     disable_cuda_graph: bool = _opt(False, "run decode eagerly (never a silent fallback)", flag=True)
-    attention_backend: str | None = _opt(None, "attention backend (default: torch on cpu, flashinfer-free dense 'sdpa' on cuda)", ("torch", "sdpa", "flashinfer"))
+    attention_backend: str | None = _opt(None, "attention backend: torch (reference, CPU) or triton (GPU: SDPA prefill + shared-prompt Triton beam decode); default by device", ("torch", "triton"))
     max_seq_len: int = _opt(8192, "longest accepted prompt (tokens); longer prompts are rejected with 400")
     max_prefill_tokens: int = _opt(16384, "tokens prefilled together in one forward")
     mem_fraction_static: float = _opt(0.85, "fraction of free GPU memory given to weights + KV pool")
@@ -160,7 +160,7 @@ class EngineConfig:
     def resolved_attention_backend(self) -> str:
         if self.attention_backend:
             return self.attention_backend
-        return "sdpa" if self.resolved_device == "cuda" else "torch"
+        return "triton" if self.resolved_device == "cuda" else "torch"
 
     @property
     def resolved_batch_slots(self) -> int:

@@ -54,8 +54,10 @@ class KVCache:
         self.k = [torch.zeros(pool_tokens, *shape_kv, dtype=dtype, device=device) for _ in range(cfg.num_hidden_layers)]
         self.v = [torch.zeros_like(t) for t in self.k]
         # one tensor for all layers' decode K and V, so a beam reorder is a single gather
-        self.dkv = torch.zeros(2 * cfg.num_hidden_layers, row_slots, depth, *shape_kv, dtype=dtype, device=device)
-        flat = self.dkv.view(2 * cfg.num_hidden_layers, row_slots * depth, *shape_kv)
+        # row ``row_slots`` is a scratch row no request owns (padding rows of graph replays)
+        self.scratch_row = row_slots
+        self.dkv = torch.zeros(2 * cfg.num_hidden_layers, row_slots + 1, depth, *shape_kv, dtype=dtype, device=device)
+        flat = self.dkv.view(2 * cfg.num_hidden_layers, (row_slots + 1) * depth, *shape_kv)
         self.dk = [flat[i] for i in range(cfg.num_hidden_layers)]
         self.dv = [flat[cfg.num_hidden_layers + i] for i in range(cfg.num_hidden_layers)]
         self.tokens = TokenAllocator(pool_tokens)

@@ -10,7 +10,7 @@ import torch
 
 from flashrec.config import EngineConfig, ModelConfig
 from flashrec.engine.kv import KVCache
-from flashrec.layers.attention import DecodeGroup, DecodeMeta, PrefillMeta, create_backend
+from flashrec.layers.attention import DecodeGroup, DecodeMeta, PackedDecode, PrefillMeta, create_backend
 from flashrec.layers.logits import RestrictedLMHead
 from flashrec.layers.rotary import build_cos_sin
 from flashrec.models.loader import load_weights, read_checkpoint
@@ -71,10 +71,36 @@ class ModelRunner:
             fused_rms_fp8=on_gpu and self.use_fp8 and config.enable_fused_rms_fp8,
             fused_silu_fp8=on_gpu and self.use_fp8 and config.enable_fused_silu_fp8,
         )
+        if on_gpu and config.enable_fused_qk_rope_kv:
+            self.ctx.fused_qk_rope_kv = self._fused_qk_rope_kv
         self.lm_head = RestrictedLMHead(self.model.lm_head(), layout, config.logprob_scope)
+        self.graphs = None
+        if on_gpu and not config.disable_cuda_graph:
+            from flashrec.engine.graph import DecodeGraphRunner
+
+            self.graphs = DecodeGraphRunner(self, BLOCK_M)
+            self.graphs.capture()
         log.info("model %s on %s: dtype %s, fp8 %s, KV pool %d tokens (%s), %d beam-row slots",
                  model_config.architecture, self.device, self.dtype, self.use_fp8, pool, kv_dtype,
                  config.resolved_batch_slots)
+
+    def _fused_qk_rope_kv(self, attn, qkv, positions, meta):
+        """q/k norm + RoPE + KV write in one kernel; returns (q, k, v, stored=True)."""
+        from flashrec.kernels.qk_rope_kv import qk_norm_rope_store
+
+        lid, kv = attn.layer_id, self.kv
+        kc, vc = (kv.k[lid], kv.v[lid]) if meta.mode == "prefill" else (kv.dk[lid], kv.dv[lid])
+        qn = attn.q_norm.weight if attn.q_norm is not None else None
+        kn = attn.k_norm.weight if attn.k_norm is not None else None
+        eps = attn.q_norm.eps if attn.q_norm is not None else 0.0
+        q, k, v = qk_norm_rope_store(qkv, attn.hq, attn.hkv, attn.d, positions, self.ctx.cos_sin,
+                                     qn, kn, eps, kc, vc, meta.out_loc)
+        return q, k, v, True
+
+    def decode_meta(self, groups_in) -> DecodeMeta:
+        mc = self.model_config
+        return make_decode_meta(groups_in, self.kv.depth, self.device, packed=self.attn.needs_packed,
+                                group_size=mc.num_attention_heads // mc.num_key_value_heads)
 
     def _resolve_fp8(self, mc: ModelConfig) -> bool:
         q = self.config.quantization
@@ -105,7 +131,10 @@ class ModelRunner:
         """One decode forward over all beam rows; returns per group the logprobs of the level
         it decodes next (``levels[i]``; level == depth means the end token)."""
         with trace_range("flashrec.decode"):
-            h = self.model(input_ids, meta.positions, meta, self.ctx)
+            if self.graphs is not None and self.graphs.fits(input_ids.shape[0]):
+                h = self.graphs.run(input_ids, meta)
+            else:
+                h = self.model(input_ids, meta.positions, meta, self.ctx)
             out = []
             for grp, level in zip(meta.groups, levels):
                 hg = h[grp.start:grp.end]
@@ -133,7 +162,10 @@ def make_prefill_meta(seqs, device) -> PrefillMeta:
     return PrefillMeta(t(positions), t(out_loc), seq_slots, new_lens, prefix_lens, t(last))
 
 
-def make_decode_meta(groups_in, depth: int, device) -> DecodeMeta:
+BLOCK_M = 64  # query rows per program of the beam-decode kernel
+
+
+def make_decode_meta(groups_in, depth: int, device, packed: bool = False, group_size: int = 1) -> DecodeMeta:
     """groups_in: list of (rows tensor [n], prompt_slots tensor, step, position)."""
     rows, positions, out_loc, groups = [], [], [], []
     start = 0
@@ -144,4 +176,29 @@ def make_decode_meta(groups_in, depth: int, device) -> DecodeMeta:
         out_loc.append(r * depth + step)
         groups.append(DecodeGroup(start, start + n, prompt_slots, step))
         start += n
-    return DecodeMeta(torch.cat(positions), torch.cat(rows), torch.cat(out_loc), groups)
+    meta = DecodeMeta(torch.cat(positions), torch.cat(rows), torch.cat(out_loc), groups)
+    if packed:
+        meta.packed = pack_decode(groups, group_size, device)
+    return meta
+
+
+def pack_decode(groups: list[DecodeGroup], group_size: int, device, num_work: int | None = None) -> PackedDecode:
+    """Kernel metadata: one int32 host buffer, one copy to the device, then views."""
+    b = len(groups)
+    slots = torch.cat([g.prompt_slots for g in groups]).to(torch.int32)
+    lens = [g.prompt_slots.shape[0] for g in groups]
+    head = torch.empty(5, b, dtype=torch.int32)
+    acc = 0
+    work = []
+    for i, g in enumerate(groups):
+        n = g.end - g.start
+        head[:, i] = torch.tensor([g.start, n, acc, lens[i], g.step], dtype=torch.int32)
+        acc += lens[i]
+        work.extend((i, blk) for blk in range((group_size * n + BLOCK_M - 1) // BLOCK_M))
+    if num_work is not None:
+        work.extend([(-1, 0)] * (num_work - len(work)))
+    work_t = torch.tensor(work, dtype=torch.int32).reshape(-1, 2)
+    host = torch.cat([head.reshape(-1), work_t.reshape(-1)])
+    dev = host.to(device, non_blocking=False)
+    hd = dev[: 5 * b].view(5, b)
+    return PackedDecode(slots.to(device), hd[0], hd[1], hd[2], hd[3], hd[4], dev[5 * b :].view(-1, 2))

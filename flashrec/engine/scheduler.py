@@ -19,7 +19,7 @@ import torch
 from flashrec.beam.search import expand, sequence_scores, unconstrained_candidates
 from flashrec.engine.radix import Node, RadixCache
 from flashrec.engine.request import BeamResult, EngineError, GenRequest, GenResult
-from flashrec.engine.runner import ModelRunner, make_decode_meta, make_prefill_meta
+from flashrec.engine.runner import ModelRunner, make_prefill_meta
 from flashrec.profiler import trace_range
 from flashrec.sid.layout import SidLayout
 
@@ -221,7 +221,7 @@ class Scheduler:
         if not batch:
             return []
         try:
-            meta = make_decode_meta(groups, self.kv.depth, self.device)
+            meta = self.runner.decode_meta(groups)
             input_ids = torch.cat([st.tokens[:, -1] for st in batch])
             levels = [st.generated for st in batch]
             logprobs = self.runner.decode(input_ids, meta, levels)

@@ -41,11 +41,25 @@ class DecodeGroup:
 
 
 @dataclass
+class PackedDecode:
+    """Device-side metadata for fused decode kernels (int32, CUDA-graph friendly)."""
+
+    slots: torch.Tensor  # [S] every request's prompt slots, concatenated
+    row_start: torch.Tensor  # [B] first batch row of each request
+    n: torch.Tensor  # [B] beams of each request
+    slot_start: torch.Tensor  # [B] offset of each request's slots in ``slots``
+    length: torch.Tensor  # [B] prompt length
+    step: torch.Tensor  # [B] decode position written this forward
+    work: torch.Tensor  # [W, 2] (request, query block); request -1 = idle
+
+
+@dataclass
 class DecodeMeta:
     positions: torch.Tensor  # [R]
     rows: torch.Tensor  # [R] decode-buffer row of each batch row
     out_loc: torch.Tensor  # [R] rows * depth + step
     groups: list[DecodeGroup]
+    packed: PackedDecode | None = None
 
     mode: str = field(default="decode", init=False)
 
@@ -70,10 +84,12 @@ class AttentionBackend:
         if not skip_store:
             self.store(k, v, layer_id, meta)
         if meta.mode == "prefill":
-            return self.prefill(q, layer_id, meta)
+            return self.prefill(q, k, v, layer_id, meta)
         return self.decode(q, layer_id, meta)
 
-    def prefill(self, q, layer_id: int, meta: PrefillMeta) -> torch.Tensor:
+    needs_packed = False  # whether decode reads ``DecodeMeta.packed``
+
+    def prefill(self, q, k, v, layer_id: int, meta: PrefillMeta) -> torch.Tensor:
         raise NotImplementedError
 
     def decode(self, q, layer_id: int, meta: DecodeMeta) -> torch.Tensor:
@@ -101,7 +117,7 @@ class TorchAttention(AttentionBackend):
         g = self.hq // self.hkv
         return q.view(m, self.hkv, g, self.d).permute(1, 2, 0, 3)
 
-    def prefill(self, q, layer_id, meta: PrefillMeta):
+    def prefill(self, q, k, v, layer_id, meta: PrefillMeta):
         kp, vp = self.kv.k[layer_id], self.kv.v[layer_id]
         outs, off = [], 0
         for slots, n_new, n_pre in zip(meta.seq_slots, meta.new_lens, meta.prefix_lens):
@@ -143,7 +159,7 @@ class TorchAttention(AttentionBackend):
 
 ATTENTION_BACKENDS: dict[str, str] = {
     "torch": "flashrec.layers.attention:TorchAttention",
-    "sdpa": "flashrec.layers.attention_gpu:DenseSdpaAttention",
+    "triton": "flashrec.layers.attention_gpu:TritonAttention",
 }
 
 

@@ -78,7 +78,8 @@ class DecoderLayer(nn.Module):
     def forward(self, x, residual, positions, meta, ctx):
         if self._use_fused_quant(ctx):
             x8, s, residual = self.input_layernorm.quant_fp8(x, residual)
-            h = self.self_attn(x if residual is None else residual, positions, meta, ctx, x8, s)
+            # x / h below only carry the activation dtype: the GEMMs read the FP8 inputs
+            h = self.self_attn(residual, positions, meta, ctx, x8, s)
             x8, s, residual = self.post_attention_layernorm.quant_fp8(h, residual)
             return self.mlp(h, ctx, x8, s), residual
         if residual is None:

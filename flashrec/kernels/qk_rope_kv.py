@@ -1,0 +1,223 @@
+"""Per-head q/k RMSNorm + NeoX rotary embedding on the fused QKV output, + KV-cache write.
+
+Layout of one token's row of ``qkv`` (row stride may exceed the width)::
+
+    | q head 0 .. Hq-1 | k head 0 .. Hkv-1 | v head 0 .. Hkv-1 |     each head: D values
+
+q and k are normalised and rotated IN PLACE; the returned q/k/v are views into ``qkv``.
+
+Math, matching HF transformers' Qwen3 attention (``dt`` = ``qkv.dtype``, each ``dt(...)`` one
+rounding; the norm is skipped, not replaced, when its weight is None)::
+
+    n      = dt(x * rsqrt(mean(x**2) + eps))        # fp32, per head over D
+    x      = dt(weight * n)
+    c, s   = dt(cos[pos]), dt(sin[pos])             # the fp32 table rounded, as HF does
+    x1, x2 = x[:D/2], x[D/2:]                       # NeoX pairs (i, i + D/2)
+    out    = [dt(dt(x1*c) - dt(x2*s)), dt(dt(x2*c) + dt(x1*s))]
+
+The cache write stores k (after norm and rope) and v at rows ``out_loc`` of
+``k_cache``/``v_cache`` [S, Hkv, D]; an e4m3 cache gets ``clamp(value * (1/scale), +-448)``
+(the reciprocal taken in double, then fp32: the same number in reference and kernel).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from flashrec.kernels.backend import interpreting, next_pow2, use_triton
+
+__all__ = [
+    "build_cos_sin",
+    "qk_norm_rope_store",
+    "qk_norm_rope_store_ref",
+    "qk_norm_rope_store_triton",
+]
+
+_FP8_MAX = 448.0
+
+
+def build_cos_sin(
+    max_pos: int, head_dim: int, theta: float, device: torch.device | str | None = None
+) -> torch.Tensor:
+    """Rotary table [max_pos, head_dim] float32: cos in the first D/2 columns, sin in the last.
+
+    Default (unscaled) RoPE as in HF: ``inv_freq = 1 / theta ** (arange(0, D, 2) / D)``,
+    angle = position * inv_freq, computed in float32.
+    """
+    if head_dim % 2:
+        raise ValueError(f"head_dim must be even, got {head_dim}")
+    exponent = torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).float() / head_dim
+    inv_freq = 1.0 / (theta**exponent)
+    pos = torch.arange(max_pos, dtype=torch.int64, device=device).float()
+    angles = pos[:, None] * inv_freq[None, :]
+    return torch.cat((angles.cos(), angles.sin()), dim=-1).contiguous()
+
+
+def _split_qkv(
+    qkv: torch.Tensor, num_q_heads: int, num_kv_heads: int, head_dim: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    if qkv.dim() != 2 or qkv.stride(-1) != 1:
+        raise ValueError("qkv must be 2-D [T, (Hq + 2*Hkv) * D] with a unit last-dim stride")
+    qd, kd = num_q_heads * head_dim, num_kv_heads * head_dim
+    if qkv.shape[1] != qd + 2 * kd:
+        raise ValueError(f"qkv width {qkv.shape[1]} != (Hq + 2*Hkv) * D = {qd + 2 * kd}")
+    t = qkv.shape[0]
+    q = qkv[:, :qd].view(t, num_q_heads, head_dim)
+    k = qkv[:, qd : qd + kd].view(t, num_kv_heads, head_dim)
+    v = qkv[:, qd + kd :].view(t, num_kv_heads, head_dim)
+    return q, k, v
+
+
+def _head_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    xf = x.float()
+    normed = (xf * torch.rsqrt(xf.square().mean(dim=-1, keepdim=True) + eps)).to(x.dtype)
+    return (normed.float() * weight.float()).to(x.dtype)
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+def _store(cache: torch.Tensor, loc: torch.Tensor, x: torch.Tensor, scale: float) -> None:
+    if cache.dtype == torch.float8_e4m3fn:
+        x = (x.float() * (1.0 / scale)).clamp(-_FP8_MAX, _FP8_MAX)
+    cache[loc] = x.to(cache.dtype)
+
+
+def qk_norm_rope_store_ref(
+    qkv: torch.Tensor,
+    num_q_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    positions: torch.Tensor,
+    cos_sin: torch.Tensor,
+    q_norm_weight: torch.Tensor | None,
+    k_norm_weight: torch.Tensor | None,
+    eps: float,
+    k_cache: torch.Tensor | None,
+    v_cache: torch.Tensor | None,
+    out_loc: torch.Tensor | None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
+    skip_store: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Reference (and CPU path) of :func:`qk_norm_rope_store`; vectorised over tokens/heads."""
+    q, k, v = _split_qkv(qkv, num_q_heads, num_kv_heads, head_dim)
+    half = head_dim // 2
+    table = cos_sin.index_select(0, positions.long())[:, None, :].to(qkv.dtype)  # [T, 1, D]
+    cos, sin = table[..., :half], table[..., half:]
+    for x, w in ((q, q_norm_weight), (k, k_norm_weight)):
+        normed = x if w is None else _head_rms_norm(x, w, eps)
+        x.copy_(_rope(normed, cos, sin))
+    if not skip_store and out_loc is not None and k_cache is not None and v_cache is not None:
+        loc = out_loc.long()
+        _store(k_cache, loc, k, k_scale)
+        _store(v_cache, loc, v, v_scale)
+    return q, k, v
+
+
+def qk_norm_rope_store_triton(
+    qkv: torch.Tensor,
+    num_q_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    positions: torch.Tensor,
+    cos_sin: torch.Tensor,
+    q_norm_weight: torch.Tensor | None,
+    k_norm_weight: torch.Tensor | None,
+    eps: float,
+    k_cache: torch.Tensor | None,
+    v_cache: torch.Tensor | None,
+    out_loc: torch.Tensor | None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
+    skip_store: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One Triton kernel for :func:`qk_norm_rope_store_ref`.
+
+    Grid: (tokens, head blocks); the first ``cdiv(Hq, BLOCK_H)`` blocks of a token take q
+    heads, the rest take k heads and also copy the matching v heads into the cache.
+    """
+    from flashrec.kernels.tl.qk_rope import qk_norm_rope_store_kernel
+
+    q, k, v = _split_qkv(qkv, num_q_heads, num_kv_heads, head_dim)
+    if head_dim % 2:
+        raise ValueError(f"head_dim must be even, got {head_dim}")
+    if cos_sin.dim() != 2 or cos_sin.shape[1] != head_dim or cos_sin.stride(-1) != 1:
+        raise ValueError(f"cos_sin must be [max_pos, {head_dim}] with a unit last-dim stride")
+    store = not skip_store and out_loc is not None and k_cache is not None
+    store = store and v_cache is not None
+    if store:
+        assert k_cache is not None and v_cache is not None and out_loc is not None
+        for cache in (k_cache, v_cache):
+            if cache.dim() != 3 or cache.shape[1:] != (num_kv_heads, head_dim):
+                raise ValueError(f"cache must be [S, {num_kv_heads}, {head_dim}]")
+            if cache.stride(-1) != 1:
+                raise ValueError("cache needs a unit last-dim stride")
+    t = qkv.shape[0]
+    if t == 0:
+        return q, k, v
+    block_h = min(next_pow2(min(num_q_heads, num_kv_heads)), max(1, 2048 // head_dim))
+    q_blocks = -(-num_q_heads // block_h)
+    k_blocks = -(-num_kv_heads // block_h)
+    half = head_dim // 2
+    kc = k_cache if store else qkv
+    vc = v_cache if store else qkv
+    assert kc is not None and vc is not None
+    qkv_w = qkv  # placeholder pointer for absent weights / caches (never dereferenced)
+    qk_norm_rope_store_kernel[(t, q_blocks + k_blocks)](
+        qkv, qkv.stride(0), positions, cos_sin, cos_sin.stride(0),
+        qkv_w if q_norm_weight is None else q_norm_weight,
+        qkv_w if k_norm_weight is None else k_norm_weight,
+        eps,
+        kc, kc.stride(0) if store else 0, kc.stride(1) if store else 0,
+        vc, vc.stride(0) if store else 0, vc.stride(1) if store else 0,
+        out_loc if store else positions,
+        1.0 / k_scale, 1.0 / v_scale,
+        num_q_heads, num_kv_heads, q_blocks,
+        HEAD_DIM=head_dim, HALF=half, HALF_P2=next_pow2(half), BLOCK_H=block_h,
+        HAS_Q_NORM=q_norm_weight is not None, HAS_K_NORM=k_norm_weight is not None,
+        STORE=store, EMULATE=interpreting(), num_warps=4,
+    )  # fmt: skip
+    return q, k, v
+
+
+def qk_norm_rope_store(
+    qkv: torch.Tensor,
+    num_q_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    positions: torch.Tensor,
+    cos_sin: torch.Tensor,
+    q_norm_weight: torch.Tensor | None,
+    k_norm_weight: torch.Tensor | None,
+    eps: float,
+    k_cache: torch.Tensor | None,
+    v_cache: torch.Tensor | None,
+    out_loc: torch.Tensor | None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
+    skip_store: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q/k RMSNorm + NeoX RoPE in place on ``qkv``, then k/v into the cache at ``out_loc``.
+
+    Args:
+        qkv: [T, (Hq + 2*Hkv) * D] fused QKV projection output, modified in place.
+        positions: [T] int positions into ``cos_sin``.
+        cos_sin: [max_pos, D] float32 table from :func:`build_cos_sin`.
+        q_norm_weight, k_norm_weight: [D] per-head RMSNorm weights, or None (no norm).
+        k_cache, v_cache: [S, Hkv, D] caches (bf16/fp16/fp32 or float8_e4m3fn), or None.
+        out_loc: [T] cache rows to write (all valid, in [0, S)), or None for no write.
+        k_scale, v_scale: e4m3 cache scales (stored value ~= k / k_scale); unused otherwise.
+        skip_store: skip the cache write even when caches and ``out_loc`` are given.
+
+    Returns:
+        Views ``q`` [T, Hq, D], ``k`` [T, Hkv, D], ``v`` [T, Hkv, D] into ``qkv``.
+    """
+    fn = qk_norm_rope_store_triton if use_triton(qkv) else qk_norm_rope_store_ref
+    return fn(
+        qkv, num_q_heads, num_kv_heads, head_dim, positions, cos_sin,
+        q_norm_weight, k_norm_weight, eps, k_cache, v_cache, out_loc,
+        k_scale, v_scale, skip_store,
+    )  # fmt: skip

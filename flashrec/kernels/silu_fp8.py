@@ -1,0 +1,93 @@
+"""SiLU-and-multiply of a fused gate/up projection, optionally fused with per-token FP8 quant.
+
+``gate_up`` is [M, 2I]: gate = ``gate_up[:, :I]``, up = ``gate_up[:, I:]``. Math, matching
+HF transformers' ``act_fn(gate_proj(x)) * up_proj(x)`` in the activation dtype ``dt``::
+
+    a = dt(silu(gate))     # in fp32
+    y = dt(a * up)
+
+The quantized variant returns ``per_token_quant_fp8(y)``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from flashrec.kernels.backend import interpreting, launch_warps, next_pow2, use_triton
+from flashrec.kernels.fp8 import FP8_DTYPE, per_token_quant_fp8_ref
+
+__all__ = [
+    "silu_mul",
+    "silu_mul_quant_fp8",
+    "silu_mul_quant_fp8_ref",
+    "silu_mul_quant_fp8_triton",
+    "silu_mul_ref",
+    "silu_mul_triton",
+]
+
+_MAX_BLOCK = 4096
+"""Column tile of the Triton kernel; wider rows are walked in tiles (two passes when quantizing)."""
+
+
+def silu_mul_ref(gate_up: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up`` over the last dim, in ``gate_up.dtype``: [..., 2I] -> [..., I]."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    dt = gate_up.dtype
+    act = F.silu(gate.float()).to(dt)
+    return (act.float() * up.float()).to(dt)
+
+
+def silu_mul_quant_fp8_ref(gate_up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`silu_mul_ref` followed by per-token e4m3: ``(y_fp8 [M, I], scale [M, 1])``."""
+    return per_token_quant_fp8_ref(silu_mul_ref(gate_up))
+
+
+def _launch(gate_up: torch.Tensor, quant: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    from flashrec.kernels.tl.silu import silu_mul_kernel
+
+    two_i = gate_up.shape[-1]
+    if two_i % 2:
+        raise ValueError(f"last dim of gate_up must be even, got {two_i}")
+    inter = two_i // 2
+    gu = gate_up.reshape(-1, two_i)
+    if gu.stride(-1) != 1:
+        raise ValueError("gate_up needs a unit last-dim stride")
+    m = gu.shape[0]
+    y = torch.empty((m, inter), dtype=FP8_DTYPE if quant else gate_up.dtype, device=gu.device)
+    scale = torch.empty((m, 1), dtype=torch.float32, device=gu.device) if quant else None
+    if m > 0:
+        block = min(next_pow2(inter), _MAX_BLOCK)
+        silu_mul_kernel[(m,)](
+            gu, gu.stride(0), y, y if scale is None else scale, inter,
+            BLOCK=block, NUM_TILES=-(-inter // block), QUANT=quant, EMULATE=interpreting(),
+            num_warps=launch_warps(block),
+        )  # fmt: skip
+    lead = gate_up.shape[:-1]
+    return y.view(*lead, inter), None if scale is None else scale.view(*lead, 1)
+
+
+def silu_mul_triton(gate_up: torch.Tensor) -> torch.Tensor:
+    """Triton version of :func:`silu_mul_ref` (one program per token)."""
+    return _launch(gate_up, quant=False)[0]
+
+
+def silu_mul_quant_fp8_triton(gate_up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Triton version of :func:`silu_mul_quant_fp8_ref`; ``y`` never hits memory in bf16."""
+    y, scale = _launch(gate_up, quant=True)
+    assert scale is not None
+    return y, scale
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up``: Triton on CUDA when available, else :func:`silu_mul_ref`."""
+    if use_triton(gate_up):
+        return silu_mul_triton(gate_up)
+    return silu_mul_ref(gate_up)
+
+
+def silu_mul_quant_fp8(gate_up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fused ``silu(gate) * up`` -> per-token e4m3: ``(y_fp8 [M, I], scale [M, 1] float32)``."""
+    if use_triton(gate_up):
+        return silu_mul_quant_fp8_triton(gate_up)
+    return silu_mul_quant_fp8_ref(gate_up)

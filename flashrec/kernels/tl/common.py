@@ -1,0 +1,66 @@
+"""Triton helpers shared by the kernels: rounding to the activation dtype and FP8 conversion.
+
+NOTE (division): Triton's ``/`` on fp32 is the approximate ``div.full``; where the reference
+divides (a mean, 1/sqrt, 1/scale) the kernels use ``tl.math.div_rn`` / ``tl.sqrt_rn``.
+
+Every kernel computes in fp32 and rounds to the activation dtype exactly where the PyTorch
+reference (and HF transformers) round, so that kernel and reference agree bit for bit up to
+reduction order and fp32 ``exp``/``sqrt`` differences.
+
+NOTE (interpreter): Triton's CPU interpreter truncates fp32 -> bf16 and mis-rounds
+fp32 -> e4m3 (the mantissa carry is lost), so the ``EMULATE`` paths below round with integer
+and fp32 arithmetic first; the final cast is then exact. On a GPU ``EMULATE`` is False and the
+hardware conversions (round-to-nearest-even, satfinite for e4m3) are used.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+FP8_MAX: tl.constexpr = tl.constexpr(448.0)
+INV_FP8_MAX: tl.constexpr = tl.constexpr(1.0 / 448.0)
+SCALE_FLOOR: tl.constexpr = tl.constexpr(1e-12)
+
+
+@triton.jit
+def to_act(x, DT: tl.constexpr, EMULATE: tl.constexpr):
+    """Round fp32 ``x`` to dtype ``DT`` (round-to-nearest-even) and return it as fp32."""
+    if DT == tl.float32:
+        y = x
+    elif DT == tl.bfloat16:
+        if EMULATE:
+            bits = x.to(tl.uint32, bitcast=True)
+            bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+            y = bits.to(tl.float32, bitcast=True)
+        else:
+            y = x.to(tl.bfloat16).to(tl.float32)
+    else:
+        y = x.to(DT).to(tl.float32)
+    return y
+
+
+@triton.jit
+def to_fp8(x, EMULATE: tl.constexpr):
+    """Clamp fp32 ``x`` to +-448 and convert to float8_e4m3fn (round-to-nearest-even)."""
+    x = tl.minimum(tl.maximum(x, -FP8_MAX), FP8_MAX)
+    if EMULATE:
+        # Normal e4m3 range: keep 3 of fp32's 23 mantissa bits, rounding half to even.
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFFF + ((bits >> 20) & 1)) & 0xFFF00000
+        normal = bits.to(tl.float32, bitcast=True)
+        # Subnormal range (|x| < 2**-6): multiples of 2**-9; fp32 addition rounds to even.
+        sub = (tl.abs(x) + 16384.0) - 16384.0
+        sub = tl.where(x < 0, -sub, sub)
+        x = tl.where(tl.abs(x) < 0.015625, sub, normal)
+    return x.to(tl.float8e4nv)
+
+
+@triton.jit
+def quant_store(y, mask, out_ptrs, scale_ptr, EMULATE: tl.constexpr):
+    """Quantize one token's values ``y`` (fp32, masked lanes ignored) to e4m3 with a per-token
+    absmax scale; store the codes at ``out_ptrs`` and the fp32 scale at ``scale_ptr``."""
+    amax = tl.max(tl.where(mask, tl.abs(y), 0.0), axis=0)
+    scale = tl.maximum(amax * INV_FP8_MAX, SCALE_FLOOR)
+    tl.store(out_ptrs, to_fp8(y * tl.math.div_rn(1.0, scale), EMULATE), mask=mask)
+    tl.store(scale_ptr, scale)

@@ -1,0 +1,242 @@
+"""The application and the serving process.
+
+``create_app`` wires the handlers (``handlers.py``) over an engine and its loop. ``Server``
+owns one serving process; start-up order (``/health`` is 503 until the last step)::
+
+    Engine(config) -> EngineLoop(engine) -> bind HOST:PORT, print the URL line
+      -> loop.start() -> loop.warmup() -> ready
+
+Routes (see ``docs/api.md``)::
+
+    GET  /health  /v1/models  /get_server_info  /metrics
+    POST /v1/chat/completions  /generate  /start_profile  /stop_profile
+    POST|GET /flush_cache
+
+On SIGTERM or SIGINT: new generation requests get 503, in-flight requests get up to
+``--shutdown-timeout-s`` to finish (``loop.drain``), a running profile is written, the
+listener closes, the loop stops, and the process exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import ipaddress
+import logging
+import signal
+import sys
+import threading
+import time
+from typing import Any
+
+from aiohttp import web
+
+from flashrec.config import ServerConfig, add_config_args, config_from_args
+from flashrec.profiler import ProfileController
+from flashrec.server import handlers
+from flashrec.server.backend import Backend
+from flashrec.server.handlers import STATE, ServerState
+from flashrec.server.metrics import ServerMetrics
+
+_log = logging.getLogger("flashrec.server")
+
+URL_LINE = "FlashRec serving on http://{host}:{port}"
+
+
+def create_app(engine: Any, loop: Any, config: ServerConfig) -> web.Application:
+    """The application over a built ``Engine`` and ``EngineLoop``.
+
+    ``/health`` reports ok once ``app[STATE].backend.ready`` is set (``Server`` does it after
+    warm-up).
+    """
+    h = handlers
+    app = web.Application(
+        client_max_size=int(config.max_body_bytes), middlewares=[h.error_middleware]
+    )
+    backend = Backend(engine=engine, loop=loop, limits=h.limits_for(engine, config))
+    app[STATE] = ServerState(
+        backend=backend,
+        config=config,
+        metrics=ServerMetrics(),
+        profiler=ProfileController(loop),
+        model_name=h.model_name(config),
+    )
+    r = app.router
+    r.add_get("/health", h.health)
+    r.add_get("/v1/models", h.models)
+    r.add_get("/get_server_info", h.server_info)
+    r.add_get("/metrics", h.metrics)
+    r.add_post("/v1/chat/completions", h.chat_completions)
+    r.add_post("/generate", h.generate)
+    r.add_post("/flush_cache", h.flush_cache)
+    r.add_get("/flush_cache", h.flush_cache)
+    r.add_post("/start_profile", h.start_profile)
+    r.add_post("/stop_profile", h.stop_profile)
+    return app
+
+
+def is_loopback(host: str) -> bool:
+    """True for loopback addresses and ``localhost``."""
+    if host.strip().lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
+async def start_site(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, int]:
+    """Bind ``app`` the way production does; returns the runner and the bound port."""
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=5.0)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    bound = port
+    for addr in runner.addresses:
+        if isinstance(addr, tuple) and len(addr) >= 2:
+            bound = int(addr[1])
+            break
+    return runner, bound
+
+
+async def start_engine(st: ServerState, warmup: bool) -> None:
+    """Start the engine loop, run its warm-up (``loop.warmup()``), then mark the server ready."""
+    be = st.backend
+    await asyncio.to_thread(be.loop.start)
+    if warmup:
+        t0 = time.perf_counter()
+        await asyncio.to_thread(be.loop.warmup)
+        _log.info("warm-up done in %.2f s", time.perf_counter() - t0)
+    be.ready = True
+    _log.info("ready")
+
+
+async def drain(st: ServerState, timeout_s: float) -> bool:
+    """Stop admitting and wait up to ``timeout_s`` for in-flight requests; True if all done."""
+    be = st.backend
+    be.draining = True
+    deadline = time.monotonic() + timeout_s
+    done = bool(await asyncio.to_thread(be.loop.drain, timeout_s))
+    # The engine is idle; give the handlers a moment to write their answers.
+    while be.active_handlers and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+    return done and not be.active_handlers
+
+
+class Server:
+    """One serving process: bind, warm up, serve until :meth:`request_stop`, drain.
+
+    ``run`` owns an event loop; ``request_stop`` may be called from any thread (or a signal).
+    """
+
+    def __init__(self, engine: Any, loop: Any, config: ServerConfig) -> None:
+        self.config = config
+        self.loop = loop
+        self.app = create_app(engine, loop, config)
+        self.state: ServerState = self.app[STATE]
+        self.port: int | None = None
+        self.bound = threading.Event()
+        self._aloop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+
+    @property
+    def url(self) -> str:
+        """``http://HOST:PORT`` once bound."""
+        return f"http://{_url_host(self.config.host)}:{self.port}"
+
+    def request_stop(self) -> None:
+        """Begin the graceful shutdown (thread-safe)."""
+        if self._aloop is not None and self._stop is not None:
+            self._aloop.call_soon_threadsafe(self._stop.set)
+
+    async def run(self, install_signals: bool = True) -> int:
+        """Serve until stopped; returns the exit code (0, or 1 when start-up failed)."""
+        cfg, st = self.config, self.state
+        self._aloop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        if not is_loopback(cfg.host):
+            _log.warning(
+                "binding %s: the FlashRec server has no authentication; anyone who can reach "
+                "this address can send requests. Keep it on 127.0.0.1 or behind a trusted proxy.",
+                cfg.host,
+            )
+        runner, self.port = await start_site(self.app, cfg.host, cfg.port)
+        print(URL_LINE.format(host=_url_host(cfg.host), port=self.port), flush=True)
+        self.bound.set()
+        if install_signals:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                    self._aloop.add_signal_handler(sig, self._stop.set)
+        starting = asyncio.ensure_future(start_engine(st, cfg.warmup))
+        stopping = asyncio.ensure_future(self._stop.wait())
+        await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        code = 0
+        if starting.done() and starting.exception() is not None:
+            exc = starting.exception()
+            _log.error("start-up failed: %s", exc, exc_info=exc)
+            code = 1
+        else:
+            await stopping
+        if not starting.done():
+            starting.cancel()
+        stopping.cancel()
+        await self._shutdown(runner)
+        return code
+
+    async def _shutdown(self, runner: web.AppRunner) -> None:
+        st = self.state
+        be = st.backend
+        _log.info("shutting down: draining for up to %.1f s", self.config.shutdown_timeout_s)
+        if not await drain(st, self.config.shutdown_timeout_s):
+            left = sorted(be.inflight)
+            _log.warning("shutdown timeout: %d request(s) did not finish; cancelling", len(left))
+            for rid in left:
+                be.withdraw(rid)  # their clients get 503
+            deadline = time.monotonic() + 2.0
+            while be.active_handlers and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+        await asyncio.to_thread(st.profiler.shutdown)
+        await runner.cleanup()
+        await asyncio.to_thread(self.loop.stop)
+        be.close()
+        _log.info("stopped")
+
+
+def serve(engine: Any, loop: Any, config: ServerConfig) -> int:
+    """Serve ``engine`` through ``loop`` on this (main) thread until SIGTERM / SIGINT."""
+    return asyncio.run(Server(engine, loop, config).run())
+
+
+def run_server(config: ServerConfig) -> int:
+    """Build the engine and its loop from ``config`` and serve; returns the exit code."""
+    from flashrec.engine.engine import Engine
+    from flashrec.engine.loop import EngineLoop
+
+    engine = Engine(config)
+    loop = EngineLoop(engine)
+    return serve(engine, loop, config)
+
+
+def add_serve_args(parser: argparse.ArgumentParser) -> None:
+    """Every ``ServerConfig`` field as a flag (``flashrec serve --help``)."""
+    add_config_args(parser, ServerConfig)
+
+
+def serve_main(args: argparse.Namespace) -> int:
+    """Entry point of ``flashrec serve`` / ``flashrec --serve``."""
+    if not logging.getLogger().handlers:
+        logging.basicConfig(
+            level=logging.INFO,
+            stream=sys.stderr,
+            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        )
+    config = config_from_args(ServerConfig, args)
+    if not config.model_path:
+        print("flashrec serve: --model-path is required", file=sys.stderr)
+        return 2
+    return run_server(config)

@@ -1,0 +1,350 @@
+"""Request handlers, the error middleware and the shared server state.
+
+Every error leaves as an OpenAI-shaped JSON body (``flashrec.server.errors``); an unexpected
+exception in a handler is a 500, never a dropped connection. Generation handlers are cancelled
+by aiohttp when the client disconnects (``handler_cancellation=True`` on the runner); the
+cancellation withdraws the request from the engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import platform
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+import flashrec
+from flashrec.config import ServerConfig
+from flashrec.engine.request import GenRequest
+from flashrec.profiler import ProfileController, ProfileError
+from flashrec.server import protocol, responses
+from flashrec.server.backend import Backend
+from flashrec.server.errors import NOT_FOUND, APIError, bad_request, error_body
+from flashrec.server.metrics import ServerMetrics
+
+_log = logging.getLogger("flashrec.server")
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@dataclasses.dataclass
+class ServerState:
+    """Everything the handlers share; lives in ``app[STATE]``."""
+
+    backend: Backend
+    config: ServerConfig
+    metrics: ServerMetrics
+    profiler: ProfileController
+    model_name: str
+    started: float = dataclasses.field(default_factory=time.time)
+
+    @property
+    def limits(self) -> protocol.Limits:
+        return self.backend.limits
+
+
+STATE = web.AppKey("flashrec_state", ServerState)
+
+
+def limits_for(engine: Any, config: ServerConfig) -> protocol.Limits:
+    """The request limits implied by the engine and the configuration."""
+    rows = int(engine.max_beam_rows)
+    return protocol.Limits(
+        max_beam_rows=rows,
+        vocab_size=int(engine.vocab_size),
+        max_seq_len=int(config.max_seq_len),
+        default_n=max(1, min(int(config.beam_width), rows)),
+        default_max_tokens=int(engine.layout.num_levels) + 1,
+        max_batch=max(1, int(config.max_queue_len)),
+    )
+
+
+def model_name(config: ServerConfig) -> str:
+    """``--served-model-name``, else the checkpoint directory name."""
+    return config.served_model_name or Path(config.model_path).name or "flashrec"
+
+
+# -- plumbing --------------------------------------------------------------------------------
+
+
+async def read_json(request: web.Request, allow_empty: bool = False) -> Any:
+    """The parsed body; 413 over ``--max-body-bytes``, 400 when it is not JSON."""
+    try:
+        raw = await request.read()
+    except web.HTTPRequestEntityTooLarge as exc:
+        raise APIError(
+            f"request body too large (limit {request.app[STATE].config.max_body_bytes} bytes)", 413
+        ) from exc
+    if not raw.strip():
+        if allow_empty:
+            return {}
+        raise bad_request("the request body is empty; expected a JSON object")
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        raise bad_request(f"malformed JSON body: {exc}") from None
+
+
+_OUTCOME = {400: "invalid", 413: "too_large", 503: "rejected"}
+
+
+async def _generation(request: web.Request, endpoint: str, fn: Handler) -> web.StreamResponse:
+    """Run a generation handler with outcome counting and latency recording."""
+    st = request.app[STATE]
+    t0 = time.perf_counter()
+    st.backend.active_handlers += 1
+    try:
+        resp = await fn(request)
+    except APIError as exc:
+        outcome = _OUTCOME.get(exc.status, "error" if exc.status >= 500 else "invalid")
+        st.metrics.count(endpoint, outcome)
+        return exc.response()
+    except asyncio.CancelledError:
+        st.metrics.count(endpoint, "cancelled")
+        raise
+    finally:
+        st.backend.active_handlers -= 1
+    st.metrics.count(endpoint, "success")
+    st.metrics.observe_latency(endpoint, time.perf_counter() - t0)
+    return resp
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Shape every error as an OpenAI error body; log unexpected exceptions as 500."""
+    try:
+        return await handler(request)
+    except APIError as exc:
+        return exc.response()
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        kind = NOT_FOUND if exc.status == 404 else "invalid_request_error"
+        body = error_body(exc.reason or "error", exc.status, None, kind)
+        headers = {k: v for k, v in exc.headers.items() if k.lower() == "allow"}
+        return web.json_response(body, status=exc.status, headers=headers)
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:
+        _log.exception("unhandled error on %s %s", request.method, request.path)
+        body = error_body(
+            f"internal error: {type(exc).__name__}: {exc}", 500, None, "internal_error"
+        )
+        return web.json_response(body, status=500)
+
+
+# -- generation ------------------------------------------------------------------------------
+
+
+async def _chat(request: web.Request) -> web.StreamResponse:
+    st = request.app[STATE]
+    st.backend.check_admitting()
+    body = await read_json(request)
+    req = protocol.parse_chat(body, st.limits)
+    ids = await st.backend.build_prompt(
+        "messages", messages=req.messages, chat_template_kwargs=req.chat_template_kwargs
+    )
+    p = req.params
+    gen = GenRequest(
+        rid=f"chatcmpl-{uuid.uuid4().hex}",
+        input_ids=ids,
+        n=p.n,
+        max_tokens=p.max_tokens,
+        temperature=p.temperature,
+        seed=p.seed,
+    )
+    (result,) = await st.backend.generate([gen])
+    st.metrics.completion_tokens += result.completion_tokens
+    st.metrics.cached_tokens += result.cached_tokens
+    model = req.model or st.model_name
+    if not req.stream:
+        return web.json_response(responses.chat_completion(result, model))
+    return await _send_sse(request, responses.chat_stream(result, model))
+
+
+async def _generate(request: web.Request) -> web.StreamResponse:
+    st = request.app[STATE]
+    st.backend.check_admitting()
+    t0 = time.perf_counter()
+    body = await read_json(request)
+    req = protocol.parse_generate(body, st.limits)
+    gens = []
+    for i, prompt in enumerate(req.prompts):
+        param = "input_ids" if prompt.input_ids is not None else "text"
+        if req.batched:
+            param = f"{param}[{i}]"
+        if prompt.input_ids is not None:
+            ids = await st.backend.build_prompt(param, input_ids=prompt.input_ids)
+        else:
+            ids = await st.backend.build_prompt(param, text=prompt.text)
+        p = req.params
+        gens.append(
+            GenRequest(
+                rid=uuid.uuid4().hex,
+                input_ids=ids,
+                n=p.n,
+                max_tokens=p.max_tokens,
+                temperature=p.temperature,
+                seed=p.seed,
+            )
+        )
+    results = await st.backend.generate(gens)
+    latency = time.perf_counter() - t0
+    for r in results:
+        st.metrics.completion_tokens += r.completion_tokens
+        st.metrics.cached_tokens += r.cached_tokens
+    outs = [responses.generate_result(r, latency) for r in results]
+    out: Any = outs if req.batched else outs[0]
+    if not req.stream:
+        return web.json_response(out)
+    return await _send_sse(request, iter([responses.sse(out), b"data: [DONE]\n\n"]))
+
+
+async def _send_sse(request: web.Request, events: Any) -> web.StreamResponse:
+    resp = web.StreamResponse(
+        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+    )
+    await resp.prepare(request)
+    try:
+        for event in events:
+            await resp.write(event)
+        await resp.write_eof()
+    except (ConnectionResetError, aiohttp.ClientConnectionResetError):
+        pass  # the answer was ready; the client left before reading it
+    return resp
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    """``POST /v1/chat/completions``."""
+    return await _generation(request, "chat", _chat)
+
+
+async def generate(request: web.Request) -> web.StreamResponse:
+    """``POST /generate`` (SGLang beam protocol)."""
+    return await _generation(request, "generate", _generate)
+
+
+# -- control and introspection ---------------------------------------------------------------
+
+
+async def health(request: web.Request) -> web.Response:
+    """``GET /health``: 200 ``{"status": "ok"}`` once warm, 503 before and while draining."""
+    be = request.app[STATE].backend
+    if be.healthy:
+        return web.json_response({"status": "ok"})
+    status = "draining" if be.draining else "starting"
+    return web.json_response({"status": status}, status=503)
+
+
+async def models(request: web.Request) -> web.Response:
+    """``GET /v1/models``: the one served model."""
+    st = request.app[STATE]
+    return web.json_response(
+        {
+            "object": "list",
+            "data": [
+                {
+                    "id": st.model_name,
+                    "object": "model",
+                    "created": int(st.started),
+                    "owned_by": "flashrec",
+                    "root": st.config.model_path,
+                    "max_model_len": st.config.max_seq_len,
+                }
+            ],
+        }
+    )
+
+
+async def server_info(request: web.Request) -> web.Response:
+    """``GET /get_server_info``: effective configuration, SID layout, limits, versions."""
+    st = request.app[STATE]
+    engine = st.backend.engine
+    layout = engine.layout
+    info: dict[str, Any] = {
+        "served_model_name": st.model_name,
+        "config": dataclasses.asdict(st.config),
+        "sid_layout": {
+            "code_start": layout.code_start,
+            "codebook_size": layout.codebook_size,
+            "num_levels": layout.num_levels,
+            "sid_begin": layout.sid_begin,
+            "sid_end": layout.sid_end,
+            "sid": layout.to_arg(),
+        },
+        "limits": dataclasses.asdict(st.limits),
+        "engine": engine.server_info() if hasattr(engine, "server_info") else {},
+        "versions": {
+            "flashrec": flashrec.__version__,
+            "python": platform.python_version(),
+            "torch": _torch_version(),
+            "aiohttp": aiohttp.__version__,
+        },
+        "ready": st.backend.healthy,
+    }
+    return web.json_response(info, dumps=lambda o: json.dumps(o, default=str))
+
+
+def _torch_version() -> str:
+    import torch
+
+    return torch.__version__
+
+
+async def metrics(request: web.Request) -> web.Response:
+    """``GET /metrics``: Prometheus text."""
+    st = request.app[STATE]
+    be = st.backend
+    stats = be.loop.stats()
+    extra = {
+        "flashrec_ready": int(be.healthy),
+        "flashrec_draining": int(be.draining),
+        "flashrec_http_inflight_requests": len(be.inflight),
+        "flashrec_profiler_active": int(st.profiler.state == "active"),
+    }
+    text = st.metrics.render(stats, extra)
+    return web.Response(
+        text=text,
+        content_type="text/plain",
+        charset="utf-8",
+        headers={"X-Content-Type-Options": "nosniff"},
+    )
+
+
+async def flush_cache(request: web.Request) -> web.Response:
+    """``POST /flush_cache``: empty the radix prefix cache (409 while requests run)."""
+    st = request.app[STATE]
+    ok = await asyncio.to_thread(st.backend.loop.flush_cache)
+    if not ok:
+        raise APIError("cache not flushed: requests are running; retry when idle", 409)
+    return web.json_response({"success": True, "message": "Cache flushed."})
+
+
+async def start_profile(request: web.Request) -> web.Response:
+    """``POST /start_profile`` (body optional)."""
+    st = request.app[STATE]
+    body = await read_json(request, allow_empty=True)
+    try:
+        info = await asyncio.to_thread(st.profiler.start, protocol.require_object(body))
+    except ProfileError as exc:
+        raise bad_request(str(exc)) from None
+    return web.json_response({"success": True, "message": "Start profiling.", **info})
+
+
+async def stop_profile(request: web.Request) -> web.Response:
+    """``POST /stop_profile``: stop, write the trace, answer with its path."""
+    st = request.app[STATE]
+    try:
+        info = await asyncio.to_thread(st.profiler.stop)
+    except ProfileError as exc:
+        raise bad_request(str(exc)) from None
+    return web.json_response({"success": True, "message": "Stop profiling.", **info})

@@ -1,0 +1,182 @@
+"""Prometheus text exposition (format 0.0.4), written by hand.
+
+Two sources feed ``/metrics``: counters and histograms the HTTP layer keeps itself
+(:class:`ServerMetrics`, updated only on the event-loop thread) and a snapshot of
+``EngineLoop.stats()`` taken at scrape time (gauges and engine-side counters).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+OUTCOMES = ("success", "invalid", "rejected", "too_large", "error", "cancelled")
+ENDPOINTS = ("chat", "generate")
+
+# (stats key, metric name, type, help)
+ENGINE_METRICS = (
+    ("queue_len", "flashrec_queue_length", "gauge", "Requests waiting for admission."),
+    ("running_requests", "flashrec_running_requests", "gauge", "Requests holding beam rows."),
+    ("used_slots", "flashrec_slots_used", "gauge", "Beam-row slots held by running requests."),
+    ("total_slots", "flashrec_slots_total", "gauge", "Beam-row slot budget (--batch-slots)."),
+    (
+        "kv_used_tokens",
+        "flashrec_kv_tokens_used",
+        "gauge",
+        "KV pool tokens held by running requests (prefix-cache-only tokens excluded).",
+    ),
+    ("kv_total_tokens", "flashrec_kv_tokens_total", "gauge", "KV pool size in tokens."),
+    (
+        "kv_cached_tokens",
+        "flashrec_kv_tokens_cached",
+        "gauge",
+        "KV pool tokens held by the radix prefix cache (referenced or not).",
+    ),
+    (
+        "prefix_hit_tokens_total",
+        "flashrec_prefix_cache_hit_tokens_total",
+        "counter",
+        "Prompt tokens served from the radix prefix cache.",
+    ),
+    (
+        "prompt_tokens_total",
+        "flashrec_prompt_tokens_total",
+        "counter",
+        "Prompt tokens of admitted requests.",
+    ),
+    ("steps_total", "flashrec_engine_steps_total", "counter", "Engine steps run."),
+    (
+        "batch_failures_total",
+        "flashrec_batch_failures_total",
+        "counter",
+        "Engine batches that raised; their requests got 500.",
+    ),
+)
+
+
+def _fmt(v: float) -> str:
+    if isinstance(v, bool):
+        return "1" if v else "0"
+    if isinstance(v, int):
+        return str(v)
+    if math.isinf(v):
+        return "+Inf" if v > 0 else "-Inf"
+    if math.isnan(v):
+        return "NaN"
+    return repr(float(v))
+
+
+def _labels(labels: Mapping[str, str]) -> str:
+    if not labels:
+        return ""
+    inner = ",".join(
+        f'{k}="{str(v).replace(chr(92), chr(92) * 2).replace(chr(10), "").replace(chr(34), "")}"'
+        for k, v in labels.items()
+    )
+    return "{" + inner + "}"
+
+
+@dataclass
+class Histogram:
+    """Cumulative-bucket histogram of one label set."""
+
+    buckets: tuple[float, ...] = LATENCY_BUCKETS
+    counts: list[int] = field(default_factory=list)
+    total: float = 0.0
+    count: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.counts:
+            self.counts = [0] * len(self.buckets)
+
+    def observe(self, value: float) -> None:
+        """Add one observation."""
+        for i, b in enumerate(self.buckets):
+            if value <= b:
+                self.counts[i] += 1
+        self.total += value
+        self.count += 1
+
+    def lines(self, name: str, labels: Mapping[str, str]) -> Iterable[str]:
+        """``_bucket`` (cumulative, with ``+Inf``), ``_sum`` and ``_count`` samples."""
+        for b, c in zip(self.buckets, self.counts):
+            yield f"{name}_bucket{_labels({**labels, 'le': _fmt(b)})} {c}"
+        yield f"{name}_bucket{_labels({**labels, 'le': '+Inf'})} {self.count}"
+        yield f"{name}_sum{_labels(labels)} {_fmt(self.total)}"
+        yield f"{name}_count{_labels(labels)} {self.count}"
+
+
+@dataclass
+class ServerMetrics:
+    """Counters and histograms owned by the HTTP layer."""
+
+    requests: dict[tuple[str, str], int] = field(default_factory=dict)
+    latency: dict[str, Histogram] = field(default_factory=dict)
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        for ep in ENDPOINTS:
+            self.latency.setdefault(ep, Histogram())
+            for outcome in OUTCOMES:
+                self.requests.setdefault((ep, outcome), 0)
+
+    def count(self, endpoint: str, outcome: str) -> None:
+        """One finished request of ``endpoint`` with ``outcome`` (one of ``OUTCOMES``)."""
+        key = (endpoint, outcome)
+        self.requests[key] = self.requests.get(key, 0) + 1
+
+    def observe_latency(self, endpoint: str, seconds: float) -> None:
+        """End-to-end latency of one successful request."""
+        self.latency.setdefault(endpoint, Histogram()).observe(seconds)
+
+    def render(self, stats: Mapping[str, float], extra: Mapping[str, float]) -> str:
+        """The full exposition text: engine ``stats``, ``extra`` gauges and own counters."""
+        out: list[str] = []
+
+        def family(name: str, kind: str, help: str) -> None:
+            out.append(f"# HELP {name} {help}")
+            out.append(f"# TYPE {name} {kind}")
+
+        for key, name, kind, help in ENGINE_METRICS:
+            if key in stats:
+                family(name, kind, help)
+                out.append(f"{name} {_fmt(stats[key])}")
+        for name, value in extra.items():
+            family(name, "gauge", _EXTRA_HELP.get(name, name))
+            out.append(f"{name} {_fmt(value)}")
+        family("flashrec_requests_total", "counter", "Generation requests by endpoint and outcome.")
+        for (ep, outcome), n in sorted(self.requests.items()):
+            out.append(
+                f"flashrec_requests_total{_labels({'endpoint': ep, 'outcome': outcome})} {n}"
+            )
+        family(
+            "flashrec_completion_tokens_total",
+            "counter",
+            "Generated tokens summed over all returned beams.",
+        )
+        out.append(f"flashrec_completion_tokens_total {self.completion_tokens}")
+        family(
+            "flashrec_cached_tokens_total",
+            "counter",
+            "Prompt tokens reported as cached to clients.",
+        )
+        out.append(f"flashrec_cached_tokens_total {self.cached_tokens}")
+        family(
+            "flashrec_request_latency_seconds",
+            "histogram",
+            "End-to-end latency of successful generation requests.",
+        )
+        for ep, hist in sorted(self.latency.items()):
+            out.extend(hist.lines("flashrec_request_latency_seconds", {"endpoint": ep}))
+        return "\n".join(out) + "\n"
+
+
+_EXTRA_HELP = {
+    "flashrec_ready": "1 once warm-up is done and the server accepts requests.",
+    "flashrec_draining": "1 while shutting down (new requests get 503).",
+    "flashrec_http_inflight_requests": "Generation requests the HTTP layer is waiting on.",
+    "flashrec_profiler_active": "1 while a torch profiler trace is being recorded.",
+}
