@@ -50,6 +50,26 @@ def closed_loop(eng: Engine, prompts: list[list[int]], n: int, concurrency: int,
             "lat_ms_p50": pct(0.5), "lat_ms_p90": pct(0.9), "lat_ms_p99": pct(0.99)}
 
 
+def traced_round(eng: Engine, prompts, args, trace_dir: str) -> dict:
+    """One closed-loop round under torch.profiler; numbers from it are never reported."""
+    import os
+
+    from harness.trace_summary import summarize_trace
+
+    os.makedirs(trace_dir, exist_ok=True)
+    acts = [torch.profiler.ProfilerActivity.CPU]
+    if torch.cuda.is_available():
+        acts.append(torch.profiler.ProfilerActivity.CUDA)
+    eng.scheduler.flush_cache()
+    with torch.profiler.profile(activities=acts) as prof:
+        closed_loop(eng, prompts, args.n, args.concurrency, args.max_tokens)
+    path = os.path.join(trace_dir, f"{args.label or 'bench'}.trace.json.gz")
+    prof.export_chrome_trace(path)
+    summary = summarize_trace(path)
+    summary["file"] = path
+    return summary
+
+
 def hf_baseline(model_path: str, cat: str | None, prompts: list[list[int]], n: int, dtype):
     from harness.hf_reference import HFReference
 
@@ -89,6 +109,7 @@ def main() -> int:
     ap.add_argument("--hf-requests", type=int, default=0)
     ap.add_argument("--label", default="")
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--trace-dir", default=None, help="also run one traced round (excluded from the numbers)")
     args = ap.parse_args()
     cfg = EngineConfig(model_path=args.model_path, sid_vocab_file=args.sid_vocab_file, device=args.device,
                        dtype=args.dtype, quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype,
@@ -107,7 +128,10 @@ def main() -> int:
     for _ in range(args.rounds):
         eng.scheduler.flush_cache()
         rounds.append(closed_loop(eng, prompts, args.n, args.concurrency, args.max_tokens))
-    out = {"label": args.label, "config": vars(args), "load_s": load_s,
+    trace = None
+    if args.trace_dir:
+        trace = traced_round(eng, prompts[: args.concurrency], args, args.trace_dir)
+    out = {"label": args.label, "trace": trace, "config": vars(args), "load_s": load_s,
            "prompt_tokens_mean": statistics.mean(len(p) for p in prompts), "warmup": warm, "rounds": rounds,
            "qps_median": statistics.median(r["qps"] for r in rounds),
            "lat_ms_p50_median": statistics.median(r["lat_ms_p50"] for r in rounds),

@@ -68,7 +68,7 @@ def _kernel():
                len_ptr, step_ptr, dk_ptr, dv_ptr, rows_ptr, out_ptr, scale,
                s_qr, s_qh, s_kp, s_kh, s_dk, s_dh, s_or, s_oh,
                G: tl.constexpr, D: tl.constexpr, DEPTH: tl.constexpr,
-               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr):
         w = tl.program_id(0)
         kvh = tl.program_id(1)
         r = tl.load(work_ptr + 2 * w)
@@ -97,14 +97,14 @@ def _kernel():
             slot = tl.load(slots_ptr + s0 + offs_n, mask=n_mask, other=0).to(tl.int64)
             kv_off = slot[:, None] * s_kp + kvh * s_kh + offs_d[None, :]
             k = tl.load(kp_ptr + kv_off, mask=n_mask[:, None], other=0.0).to(q.dtype)
-            s = tl.dot(q, tl.trans(k)) * scale
+            s = tl.dot(q, tl.trans(k), input_precision=PREC) * scale
             s = tl.where(n_mask[None, :], s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, 1))
             alpha = tl.exp(m_i - m_new)
             p = tl.exp(s - m_new[:, None])
             l_i = l_i * alpha + tl.sum(p, 1)
             v = tl.load(vp_ptr + kv_off, mask=n_mask[:, None], other=0.0).to(q.dtype)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
             m_i = m_new
         drow = tl.load(rows_ptr + row0 + beam, mask=m_mask, other=0).to(tl.int64)
         qf = q.to(tl.float32)
@@ -145,6 +145,7 @@ def beam_decode_attention_triton(q, k_pool, v_pool, slots, work, req_row_start, 
         q.stride(0), q.stride(1), k_pool.stride(0), k_pool.stride(1), dk.stride(0), dk.stride(1),
         out.stride(0), out.stride(1),
         G=hq // hkv, D=d, DEPTH=depth, BLOCK_M=block_m, BLOCK_N=block_n,
+        PREC="ieee" if q.dtype == torch.float32 else "tf32",  # fp32 models: no TF32 shortcut
         num_warps=4, num_stages=2,
     )
     return out
