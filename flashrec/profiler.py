@@ -199,12 +199,21 @@ class ProfileController:
         with self._lock:
             if self._state != _IDLE:
                 raise ProfileError(f"a profile is already {self._state}; stop it first")
-            opts.output_dir.mkdir(parents=True, exist_ok=True)
+            try:
+                opts.output_dir.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise ProfileError(f"cannot create 'output_dir' {opts.output_dir}: {exc}") from None
             self._opts = opts
             self._state = _PENDING
             self._countdown = opts.start_step
         if opts.start_step == 0:
-            self._on_engine(self._begin)
+            try:
+                self._on_engine(self._begin)
+            except BaseException:
+                with self._lock:
+                    if self._state == _PENDING:
+                        self._state = _IDLE
+                raise
         return {
             "profile_id": opts.profile_id,
             "output_dir": str(opts.output_dir),

@@ -29,8 +29,9 @@ def _prefix_table(codes: np.ndarray) -> dict[tuple[int, ...], list[int]]:
 class ScopeCatalogProcessor:
     """Called by HF with the running sequences and the step's full-vocab log-probs."""
 
-    def __init__(self, layout: SidLayout, scope: str, prompt_len: int, depth: int,
-                 prefixes: dict | None) -> None:
+    def __init__(
+        self, layout: SidLayout, scope: str, prompt_len: int, depth: int, prefixes: dict | None
+    ) -> None:
         self.layout, self.scope, self.prompt_len, self.depth = layout, scope, prompt_len, depth
         self.prefixes = prefixes
 
@@ -73,9 +74,16 @@ class RefBeam:
 class HFReference:
     """HF beam search with the engine's prompt construction, scope and catalog constraint."""
 
-    def __init__(self, model_path: str, sid_vocab_file: str | None = None, sid: str | None = None,
-                 logprob_scope: str = "level", length_penalty: float = 1.0, device: str = "cpu",
-                 dtype: torch.dtype = torch.float32) -> None:
+    def __init__(
+        self,
+        model_path: str,
+        sid_vocab_file: str | None = None,
+        sid: str | None = None,
+        logprob_scope: str = "level",
+        length_penalty: float = 1.0,
+        device: str = "cpu",
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
@@ -93,32 +101,44 @@ class HFReference:
         return build_prompt_ids(self.tokenizer, self.layout, self.vocab_size, **kwargs)
 
     @torch.inference_mode()
-    def generate(self, input_ids: list[int], n: int, max_tokens: int | None = None) -> list[RefBeam]:
+    def generate(
+        self, input_ids: list[int], n: int, max_tokens: int | None = None
+    ) -> list[RefBeam]:
         from transformers import LogitsProcessorList
 
         max_new = min(self.depth + 1, max_tokens or self.depth + 1)
-        proc = ScopeCatalogProcessor(self.layout, self.scope, len(input_ids), self.depth, self.prefixes)
+        proc = ScopeCatalogProcessor(
+            self.layout, self.scope, len(input_ids), self.depth, self.prefixes
+        )
         out = self.model.generate(
             torch.tensor([input_ids], device=self.device),
             attention_mask=torch.ones(1, len(input_ids), dtype=torch.long, device=self.device),
-            num_beams=n, num_return_sequences=n, max_new_tokens=max_new, min_new_tokens=0,
-            do_sample=False, length_penalty=self.length_penalty,
-            eos_token_id=self.layout.sid_end, pad_token_id=self.layout.sid_end,
-            logits_processor=LogitsProcessorList([proc]), output_scores=True,
+            num_beams=n,
+            num_return_sequences=n,
+            max_new_tokens=max_new,
+            min_new_tokens=0,
+            do_sample=False,
+            length_penalty=self.length_penalty,
+            eos_token_id=self.layout.sid_end,
+            pad_token_id=self.layout.sid_end,
+            logits_processor=LogitsProcessorList([proc]),
+            output_scores=True,
             return_dict_in_generate=True,
         )
         scores = getattr(out, "sequences_scores", None)
         if scores is None:  # n == 1: HF runs greedy search; score from the processed step scores
-            gen = out.sequences[0, len(input_ids):]
+            gen = out.sequences[0, len(input_ids) :]
             cum = sum(float(s[0, t]) for s, t in zip(out.scores, gen.tolist()))
             scores = torch.tensor([cum / (len(gen) ** self.length_penalty)])
         beams = []
         for seq, score in zip(out.sequences.tolist(), scores.tolist()):
             if not np.isfinite(score) or score < -1e8:
                 continue  # catalog had fewer continuations than n: HF pads with dead beams
-            gen = seq[len(input_ids):]
+            gen = seq[len(input_ids) :]
             if self.layout.sid_end in gen:
                 gen = gen[: gen.index(self.layout.sid_end) + 1]
-            beams.append(RefBeam(gen, float(score), self.tokenizer.decode(gen, skip_special_tokens=False)))
+            beams.append(
+                RefBeam(gen, float(score), self.tokenizer.decode(gen, skip_special_tokens=False))
+            )
         beams.sort(key=lambda b: -b.sequence_score)
         return beams

@@ -14,9 +14,11 @@ import random
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from flashrec.beam.search import expand, sequence_scores, unconstrained_candidates
+from flashrec.config import env_flag
 from flashrec.engine.radix import Node, RadixCache
 from flashrec.engine.request import BeamResult, EngineError, GenRequest, GenResult
 from flashrec.engine.runner import ModelRunner, make_prefill_meta
@@ -24,6 +26,10 @@ from flashrec.profiler import trace_range
 from flashrec.sid.layout import SidLayout
 
 log = logging.getLogger("flashrec")
+
+# TEST ONLY: re-creates the historical drift bug (a host-side cache keyed by ``id(state)``,
+# whose addresses CPython reuses) so that harness/determinism.py can be shown to catch it.
+PLANT_ID_CACHE_ENV = "FLASHREC_TEST_PLANT_ID_CACHE"
 
 
 @dataclass(eq=False)
@@ -40,6 +46,7 @@ class ReqState:
     nodes: torch.Tensor | None = None
     generator: torch.Generator | None = None
     prompt_slots_t: torch.Tensor | None = None
+    step_inputs: tuple[str, str] | None = None  # debug step hash: (inputs, raw kv) of this step
 
     @property
     def generated(self) -> int:
@@ -73,6 +80,9 @@ class Scheduler:
         self.running: list[ReqState] = []
         self.stats = SchedulerStats()
         self.debug_hash = False
+        self._token_text = _sid_token_text(tokenizer, layout) if tokenizer is not None else {}
+        self._hasher: StepHasher | None = None
+        self._planted: dict[int, torch.Tensor] | None = {} if env_flag(PLANT_ID_CACHE_ENV) else None
         self.step_delay_s = 0.0
 
     # ---- public -------------------------------------------------------------------------
@@ -180,12 +190,17 @@ class Scheduler:
             meta = make_prefill_meta(seqs, self.device)
             input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
             logprobs = self.runner.prefill(input_ids, meta)
+            if self.hasher is not None:
+                self.hasher.prefill(meta, input_ids, batch)
             zero = torch.zeros(1, dtype=torch.float32, device=self.device)
             root = torch.zeros(1, dtype=torch.long, device=self.device)
             items = []
             for i, st in enumerate(batch):
                 self._publish_prompt(st)
-                st.prompt_slots_t = torch.tensor(st.prompt_slots, dtype=torch.long, device=self.device)
+                slots_t = torch.tensor(st.prompt_slots, dtype=torch.long, device=self.device)
+                if self._planted is not None:  # TEST ONLY (PLANT_ID_CACHE_ENV): stale on id reuse
+                    slots_t = self._planted.setdefault(id(st), slots_t)
+                st.prompt_slots_t = slots_t
                 items.append((st, zero, logprobs[i : i + 1], root))
                 self.stats.prompt_tokens_total += st.req.prompt_len
                 self.stats.prefix_hit_tokens_total += st.cached_tokens
@@ -225,6 +240,8 @@ class Scheduler:
             input_ids = torch.cat([st.tokens[:, -1] for st in batch])
             levels = [st.generated for st in batch]
             logprobs = self.runner.decode(input_ids, meta, levels)
+            if self.hasher is not None:
+                self.hasher.decode(meta, input_ids, batch)
             self._advance([(st, st.cum, lp, st.nodes) for st, lp in zip(batch, logprobs)], "decode")
         except Exception as exc:  # noqa: BLE001
             for st in batch:
@@ -278,15 +295,21 @@ class Scheduler:
                         self._log_hash(st, level, phase, par)
             if dst:
                 self.kv.reorder(torch.cat(dst), torch.cat(src))
+                if self.hasher is not None:
+                    self.hasher.reorder(torch.cat(dst), torch.cat(src))
+
+    @property
+    def hasher(self) -> StepHasher | None:
+        """The step hasher while ``debug_hash`` is on (``FLASHREC_DEBUG_STEP_HASH=1``)."""
+        if self.debug_hash and self._hasher is None:
+            self._hasher = StepHasher(self.kv.pool_tokens, self.kv.dkv.shape[1], self.kv.depth)
+        return self._hasher if self.debug_hash else None
 
     def _log_hash(self, st: ReqState, level: int, phase: str, parents: torch.Tensor) -> None:
-        g = st.generated - 1  # tokens before this step
-        pos = st.req.prompt_len + g - 1 if g > 0 else st.req.prompt_len - 1
-        inputs = _hash_tensors(torch.tensor([pos, st.req.prompt_len, g]), st.prompt_slots_t, st.rows,
-                               st.tokens[:, :-1] if g > 0 else torch.tensor(st.req.input_ids))
+        inputs, kv = st.step_inputs or ("-", "-")
         outputs = _hash_tensors(st.tokens[:, -1], parents, st.cum)
-        log.info("STEP_HASH rid=%s step=%d phase=%s inputs=%s outputs=%s", st.req.rid, level, phase,
-                 inputs, outputs)
+        log.info("STEP_HASH rid=%s step=%d phase=%s inputs=%s outputs=%s kv=%s cached=%d",
+                 st.req.rid, level, phase, inputs, outputs, kv, st.cached_tokens)
 
     def _append_end(self, st: ReqState) -> None:
         end = torch.full((st.tokens.shape[0], 1), self.layout.sid_end, dtype=torch.long, device=self.device)
@@ -305,9 +328,15 @@ class Scheduler:
         beams = []
         for t, c, s in zip(toks, cums, scs):
             reason = "stop" if t and t[-1] == self.layout.sid_end else "length"
-            text = self.tokenizer.decode(t, skip_special_tokens=False) if self.tokenizer is not None else ""
+            text = self._text(t)
             beams.append(BeamResult(t, c, s, reason, text))
         return GenResult(st.req.rid, beams, st.req.prompt_len, st.cached_tokens)
+
+    def _text(self, tokens: list[int]) -> str:
+        table = self._token_text
+        if all(t in table for t in tokens):
+            return "".join(table[t] for t in tokens)  # SID tokens: no tokenizer call per beam
+        return self.tokenizer.decode(tokens, skip_special_tokens=False) if self.tokenizer is not None else ""
 
     def _release(self, st: ReqState) -> None:
         if st.rows is not None:
@@ -329,8 +358,82 @@ class Scheduler:
         return [(st.req, err) for st in batch]
 
 
-def _hash_tensors(*ts: torch.Tensor) -> str:
+def _sid_token_text(tokenizer, layout: SidLayout) -> dict[int, str]:
+    """Text of every SID token (codes, begin, end), read once through the tokenizer."""
+    lo, hi = layout.sid_range
+    ids = list(range(lo, hi))
+    return dict(zip(ids, tokenizer.convert_ids_to_tokens(ids)))
+
+
+def _hash_tensors(*ts: torch.Tensor | np.ndarray) -> str:
+    """sha1 of the raw bytes (exact float bits) of host copies, 16 hex digits."""
     h = hashlib.sha1()
     for t in ts:
-        h.update(t.detach().cpu().contiguous().numpy().tobytes())
+        a = t.detach().cpu().contiguous().numpy() if isinstance(t, torch.Tensor) else t
+        h.update(np.ascontiguousarray(a).tobytes())
     return h.hexdigest()[:16]
+
+
+_P, _M = 0x100000001B3, (1 << 64) - 1  # FNV-1a 64-bit
+_PRIME, _SEED = np.uint64(_P), np.uint64(0xCBF29CE484222325)
+
+
+def _mix(h: np.ndarray, *xs: np.ndarray) -> np.ndarray:
+    for x in xs:
+        h = (h ^ np.asarray(x).astype(np.uint64)) * _PRIME  # uint64 arrays wrap silently
+    return h
+
+
+class StepHasher:
+    """Per-request, per-step fingerprints of a forward's inputs (``FLASHREC_DEBUG_STEP_HASH``).
+
+    ``inputs`` covers what one request's forward consumed: sequence length, positions, input
+    token ids and KV indices, the indices resolved to what they address. Every prompt-pool slot
+    and decode-buffer cell carries a tag, mirrored on each write and beam reorder, that chains
+    the (token, position) pairs whose KV it holds. Which slot or row a request got (this changes
+    legitimately with batch composition) leaves ``inputs`` unchanged; a stale or foreign index
+    changes it. The raw indices are hashed apart (``kv``).
+
+    NOTE: reads host copies after the forward has returned, never inside a captured CUDA graph;
+    the syncs it adds exist in debug runs only.
+    """
+
+    def __init__(self, pool_tokens: int, decode_rows: int, depth: int) -> None:
+        self.depth = depth
+        self.slot_tag = np.zeros(pool_tokens, dtype=np.uint64)
+        self.cell_tag = np.zeros(decode_rows * depth, dtype=np.uint64)  # row * depth + step
+
+    def prefill(self, meta, input_ids: torch.Tensor, batch: list[ReqState]) -> None:
+        ids, pos = input_ids.cpu().numpy(), meta.positions.cpu().numpy()
+        loc = meta.out_loc.cpu().numpy()
+        off = 0
+        for st, seq, pre, new in zip(batch, meta.seq_slots, meta.prefix_lens, meta.new_lens):
+            slots = seq.cpu().numpy()
+            h = int(self.slot_tag[slots[pre - 1]]) if pre else int(_SEED)
+            for j in range(off, off + new):  # KV of token j extends the chain of its prefix
+                h = ((((h ^ int(ids[j])) * _P) & _M) ^ int(pos[j])) * _P & _M
+                self.slot_tag[loc[j]] = h
+            off += new
+            st.step_inputs = (_hash_tensors(np.array([len(slots)]), self.slot_tag[slots]),
+                              _hash_tensors(slots))
+
+    def decode(self, meta, input_ids: torch.Tensor, batch: list[ReqState]) -> None:
+        ids, pos = input_ids.cpu().numpy(), meta.positions.cpu().numpy()
+        rows_all, loc = meta.rows.cpu().numpy(), meta.out_loc.cpu().numpy()
+        d = self.depth
+        for st, grp in zip(batch, meta.groups):
+            s, e, t = grp.start, grp.end, grp.step
+            slots, rows = grp.prompt_slots.cpu().numpy(), rows_all[s:e]
+            prompt = np.uint64(int(_hash_tensors(self.slot_tag[slots]), 16))
+            prev = self.cell_tag[rows * d + t - 1] if t > 0 else np.full(e - s, _SEED)
+            self.cell_tag[loc[s:e]] = _mix(prev, np.broadcast_to(prompt, prev.shape), ids[s:e],
+                                           pos[s:e])
+            read = self.cell_tag[rows[:, None] * d + np.arange(t + 1)[None, :]]
+            st.step_inputs = (
+                _hash_tensors(np.array([len(slots) + t + 1]), pos[s:e], ids[s:e],
+                              self.slot_tag[slots], read),
+                _hash_tensors(slots, rows))
+
+    def reorder(self, rows: torch.Tensor, src: torch.Tensor) -> None:
+        view = self.cell_tag.reshape(-1, self.depth)
+        view[rows.cpu().numpy()] = view[src.cpu().numpy()]

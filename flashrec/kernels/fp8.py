@@ -136,7 +136,8 @@ def fp8_linear_scaled_mm(
     """:func:`fp8_linear_ref` on CUDA through ``torch._scaled_mm`` with row-wise scales.
 
     Requirements: K and N multiples of 16 (checked), ``w_fp8`` row-major [N, K] (so its
-    transpose is column-major), fp32 scales. ``use_fast_accum=True``.
+    transpose is column-major), fp32 scales. ``use_fast_accum=True``. Row-wise scaling is
+    documented for bf16 output; other ``out_dtype`` values are passed to torch as they are.
     """
     m, k = x_fp8.shape
     n = w_fp8.shape[0]
@@ -167,8 +168,10 @@ def fp8_linear(
     bias: torch.Tensor | None = None,
     out_dtype: torch.dtype = torch.bfloat16,
 ) -> torch.Tensor:
-    """FP8 linear: ``_scaled_mm`` on FP8-capable GPUs (sm_89+), else the float32 reference."""
-    if x_fp8.is_cuda and _fp8_gemm_supported(x_fp8.device.index):
+    """FP8 linear: ``_scaled_mm`` on FP8-capable GPUs (sm_89+) for bf16 output, else the
+    float32 reference (CPU, older GPUs, other output dtypes)."""
+    fast = out_dtype == torch.bfloat16 and x_fp8.is_cuda
+    if fast and _fp8_gemm_supported(x_fp8.device.index):
         return fp8_linear_scaled_mm(x_fp8, x_scale, w_fp8, w_scale, bias, out_dtype)
     return fp8_linear_ref(x_fp8, x_scale, w_fp8, w_scale, bias, out_dtype)
 

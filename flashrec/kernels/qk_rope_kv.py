@@ -162,18 +162,18 @@ def qk_norm_rope_store_triton(
     q_blocks = -(-num_q_heads // block_h)
     k_blocks = -(-num_kv_heads // block_h)
     half = head_dim // 2
+    # Absent weights / caches get ``qkv`` as a placeholder pointer; it is never dereferenced.
     kc = k_cache if store else qkv
     vc = v_cache if store else qkv
     assert kc is not None and vc is not None
-    qkv_w = qkv  # placeholder pointer for absent weights / caches (never dereferenced)
+    qw = qkv if q_norm_weight is None else q_norm_weight.contiguous()
+    kw = qkv if k_norm_weight is None else k_norm_weight.contiguous()
+    positions = positions.contiguous()
     qk_norm_rope_store_kernel[(t, q_blocks + k_blocks)](
-        qkv, qkv.stride(0), positions, cos_sin, cos_sin.stride(0),
-        qkv_w if q_norm_weight is None else q_norm_weight,
-        qkv_w if k_norm_weight is None else k_norm_weight,
-        eps,
+        qkv, qkv.stride(0), positions, cos_sin, cos_sin.stride(0), qw, kw, eps,
         kc, kc.stride(0) if store else 0, kc.stride(1) if store else 0,
         vc, vc.stride(0) if store else 0, vc.stride(1) if store else 0,
-        out_loc if store else positions,
+        out_loc.contiguous() if store else positions,
         1.0 / k_scale, 1.0 / v_scale,
         num_q_heads, num_kv_heads, q_blocks,
         HEAD_DIM=head_dim, HALF=half, HALF_P2=next_pow2(half), BLOCK_H=block_h,

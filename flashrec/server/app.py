@@ -155,7 +155,8 @@ class Server:
             self._aloop.call_soon_threadsafe(self._stop.set)
 
     async def run(self, install_signals: bool = True) -> int:
-        """Serve until stopped; returns the exit code (0, or 1 when start-up failed)."""
+        """Serve until stopped; returns the exit code (0, or 1 when binding or start-up
+        failed)."""
         cfg, st = self.config, self.state
         self._aloop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
@@ -165,7 +166,12 @@ class Server:
                 "this address can send requests. Keep it on 127.0.0.1 or behind a trusted proxy.",
                 cfg.host,
             )
-        runner, self.port = await start_site(self.app, cfg.host, cfg.port)
+        try:
+            runner, self.port = await start_site(self.app, cfg.host, cfg.port)
+        except OSError as exc:
+            _log.error("cannot listen on %s:%s: %s", cfg.host, cfg.port, exc)
+            self.state.backend.close()
+            return 1
         print(URL_LINE.format(host=_url_host(cfg.host), port=self.port), flush=True)
         self.bound.set()
         if install_signals:

@@ -218,7 +218,7 @@ async def _send_sse(request: web.Request, events: Any) -> web.StreamResponse:
         for event in events:
             await resp.write(event)
         await resp.write_eof()
-    except (ConnectionResetError, aiohttp.ClientConnectionResetError):
+    except ConnectionResetError:
         pass  # the answer was ready; the client left before reading it
     return resp
 

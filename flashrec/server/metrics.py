@@ -68,14 +68,14 @@ def _fmt(v: float) -> str:
     return repr(float(v))
 
 
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
 def _labels(labels: Mapping[str, str]) -> str:
     if not labels:
         return ""
-    inner = ",".join(
-        f'{k}="{str(v).replace(chr(92), chr(92) * 2).replace(chr(10), "").replace(chr(34), "")}"'
-        for k, v in labels.items()
-    )
-    return "{" + inner + "}"
+    return "{" + ",".join(f'{k}="{_escape(str(v))}"' for k, v in labels.items()) + "}"
 
 
 @dataclass

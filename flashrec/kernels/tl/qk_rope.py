@@ -62,6 +62,8 @@ def qk_norm_rope_store_kernel(
     """Grid (T, Q_BLOCKS + cdiv(HKV, BLOCK_H)): head blocks [0, Q_BLOCKS) are q heads, the
     rest k heads (whose programs also copy the same v heads into the cache when STORE)."""
     DT: tl.constexpr = qkv_ptr.dtype.element_ty
+    KC: tl.constexpr = kc_ptr.dtype.element_ty
+    VC: tl.constexpr = vc_ptr.dtype.element_ty
     tok = tl.program_id(0).to(tl.int64)
     hb = tl.program_id(1)
     row_ptr = qkv_ptr + tok * stride_t
@@ -89,13 +91,11 @@ def qk_norm_rope_store_kernel(
             mask = hmask[:, None] & dmask[None, :]
             loc = tl.load(loc_ptr + tok).to(tl.int64)
             kp = kc_ptr + loc * stride_kc_s + h[:, None] * stride_kc_h + d[None, :]
-            KC: tl.constexpr = kc_ptr.dtype.element_ty
             tl.store(kp, _cache_value(k1, k_inv_scale, KC, EMULATE), mask=mask)
             tl.store(kp + HALF, _cache_value(k2, k_inv_scale, KC, EMULATE), mask=mask)
             vsrc = row_ptr + (HQ + HKV) * HEAD_DIM + h[:, None] * HEAD_DIM + d[None, :]
             v1 = tl.load(vsrc, mask=mask, other=0.0).to(tl.float32)
             v2 = tl.load(vsrc + HALF, mask=mask, other=0.0).to(tl.float32)
             vp = vc_ptr + loc * stride_vc_s + h[:, None] * stride_vc_h + d[None, :]
-            VC: tl.constexpr = vc_ptr.dtype.element_ty
             tl.store(vp, _cache_value(v1, v_inv_scale, VC, EMULATE), mask=mask)
             tl.store(vp + HALF, _cache_value(v2, v_inv_scale, VC, EMULATE), mask=mask)

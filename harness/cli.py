@@ -1,0 +1,177 @@
+"""``flashrec-bench``: run a matrix, or compare two reports. Thin: it only wires modules.
+
+Exit codes: 0 ok; 1 a gate failed or ``--fail-on-regression`` found a regression; 2 usage or
+matrix error; 3 one or more cells failed (report still written); 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import importlib
+import json
+import re
+import sys
+from pathlib import Path
+
+from harness.spec import SpecError
+
+# subcommand -> "module:function"; the function takes argv (list[str]) and returns an exit code.
+# Later stages register theirs here (e.g. the A/B ``gate``).
+COMMANDS: dict[str, str] = {
+    "compare": "harness.cli:compare_main",
+    "determinism": "harness.determinism:main",
+    "reference-server": "harness.reference_server:main",
+}
+EXIT_GATE, EXIT_USAGE, EXIT_CELLS, EXIT_INTERRUPT = 1, 2, 3, 130
+
+
+def run_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="flashrec-bench",
+        description="Run a benchmark matrix (YAML). Subcommands: "
+        + ", ".join(sorted(COMMANDS))
+        + " (flashrec-bench SUBCOMMAND --help). Reference: docs/harness.md.",
+    )
+    p.add_argument("matrix", help="matrix YAML file")
+    p.add_argument("--out", type=Path, help="report directory (default reports/<run-id>/)")
+    p.add_argument(
+        "--only",
+        action="append",
+        metavar="FILTER",
+        help="run only matching cells: 'key=value,...' or a cell-id substring/glob; repeat for OR",
+    )
+    p.add_argument("--dry-run", action="store_true", help="print the plan, run nothing")
+    p.add_argument("--resume", action="store_true", help="skip cells already done in --out")
+    p.add_argument("--rounds", type=int, help="override load.rounds")
+    return p
+
+
+def run_id(spec_name: str | None, matrix: str) -> str:
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    name = re.sub(r"[^A-Za-z0-9_.-]", "_", spec_name or Path(matrix).stem)
+    return f"{stamp}-{name}"
+
+
+def run_main(argv: list[str]) -> int:
+    """Run a matrix and write its report."""
+    from harness.cells import load_cells, select
+    from harness.gate import evaluate_gates
+    from harness.model import ModelError
+    from harness.progress import Progress
+    from harness.report import build_report, write_report
+    from harness.runner import ResumeError, RunOptions, plan, run_matrix
+    from harness.server import install_signal_handlers
+
+    args = run_parser().parse_args(argv)
+    try:
+        spec, cells = load_cells(args.matrix)
+    except SpecError as exc:
+        print(f"matrix error:\n{exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.rounds is not None and args.rounds < 1:
+        print("--rounds must be >= 1", file=sys.stderr)
+        return EXIT_USAGE
+    if args.dry_run:
+        print(plan(spec, select(spec, cells, args.only), None))
+        return 0
+    if args.resume and args.out is None:
+        print("--resume needs --out DIR (the run to resume)", file=sys.stderr)
+        return EXIT_USAGE
+    rid = run_id(spec.name, args.matrix)
+    out = args.out or Path("reports") / rid
+    opts = RunOptions(out, args.only, args.rounds, args.resume, False, args.matrix)
+    chosen = select(spec, cells, args.only)
+    if not chosen:
+        print("no cell matches --only", file=sys.stderr)
+        return EXIT_USAGE
+    install_signal_handlers()
+    progress = Progress(len(chosen))
+    try:
+        results, stages, model = run_matrix(spec, cells, opts, progress)
+    except KeyboardInterrupt:
+        print(
+            f"\ninterrupted; finished cells are in {out} (rerun with --resume --out {out})",
+            file=sys.stderr,
+        )
+        return EXIT_INTERRUPT
+    except (ResumeError, ModelError) as exc:
+        print(str(exc), file=sys.stderr)
+        return EXIT_USAGE
+    report = build_report(spec, results, stages, model, out.name, args.matrix)
+    report["gates"] = evaluate_gates(spec.gates, report)
+    write_report(report, results, out)
+    s = report["summary"]
+    print(
+        f"report: {out}/REPORT.md ({s['ok']} ok, {s['failed']} failed of {s['cells']} cells; "
+        f"gates {report['gates']['status']})",
+        file=sys.stderr,
+    )
+    if report["gates"]["status"] == "fail":
+        return EXIT_GATE
+    return EXIT_CELLS if s["failed"] else 0
+
+
+def compare_main(argv: list[str]) -> int:
+    """``flashrec-bench compare BASE NEW``: verdict per cell and metric; gates with a baseline."""
+    from harness.gate import compare_reports, evaluate_gates, load_report
+    from harness.render import write_compare_markdown
+    from harness.spec import MatrixSpec
+
+    p = argparse.ArgumentParser(
+        prog="flashrec-bench compare", description="Compare two runs (report dirs or report.json)."
+    )
+    p.add_argument("base")
+    p.add_argument("new")
+    p.add_argument(
+        "--fail-on-regression",
+        action="store_true",
+        help="exit 1 when a metric regressed (significant and beyond the noise band)",
+    )
+    p.add_argument("--out", type=Path, help="where compare.json / compare.md go (default: NEW)")
+    p.add_argument("--metrics", help="comma-separated metric names (default: all directional)")
+    p.add_argument("--alpha", type=float, help="significance level (default: NEW's stats.alpha)")
+    p.add_argument("--test", choices=["welch", "mannwhitney"], help="default: NEW's stats.test")
+    args = p.parse_args(argv)
+    try:
+        base, new = load_report(args.base), load_report(args.new)
+    except (OSError, ValueError) as exc:
+        print(f"cannot read report: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    metrics = args.metrics.split(",") if args.metrics else None
+    comparison = compare_reports(base, new, metrics, args.alpha, args.test)
+    gates = MatrixSpec.model_validate(new["matrix"]).gates if new.get("matrix") else []
+    comparison["gates"] = evaluate_gates(gates, new, comparison)
+    out = args.out or Path(new["_path"]).parent
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "compare.json").write_text(json.dumps(comparison, indent=1, default=str))
+    write_compare_markdown(comparison, out / "compare.md")
+    for r in comparison["regressions"]:
+        print(
+            f"REGRESSED {r['cell']} {r['metric']}: {r['base']:.4g} -> {r['new']:.4g} "
+            f"({r['delta_pct']:+.1f}%, band {r['band_pct']:.1f}%, p {r['p_value']:.3g})",
+            file=sys.stderr,
+        )
+    print(
+        f"compare: {comparison['verdict']}; gates {comparison['gates']['status']}; "
+        f"{out}/compare.md",
+        file=sys.stderr,
+    )
+    if comparison["gates"]["status"] == "fail":
+        return EXIT_GATE
+    if args.fail_on_regression and comparison["regressions"]:
+        return EXIT_GATE
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``flashrec-bench`` console script."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in COMMANDS:
+        module, func = COMMANDS[argv[0]].split(":")
+        return int(getattr(importlib.import_module(module), func)(argv[1:]))
+    return run_main(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

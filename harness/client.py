@@ -1,0 +1,199 @@
+"""One request function per protocol; one :class:`Record` per request.
+
+Times are seconds on one monotonic clock (:func:`now`, zero at import); ``EPOCH_UNIX`` is the
+wall-clock time of that zero. Records hold what the request did, never derived statistics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import aiohttp
+
+from harness.sids import SidChecker, quality
+from harness.workload import Prompt
+
+_T0 = time.perf_counter()
+EPOCH_UNIX = time.time()
+
+
+def now() -> float:
+    """Seconds since the harness started (monotonic)."""
+    return time.perf_counter() - _T0
+
+
+@dataclass(frozen=True)
+class Request:
+    """What to send: the prompt (messages, or rendered text for /generate) and sampling."""
+
+    prompt: Prompt
+    n: int
+    max_tokens: int
+    temperature: float
+    text: str | None = None
+    seed: int | None = None
+    model: str = "default"
+
+
+@dataclass
+class Record:
+    """One request: when it was sent and finished, how it ended, what came back."""
+
+    cell: str
+    round: int
+    phase: str  # warmup | prime | measure | trace
+    index: int
+    prompt: int
+    t_send: float
+    t_end: float = 0.0
+    t_first_byte: float | None = None
+    status: str = "ok"  # ok | http_error | timeout | error
+    http_status: int | None = None
+    beams: int = 0
+    invalid: int = 0
+    duplicates: int = 0
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None
+    completion_tokens: int | None = None
+    top1: str = ""
+    error: str = ""
+    excluded: str = ""
+    quality: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    @property
+    def latency(self) -> float:
+        return self.t_end - self.t_send
+
+    def row(self) -> dict[str, Any]:
+        """A flat dict (quality metrics as their own columns) for CSV / parquet."""
+        d = asdict(self)
+        d.update(d.pop("quality"))
+        d["latency_s"] = self.latency
+        return d
+
+
+def chat_body(req: Request) -> dict:
+    """The OpenAI chat-completions body (``n`` = beam width)."""
+    body = {
+        "model": req.model,
+        "messages": req.prompt.messages,
+        "n": req.n,
+        "max_tokens": req.max_tokens,
+        "temperature": req.temperature,
+    }
+    if req.seed is not None:
+        body["seed"] = req.seed
+    return body
+
+
+def generate_body(req: Request) -> dict:
+    """The SGLang ``/generate`` beam body (the text already has the template and sid_begin)."""
+    params: dict[str, Any] = {
+        "beam_width": req.n,
+        "n": req.n,
+        "max_new_tokens": req.max_tokens,
+        "temperature": req.temperature,
+    }
+    if req.seed is not None:
+        params["sampling_seed"] = req.seed
+    return {"text": req.text, "sampling_params": params}
+
+
+def parse_chat(data: dict) -> tuple[list[str], dict]:
+    """Beam texts (best first) and token usage of a chat response."""
+    texts = [c["message"]["content"] or "" for c in data["choices"]]
+    usage = data.get("usage") or {}
+    details = usage.get("prompt_tokens_details") or {}
+    return texts, {
+        "prompt_tokens": usage.get("prompt_tokens"),
+        "cached_tokens": details.get("cached_tokens"),
+        "completion_tokens": usage.get("completion_tokens"),
+    }
+
+
+def parse_generate(data: Any) -> tuple[list[str], dict]:
+    """Beam texts (best first) and token counts of a ``/generate`` response."""
+    if isinstance(data, list):
+        data = data[0]
+    meta = data.get("meta_info") or {}
+    beams = meta.get("beam_results")
+    texts = [b.get("text") or "" for b in beams] if beams is not None else [data.get("text", "")]
+    return texts, {
+        "prompt_tokens": meta.get("prompt_tokens"),
+        "cached_tokens": meta.get("cached_tokens"),
+        "completion_tokens": meta.get("completion_tokens"),
+    }
+
+
+PROTOCOLS = {
+    "chat": ("/v1/chat/completions", chat_body, parse_chat),
+    "generate": ("/generate", generate_body, parse_generate),
+}
+
+
+async def send(
+    session: aiohttp.ClientSession,
+    base_url: str,
+    protocol: str,
+    req: Request,
+    record: Record,
+    checker: SidChecker,
+    timeout_s: float,
+    ks: list[int],
+) -> Record:
+    """Send one request and fill ``record`` (never raises for request failures)."""
+    path, make_body, parse = PROTOCOLS[protocol]
+    record.t_send = now()
+    try:
+        timeout = aiohttp.ClientTimeout(total=timeout_s)
+        async with session.post(base_url + path, json=make_body(req), timeout=timeout) as resp:
+            record.t_first_byte = now()
+            record.http_status = resp.status
+            raw = await resp.read()
+        record.t_end = now()
+        if resp.status != 200:
+            record.status = "http_error"
+            record.error = raw[:300].decode(errors="replace")
+            return record
+        texts, usage = parse(json.loads(raw))
+    except asyncio.TimeoutError:
+        record.t_end = now()
+        record.status, record.error = "timeout", f"no response within {timeout_s:g} s"
+        return record
+    except (aiohttp.ClientError, OSError, ValueError, KeyError, TypeError) as exc:
+        record.t_end = now()
+        record.status, record.error = "error", f"{type(exc).__name__}: {exc}"[:300]
+        return record
+    check = checker.check(texts)
+    record.beams, record.invalid, record.duplicates = check.beams, check.invalid, check.duplicates
+    record.top1 = check.top1
+    record.prompt_tokens = usage["prompt_tokens"]
+    record.cached_tokens = usage["cached_tokens"]
+    record.completion_tokens = usage["completion_tokens"]
+    if req.prompt.truth:
+        record.quality = quality(check.ranked, req.prompt.truth, ks)
+    return record
+
+
+async def post_json(
+    session: aiohttp.ClientSession, url: str, body: dict | None = None, timeout_s: float = 30.0
+) -> tuple[int, Any]:
+    """POST a control request; returns (status, parsed body or text). Status 0: unreachable."""
+    try:
+        timeout = aiohttp.ClientTimeout(total=timeout_s)
+        async with session.post(url, json=body or {}, timeout=timeout) as r:
+            raw = await r.read()
+            try:
+                return r.status, json.loads(raw)
+            except ValueError:
+                return r.status, raw.decode(errors="replace")
+    except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+        return 0, str(exc)

@@ -1,0 +1,95 @@
+"""The environment a run happened in: code version, machine, library versions, hashes."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+import shutil
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+PACKAGES = ("torch", "flashinfer-python", "triton", "transformers", "flashrec", "aiohttp", "numpy")
+
+
+def _run(argv: list[str], cwd: str | None = None) -> str | None:
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=15, cwd=cwd)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def git_info(cwd: str | None = None) -> dict[str, Any]:
+    """Commit, dirty flag and branch of the checkout at ``cwd`` (None when not a git repo)."""
+    commit = _run(["git", "rev-parse", "HEAD"], cwd)
+    if commit is None:
+        return {"commit": None, "dirty": None, "branch": None}
+    status = _run(["git", "status", "--porcelain", "--untracked-files=no"], cwd)
+    return {
+        "commit": commit,
+        "dirty": bool(status),
+        "branch": _run(["git", "rev-parse", "--abbrev-ref", "HEAD"], cwd),
+    }
+
+
+def gpu_info() -> dict[str, Any]:
+    """GPU names, driver and CUDA versions from ``nvidia-smi`` (empty list when none)."""
+    if not shutil.which("nvidia-smi"):
+        return {"gpus": [], "driver": None}
+    out = _run(
+        ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"]
+    )
+    gpus, driver = [], None
+    for line in (out or "").splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) >= 3:
+            gpus.append({"name": parts[0], "memory": parts[2]})
+            driver = parts[1]
+    return {"gpus": gpus, "driver": driver}
+
+
+def versions() -> dict[str, str | None]:
+    """Installed versions of the packages that matter for performance (no imports)."""
+    out: dict[str, str | None] = {"python": platform.python_version()}
+    for name in PACKAGES:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def content_hash(obj: Any) -> str:
+    """sha256 (first 16 hex digits) of an object's canonical JSON."""
+    text = json.dumps(obj, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def environment(matrix: dict, matrix_path: str | None, model_hash: str | None) -> dict[str, Any]:
+    """The report's ``environment`` section."""
+    root = str(Path(__file__).resolve().parent.parent)
+    return {
+        "git": git_info(root),
+        **gpu_info(),
+        "versions": versions(),
+        "host": platform.node(),
+        "platform": platform.platform(),
+        "cpu_count": _cpu_count(),
+        "python_executable": sys.executable,
+        "matrix_path": matrix_path,
+        "matrix_hash": content_hash(matrix),
+        "model_hash": model_hash,
+    }
+
+
+def _cpu_count() -> int | None:
+    import os
+
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count()

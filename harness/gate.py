@@ -1,0 +1,258 @@
+"""Compare two reports and evaluate ``gates:``.
+
+A metric *regressed* (or *improved*) only when the change is both significant (Welch or
+Mann-Whitney over rounds, ``p < alpha``) and larger than the noise band (the wider of the two
+runs' bands); anything else is *within noise*. Gates are thresholds on cell metrics, on any
+report path (e.g. ``parity.top1_agreement``) or on regressions against a baseline.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import operator
+from pathlib import Path
+from typing import Any
+
+from harness.cells import matches
+from harness.metrics import direction
+from harness.spec import GateSpec
+from harness.stats import significance
+
+OPS = {
+    "<": operator.lt,
+    "<=": operator.le,
+    "==": operator.eq,
+    "!=": operator.ne,
+    ">=": operator.ge,
+    ">": operator.gt,
+}
+
+
+def load_report(path: str | Path) -> dict:
+    """A report.json, given the file or the run directory holding it."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / "report.json"
+    data = json.loads(p.read_text())
+    data.setdefault("_path", str(p))
+    return data
+
+
+def _finite(x: Any) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x)
+
+
+def compare_metric(name: str, base: dict, new: dict, alpha: float, test: str) -> dict:
+    """Verdict for one metric of one cell: improved / regressed / within_noise / n/a."""
+    b, n = base.get("median"), new.get("median")
+    out: dict[str, Any] = {"base": b, "new": n}
+    if not (_finite(b) and _finite(n)):
+        return {**out, "verdict": "n/a", "reason": "missing value"}
+    if b != 0:
+        delta = (n - b) / abs(b)
+    else:
+        delta = 0.0 if n == 0 else math.copysign(math.inf, n)
+    bands = [x for x in (base.get("noise_band"), new.get("noise_band")) if _finite(x)]
+    band = max(bands) if bands else 0.0
+    out.update(delta_pct=100 * delta, band_pct=100 * band)
+    bv, nv = base.get("values", []), new.get("values", [])
+    if len(bv) < 2 or len(nv) < 2:
+        return {**out, "verdict": "n/a", "reason": "fewer than 2 rounds on a side"}
+    p = significance(bv, nv, test)
+    out["p_value"] = p
+    significant = _finite(p) and p < alpha
+    beyond = abs(delta) > band
+    d = direction(name)
+    if not (significant and beyond):
+        reason = "not significant" if not significant else "inside the noise band"
+        return {**out, "verdict": "within_noise", "reason": reason}
+    if d == 0:
+        return {**out, "verdict": "changed"}
+    return {**out, "verdict": "improved" if delta * d > 0 else "regressed"}
+
+
+def _match(base_cells: list[dict], new_cells: list[dict]) -> list[tuple[dict | None, dict | None]]:
+    """Pairs of cells: by id, then by parameters other than the engine name."""
+    by_id = {c["id"]: c for c in base_cells}
+    pairs, left = [], []
+    used: set[str] = set()
+    for c in new_cells:
+        if c["id"] in by_id:
+            pairs.append((by_id[c["id"]], c))
+            used.add(c["id"])
+        else:
+            left.append(c)
+
+    def key(c: dict) -> str:
+        return json.dumps({k: v for k, v in c["params"].items() if k != "engine"}, sort_keys=True)
+
+    rest = {key(c): c for c in base_cells if c["id"] not in used}
+    for c in left:
+        b = rest.pop(key(c), None)
+        pairs.append((b, c))
+    pairs += [(b, None) for b in rest.values()]
+    return pairs
+
+
+def compare_reports(
+    base: dict,
+    new: dict,
+    metrics: list[str] | None = None,
+    alpha: float | None = None,
+    test: str | None = None,
+) -> dict:
+    """Cell-by-cell, metric-by-metric comparison of two reports."""
+    stats = new.get("matrix", {}).get("stats", {})
+    alpha = alpha if alpha is not None else stats.get("alpha", 0.05)
+    test = test or stats.get("test", "welch")
+    cells_out, regressions, improvements = [], [], []
+    for b, n in _match(base.get("cells", []), new.get("cells", [])):
+        if b is None or n is None:
+            only = (n or b)["id"]
+            cells_out.append(
+                {"id": only, "status": "missing_in_base" if b is None else "missing_in_new"}
+            )
+            continue
+        if b.get("status") != "ok" or n.get("status") != "ok":
+            cells_out.append(
+                {
+                    "id": n["id"],
+                    "base_id": b["id"],
+                    "status": "failed",
+                    "base_status": b.get("status"),
+                    "new_status": n.get("status"),
+                }
+            )
+            continue
+        names = metrics or [m for m in n.get("metrics", {}) if direction(m) != 0]
+        res = {}
+        for m in names:
+            if m in b.get("metrics", {}) and m in n.get("metrics", {}):
+                res[m] = compare_metric(m, b["metrics"][m], n["metrics"][m], alpha, test)
+                if res[m]["verdict"] == "regressed":
+                    regressions.append({"cell": n["id"], "metric": m, **res[m]})
+                elif res[m]["verdict"] == "improved":
+                    improvements.append({"cell": n["id"], "metric": m, **res[m]})
+        cells_out.append(
+            {
+                "id": n["id"],
+                "base_id": b["id"],
+                "status": "compared",
+                "params": n.get("params", {}),
+                "metrics": res,
+            }
+        )
+    return {
+        "base": {
+            "path": base.get("_path"),
+            "run_id": base.get("run_id"),
+            "git": base.get("environment", {}).get("git"),
+        },
+        "new": {
+            "path": new.get("_path"),
+            "run_id": new.get("run_id"),
+            "git": new.get("environment", {}).get("git"),
+        },
+        "alpha": alpha,
+        "test": test,
+        "cells": cells_out,
+        "regressions": regressions,
+        "improvements": improvements,
+        "verdict": "regressed" if regressions else "ok",
+    }
+
+
+# --------------------------------------------------------------------------- gates
+
+
+def resolve_path(report: dict, path: str) -> Any:
+    """``parity.summary.top1`` or ``cells.0.metrics.qps.median`` in a report (None if absent)."""
+    cur: Any = report
+    for part in path.split("."):
+        if isinstance(cur, list) and part.isdigit() and int(part) < len(cur):
+            cur = cur[int(part)]
+        elif isinstance(cur, dict) and part in cur:
+            cur = cur[part]
+        else:
+            return None
+    return cur
+
+
+def _absolute(gate: GateSpec, report: dict) -> dict:
+    op = OPS[gate.op or "=="]
+    checks, missing = [], []
+    if gate.path:
+        value = resolve_path(report, gate.path)
+        if not _finite(value) and not isinstance(value, bool):
+            missing.append(gate.path)
+        else:
+            checks.append({"target": gate.path, "value": value, "ok": op(value, gate.value)})
+    else:
+        for cell in report.get("cells", []):
+            if gate.cells and not matches(cell["id"], cell.get("params", {}), gate.cells):
+                continue
+            m = cell.get("metrics", {}).get(gate.metric or "")
+            if cell.get("status") != "ok" or m is None or not _finite(m.get("median")):
+                missing.append(cell["id"])
+                continue
+            checks.append(
+                {"target": cell["id"], "value": m["median"], "ok": op(m["median"], gate.value)}
+            )
+    return _verdict(gate, checks, missing)
+
+
+def _regression(gate: GateSpec, comparison: dict | None) -> dict:
+    if comparison is None:
+        return {
+            "name": gate.label,
+            "status": "skipped",
+            "reason": "needs a baseline (flashrec-bench compare / gate)",
+        }
+    checks, missing = [], []
+    d = direction(gate.metric or "") or 1
+    for cell in comparison.get("cells", []):
+        if gate.cells and not matches(cell["id"], cell.get("params", {}), gate.cells):
+            continue
+        r = cell.get("metrics", {}).get(gate.metric or "")
+        if cell.get("status") != "compared" or r is None or r.get("verdict") == "n/a":
+            missing.append(cell["id"])
+            continue
+        worse = -d * r["delta_pct"]
+        excess = worse - (r["band_pct"] if gate.beyond_noise else 0.0)
+        significant = _finite(r.get("p_value")) and r["p_value"] < comparison["alpha"]
+        bad = excess > gate.max_regression_pct and (significant or not gate.beyond_noise)
+        checks.append(
+            {
+                "target": cell["id"],
+                "worse_pct": worse,
+                "band_pct": r["band_pct"],
+                "p_value": r.get("p_value"),
+                "ok": not bad,
+            }
+        )
+    return _verdict(gate, checks, missing)
+
+
+def _verdict(gate: GateSpec, checks: list[dict], missing: list[str]) -> dict:
+    failed = [c for c in checks if not c["ok"]]
+    if failed or (gate.required and (missing or not checks)):
+        status = "fail"
+    elif not checks:
+        status = "skipped"
+    else:
+        status = "pass"
+    return {"name": gate.label, "status": status, "checks": checks, "missing": missing}
+
+
+def evaluate_gates(gates: list[GateSpec], report: dict, comparison: dict | None = None) -> dict:
+    """Evaluate every gate; overall ``pass`` / ``fail`` / ``none`` (no gates)."""
+    results = [
+        _regression(g, comparison) if g.max_regression_pct is not None else _absolute(g, report)
+        for g in gates
+    ]
+    if not results:
+        status = "none"
+    else:
+        status = "fail" if any(r["status"] == "fail" for r in results) else "pass"
+    return {"status": status, "results": results}

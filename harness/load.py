@@ -1,0 +1,188 @@
+"""Load generation: closed-loop concurrency, open-loop Poisson / constant rate, radix control.
+
+Radix state is set the same way before every round: ``cold`` flushes the prefix cache;
+``warm`` flushes it and then primes it with the cell's warm-up requests (never counted).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import aiohttp
+import numpy as np
+
+from harness.cells import ClientSettings
+from harness.client import Record, Request, post_json, send
+from harness.sids import SidChecker
+from harness.workload import Prompt, PromptRenderer
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where and how to send a cell's requests."""
+
+    base_url: str
+    protocol: str
+    checker: SidChecker
+    timeout_s: float
+    ks: list[int]
+
+
+OnDone = Callable[[Record], None]
+
+
+def make_requests(
+    prompts: list[Prompt],
+    client: ClientSettings,
+    max_tokens: int,
+    renderer: PromptRenderer | None,
+    model: str,
+) -> list[Request]:
+    """Requests for prompts under a cell's sampling settings (text rendered for /generate)."""
+    out = []
+    for p in prompts:
+        text = renderer.render(p.messages) if renderer is not None else None
+        out.append(
+            Request(
+                prompt=p,
+                n=client.beam_width,
+                max_tokens=max_tokens,
+                temperature=client.temperature,
+                text=text,
+                seed=client.seed,
+                model=model,
+            )
+        )
+    return out
+
+
+async def closed_loop(
+    session: aiohttp.ClientSession,
+    target: Target,
+    requests: list[Request],
+    concurrency: int,
+    label: tuple[str, int, str],
+    on_done: OnDone | None = None,
+) -> list[Record]:
+    """Send every request once with ``concurrency`` in flight; records in send order."""
+    cell, rnd, phase = label
+    records: list[Record | None] = [None] * len(requests)
+    next_index = 0
+
+    async def worker() -> None:
+        nonlocal next_index
+        while next_index < len(requests):
+            i = next_index
+            next_index += 1
+            rec = Record(cell, rnd, phase, i, requests[i].prompt.index, 0.0)
+            await send(
+                session,
+                target.base_url,
+                target.protocol,
+                requests[i],
+                rec,
+                target.checker,
+                target.timeout_s,
+                target.ks,
+            )
+            records[i] = rec
+            if on_done:
+                on_done(rec)
+
+    await asyncio.gather(*(worker() for _ in range(min(concurrency, len(requests)) or 1)))
+    return [r for r in records if r is not None]
+
+
+def arrival_times(mode: str, rate: float, duration_s: float, seed: int) -> list[float]:
+    """Send offsets (s) of an open-loop load: Poisson (exponential gaps) or constant rate."""
+    rng = np.random.default_rng(seed)
+    times, t = [], 0.0
+    while True:
+        t += float(rng.exponential(1.0 / rate)) if mode == "poisson" else 1.0 / rate
+        if t > duration_s:
+            return times
+        times.append(t)
+
+
+async def open_loop(
+    session: aiohttp.ClientSession,
+    target: Target,
+    requests: list[Request],
+    offsets: list[float],
+    label: tuple[str, int, str],
+    on_done: OnDone | None = None,
+) -> list[Record]:
+    """Send request ``i % len(requests)`` at ``offsets[i]`` regardless of responses."""
+    cell, rnd, phase = label
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    tasks = []
+
+    async def one(i: int) -> Record:
+        req = requests[i % len(requests)]
+        rec = Record(cell, rnd, phase, i, req.prompt.index, 0.0)
+        await send(
+            session,
+            target.base_url,
+            target.protocol,
+            req,
+            rec,
+            target.checker,
+            target.timeout_s,
+            target.ks,
+        )
+        if on_done:
+            on_done(rec)
+        return rec
+
+    for i, offset in enumerate(offsets):
+        delay = start + offset - loop.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.create_task(one(i)))
+    return list(await asyncio.gather(*tasks))
+
+
+async def run_load(
+    session: aiohttp.ClientSession,
+    target: Target,
+    requests: list[Request],
+    client: ClientSettings,
+    label: tuple[str, int, str],
+    seed: int,
+    on_done: OnDone | None = None,
+) -> list[Record]:
+    """One round of a cell's load (closed loop, or open loop for ``poisson`` / ``constant``)."""
+    if client.mode == "closed":
+        return await closed_loop(session, target, requests, client.concurrency, label, on_done)
+    if client.rate is None:
+        raise ValueError(f"load mode '{client.mode}' needs a 'rate'")
+    duration = client.duration_s or len(requests) / client.rate
+    offsets = arrival_times(client.mode, client.rate, duration, seed)
+    return await open_loop(session, target, requests, offsets, label, on_done)
+
+
+async def flush_cache(session: aiohttp.ClientSession, base_url: str) -> tuple[bool, str]:
+    """``POST /flush_cache``; (ok, detail)."""
+    status, body = await post_json(session, f"{base_url}/flush_cache")
+    return status == 200, f"HTTP {status}: {str(body)[:200]}"
+
+
+async def prepare_radix(
+    session: aiohttp.ClientSession,
+    target: Target,
+    mode: str,
+    prime: list[Request],
+    concurrency: int,
+    label: tuple[str, int, str],
+) -> tuple[list[Record], str]:
+    """Bring the prefix cache to the cell's temperature; returns priming records and a note."""
+    ok, detail = await flush_cache(session, target.base_url)
+    note = "" if ok else f"flush_cache failed ({detail}): radix temperature not controlled"
+    if mode != "warm" or not prime:
+        return [], note
+    cell, rnd, _ = label
+    records = await closed_loop(session, target, prime, concurrency, (cell, rnd, "prime"))
+    return records, note

@@ -1,0 +1,146 @@
+"""Records -> metrics: per-round values, then per-cell summaries over rounds.
+
+Only measured, non-excluded records count. Warm-up, priming and traced-round records are kept
+in the records file (with their phase) but never enter a metric.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+
+import numpy as np
+
+from harness.client import Record
+from harness.spec import StatsSpec
+from harness.stats import summarize
+
+NAN = float("nan")
+
+# +1: higher is better, -1: lower is better, 0: informational
+DIRECTIONS: dict[str, int] = {
+    "qps": 1,
+    "latency_mean_ms": -1,
+    "latency_p50_ms": -1,
+    "latency_p90_ms": -1,
+    "latency_p99_ms": -1,
+    "error_rate": -1,
+    "invalid_rate": -1,
+    "duplicate_rate": -1,
+    "beams_mean": 1,
+    "cached_frac": 0,
+    "prompt_tokens_mean": 0,
+}
+QUALITY_PREFIXES = ("hit@", "recall@", "ndcg@", "mrr@")
+KEY_METRICS = (
+    "qps",
+    "latency_mean_ms",
+    "latency_p50_ms",
+    "latency_p90_ms",
+    "latency_p99_ms",
+    "error_rate",
+)
+
+
+def direction(name: str) -> int:
+    """Whether a larger value of metric ``name`` is better (+1), worse (-1) or neither (0)."""
+    if name.startswith(QUALITY_PREFIXES):
+        return 1
+    return DIRECTIONS.get(name, 0)
+
+
+def counted(records: list[Record]) -> list[Record]:
+    """The records that enter the statistics: measured and not excluded."""
+    return [r for r in records if r.phase == "measure" and not r.excluded]
+
+
+def _ratio(num: float, den: float) -> float:
+    return num / den if den else NAN
+
+
+def round_metrics(records: list[Record]) -> dict[str, float]:
+    """The metrics of one round from its counted records."""
+    used = counted(records)
+    if not used:
+        return {}
+    ok = [r for r in used if r.ok]
+    wall = max(r.t_end for r in used) - min(r.t_send for r in used)
+    lat = np.array([r.latency * 1000.0 for r in ok]) if ok else np.array([])
+    beams = sum(r.beams for r in ok)
+    out = {
+        "qps": _ratio(len(ok), wall),
+        "latency_mean_ms": float(lat.mean()) if lat.size else NAN,
+        "latency_p50_ms": float(np.percentile(lat, 50)) if lat.size else NAN,
+        "latency_p90_ms": float(np.percentile(lat, 90)) if lat.size else NAN,
+        "latency_p99_ms": float(np.percentile(lat, 99)) if lat.size else NAN,
+        "error_rate": (len(used) - len(ok)) / len(used),
+        "invalid_rate": _ratio(sum(r.invalid for r in ok), beams),
+        "duplicate_rate": _ratio(sum(r.duplicates for r in ok), beams),
+        "beams_mean": _ratio(beams, len(ok)),
+    }
+    prompt = [r for r in ok if r.prompt_tokens]
+    if prompt:
+        out["prompt_tokens_mean"] = sum(r.prompt_tokens for r in prompt) / len(prompt)
+        cached = [r for r in prompt if r.cached_tokens is not None]
+        if cached:
+            out["cached_frac"] = _ratio(
+                sum(r.cached_tokens for r in cached), sum(r.prompt_tokens for r in cached)
+            )
+    sums: dict[str, list[float]] = defaultdict(list)
+    for r in ok:
+        for k, v in r.quality.items():
+            sums[k].append(v)
+    out.update({k: float(np.mean(v)) for k, v in sums.items()})
+    return out
+
+
+def by_round(records: list[Record]) -> dict[int, list[Record]]:
+    """Records grouped by round number (measured rounds only)."""
+    rounds: dict[int, list[Record]] = defaultdict(list)
+    for r in records:
+        if r.phase == "measure":
+            rounds[r.round].append(r)
+    return dict(sorted(rounds.items()))
+
+
+def cell_metrics(records: list[Record], stats: StatsSpec) -> dict[str, dict]:
+    """Each metric's summary over the measured rounds (see :func:`harness.stats.summarize`)."""
+    per_round = [round_metrics(recs) for recs in by_round(records).values()]
+    per_round = [m for m in per_round if m]
+    names: list[str] = []
+    for m in per_round:
+        names += [k for k in m if k not in names]
+    out = {}
+    for name in names:
+        values = [m.get(name, NAN) for m in per_round]
+        values = [v for v in values if not math.isnan(v)]
+        if values:
+            out[name] = summarize(
+                values, stats.confidence, stats.bootstrap, stats.seed, stats.band_k
+            )
+    return out
+
+
+def notes(metrics: dict[str, dict], stats: StatsSpec) -> list[str]:
+    """Why a cell's numbers may not support a conclusion (too few or too noisy rounds)."""
+    out = []
+    qps = metrics.get("qps")
+    rounds = qps["n"] if qps else 0
+    if rounds < stats.min_rounds:
+        out.append(
+            f"only {rounds} measured round(s) (< {stats.min_rounds}): no noise band, no conclusion"
+        )
+    for name in ("qps", "latency_p50_ms"):
+        m = metrics.get(name)
+        if m and math.isfinite(m["cv"]) and m["cv"] > stats.max_cv:
+            out.append(
+                f"{name} CV {100 * m['cv']:.1f}% > {100 * stats.max_cv:.0f}%: "
+                "too noisy to support a conclusion"
+            )
+    err = metrics.get("error_rate")
+    if err and err["median"] > 0:
+        out.append(f"error rate {100 * err['median']:.1f}%")
+    inv = metrics.get("invalid_rate")
+    if inv and inv["median"] > 0:
+        out.append(f"invalid SID rate {100 * inv['median']:.2f}%")
+    return out

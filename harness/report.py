@@ -1,0 +1,173 @@
+"""Cell results -> report: report.json, records, summary.csv, REPORT.md, report.html.
+
+``report.json`` is schema-versioned (``schema_version``); the per-request records are written
+once (``records.csv``, plus ``records.parquet`` when pyarrow is installed) and every metric in
+the report is computed from them.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import json
+import math
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from harness import SCHEMA_VERSION
+from harness.cell import CellResult
+from harness.client import EPOCH_UNIX, Record
+from harness.environment import environment
+from harness.metrics import KEY_METRICS, by_round, cell_metrics, notes, round_metrics
+from harness.model import ResolvedModel
+from harness.render import write_html, write_markdown
+from harness.spec import MatrixSpec
+
+RULES = [
+    "every server was started fresh by this run on the current checkout",
+    "fixed load per cell; warm-up requests never counted",
+    "prefix-cache temperature set identically before every round (radix: {radix})",
+    "traced rounds are extra rounds: their numbers never enter the statistics, and the next "
+    "round starts only after the trace files are complete and stable",
+    "noise band per cell = {band_k} x CV over its own rounds; changes inside it are noise",
+]
+
+
+def _clean(obj: Any) -> Any:
+    """JSON-safe: NaN / inf -> None."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    return obj
+
+
+def cell_entry(res: CellResult, spec: MatrixSpec) -> dict:
+    """One cell of report.json."""
+    measured = [r for r in res.records if r.phase == "measure"]
+    excluded = Counter(r.excluded for r in measured if r.excluded)
+    warm = [r for r in res.records if r.phase == "warmup"]
+    metrics = cell_metrics(res.records, spec.stats) if res.status == "ok" else {}
+    rounds = [
+        {"round": rnd, "requests": len(recs), **round_metrics(recs)}
+        for rnd, recs in by_round(res.records).items()
+    ]
+    return {
+        "id": res.id,
+        "engine": res.params.get("engine"),
+        "params": res.params,
+        "status": res.status,
+        "error": res.error,
+        "log_tail": res.log_tail,
+        "rounds": res.rounds_done,
+        "round_metrics": rounds,
+        "metrics": metrics,
+        "notes": res.notes + (notes(metrics, spec.stats) if res.status == "ok" else []),
+        "trace": res.trace,
+        "excluded_requests": {"count": sum(excluded.values()), "reasons": dict(excluded)},
+        "warmup": {
+            "requests": len(warm),
+            "failed": sum(1 for r in warm if not r.ok),
+            "invalid_sids": sum(r.invalid for r in warm),
+        },
+        "server": res.server,
+        "duration_s": res.duration_s,
+    }
+
+
+def build_report(
+    spec: MatrixSpec,
+    results: list[CellResult],
+    stages: dict[str, dict],
+    model: ResolvedModel | None,
+    run_id: str,
+    matrix_path: str | None = None,
+) -> dict:
+    """The report.json document (gates are filled in by :mod:`harness.gate`)."""
+    matrix = spec.model_dump(mode="json")
+    cells = [cell_entry(r, spec) for r in results]
+    traced = [c["id"] for c in cells if c["trace"]]
+    return _clean(
+        {
+            "schema_version": SCHEMA_VERSION,
+            "run_id": run_id,
+            "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "clock_epoch_unix": EPOCH_UNIX,
+            "environment": environment(matrix, matrix_path, model.hash if model else None),
+            "matrix": matrix,
+            "model": model.__dict__ if model else None,
+            "measurement": {
+                "rounds": max((c["rounds"] for c in cells), default=0),
+                "radix": spec.load.radix,
+                "traced_cells": traced,
+                "rules": [r.format(radix=spec.load.radix, band_k=spec.stats.band_k) for r in RULES],
+            },
+            "cells": cells,
+            "parity": stages.get("parity", {"status": "not_configured"}),
+            "determinism": stages.get("determinism", {"status": "not_configured"}),
+            "gates": {"status": "none", "results": []},
+            "summary": {
+                "cells": len(cells),
+                "ok": sum(c["status"] == "ok" for c in cells),
+                "failed": sum(c["status"] == "failed" for c in cells),
+            },
+        }
+    )
+
+
+def write_records(records: list[Record], out_dir: Path) -> list[str]:
+    """records.csv (and records.parquet with pyarrow); returns the file names written."""
+    rows = [r.row() for r in records]
+    columns: list[str] = []
+    for row in rows:
+        columns += [k for k in row if k not in columns]
+    with open(out_dir / "records.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=columns)
+        w.writeheader()
+        w.writerows(rows)
+    written = ["records.csv"]
+    try:
+        import pandas as pd
+        import pyarrow  # noqa: F401
+    except ImportError:
+        return written
+    pd.DataFrame(rows, columns=columns).to_parquet(out_dir / "records.parquet", index=False)
+    return written + ["records.parquet"]
+
+
+def write_summary(report: dict, out_dir: Path) -> None:
+    """summary.csv: one row per cell, the key metrics' median, interval and CV."""
+    params: list[str] = []
+    for c in report["cells"]:
+        params += [k for k in c["params"] if k not in params]
+    names = list(KEY_METRICS) + ["invalid_rate", "duplicate_rate", "beams_mean"]
+    for c in report["cells"]:
+        names += [m for m in c["metrics"] if m not in names]
+    header = ["id", *params, "status", "rounds"]
+    for m in names:
+        header += [m, f"{m}_ci95_low", f"{m}_ci95_high", f"{m}_cv"]
+    with open(out_dir / "summary.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(header)
+        for c in report["cells"]:
+            row = [c["id"], *[c["params"].get(p, "") for p in params], c["status"], c["rounds"]]
+            for m in names:
+                s = c["metrics"].get(m) or {}
+                row += [s.get("median"), s.get("ci95_low"), s.get("ci95_high"), s.get("cv")]
+            w.writerow(["" if v is None else v for v in row])
+
+
+def write_report(report: dict, results: list[CellResult], out_dir: Path) -> list[str]:
+    """Write every report file into ``out_dir``; returns their names."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    records = [r for res in results for r in res.records]
+    files = write_records(records, out_dir)
+    report["files"] = ["report.json", *files, "summary.csv", "REPORT.md", "report.html"]
+    (out_dir / "report.json").write_text(json.dumps(_clean(report), indent=1, default=str))
+    write_summary(report, out_dir)
+    write_markdown(report, out_dir / "REPORT.md")
+    write_html(report, records, out_dir / "report.html")
+    return report["files"]

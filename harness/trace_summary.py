@@ -1,0 +1,181 @@
+"""A summary of a chrome trace (torch profiler JSON): where the time went, in a few numbers.
+
+GPU fields: busy fraction (union of kernel / memcpy / memset time over the span from the first
+to the last of them), the largest gaps between them, CUDA-graph replays (``cudaGraphLaunch``
+runtime calls), top kernels by time and whether the GEMMs are FP8 kernels. On a CPU-only trace
+those fields are ``"n/a"`` and the CPU operator time is what the summary reports.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+NA = "n/a"
+GPU_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}
+GEMM = re.compile(r"gemm|matmul|cutlass|xmma|nvjet|cublas|scaled_mm|_mm_|wgmma", re.I)
+# attention kernels also use wgmma / gemm-like names: never count them as GEMMs
+ATTENTION = re.compile(r"sdpa|fmha|flash|attention|attn|beam_decode", re.I)
+# cuBLASLt "nvjet_sm90_qq..." kernels take two e4m3 operands (what torch._scaled_mm launches)
+FP8 = re.compile(r"fp8|e4m3|e5m2|scaled_mm|f8f8|nvjet_sm\d+_qq", re.I)
+GRAPH_LAUNCH = {"cudaGraphLaunch", "cuGraphLaunch", "hipGraphLaunch"}
+STEP_SPANS = ("flashrec.schedule", "flashrec.step")
+KERNEL_LAUNCH = {"cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernelEx"}
+
+
+def load_events(path: str | Path) -> list[dict]:
+    """The ``traceEvents`` of a chrome trace file (``.json`` or ``.json.gz``)."""
+    p = Path(path)
+    opener = gzip.open if p.name.endswith(".gz") else open
+    with opener(p, "rt") as f:
+        data = json.load(f)
+    return data.get("traceEvents", []) if isinstance(data, dict) else list(data)
+
+
+def _union(intervals: list[tuple[float, float, str]]) -> list[tuple[float, float, str, str]]:
+    """Merged busy intervals (start, end, first name, last name), sorted."""
+    merged: list[list[Any]] = []
+    for start, end, name in sorted(intervals):
+        if merged and start <= merged[-1][1]:
+            if end > merged[-1][1]:
+                merged[-1][1], merged[-1][3] = end, name
+        else:
+            merged.append([start, end, name, name])
+    return [tuple(m) for m in merged]
+
+
+def _top(totals: dict[str, list[float]], total: float, k: int) -> list[dict]:
+    rows = sorted(totals.items(), key=lambda kv: -kv[1][0])[:k]
+    return [
+        {
+            "name": name[:160],
+            "total_us": round(t, 1),
+            "count": int(c),
+            "pct": round(100 * t / total, 2) if total else None,
+        }
+        for name, (t, c) in rows
+    ]
+
+
+def _gpu(events: list[dict], top_k: int, gaps_k: int) -> dict[str, Any]:
+    spans = [
+        (float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)), str(e.get("name", "")))
+        for e in events
+        if e.get("ph") == "X" and e.get("cat") in GPU_CATS
+    ]
+    runtime = [e.get("name") for e in events if e.get("cat") in ("cuda_runtime", "cuda_driver")]
+    graph = sum(1 for n in runtime if n in GRAPH_LAUNCH)
+    launches = sum(1 for n in runtime if n in KERNEL_LAUNCH)
+    if not spans:
+        return {
+            "gpu_busy_fraction": NA,
+            "largest_gaps_us": NA,
+            "cuda_graph_launches": graph if runtime else NA,
+            "kernel_launches": launches if runtime else NA,
+            "decode_graph_replay": (graph > 0) if runtime else NA,
+            "top_kernels": NA,
+            "gemm": NA,
+        }
+    merged = _union(spans)
+    busy = sum(m[1] - m[0] for m in merged)
+    span = merged[-1][1] - merged[0][0]
+    gaps = sorted(
+        (
+            {
+                "gap_us": round(b[0] - a[1], 1),
+                "at_us": round(a[1] - merged[0][0], 1),
+                "before": a[3][:120],
+                "after": b[2][:120],
+            }
+            for a, b in zip(merged, merged[1:])
+        ),
+        key=lambda g: -g["gap_us"],
+    )[:gaps_k]
+    kernels: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    for start, end, name in spans:
+        kernels[name][0] += end - start
+        kernels[name][1] += 1
+    gemms = {n: v for n, v in kernels.items() if GEMM.search(n) and not ATTENTION.search(n)}
+    gemm_us = sum(v[0] for v in gemms.values())
+    fp8_us = sum(v[0] for n, v in gemms.items() if FP8.search(n))
+    return {
+        "gpu_busy_fraction": round(busy / span, 4) if span > 0 else NA,
+        "largest_gaps_us": gaps,
+        "cuda_graph_launches": graph,
+        "kernel_launches": launches,
+        "decode_graph_replay": graph > 0,
+        "top_kernels": _top(kernels, busy, top_k),
+        "gemm": {
+            "total_us": round(gemm_us, 1),
+            "fp8_us": round(fp8_us, 1),
+            "fp8_fraction": round(fp8_us / gemm_us, 4) if gemm_us else NA,
+            "is_fp8": bool(gemm_us) and fp8_us / gemm_us > 0.5,
+            "top": _top(gemms, gemm_us, 5),
+        },
+    }
+
+
+def _cpu(events: list[dict], top_k: int) -> dict[str, Any]:
+    ops: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    per_thread: dict[tuple, list[tuple[float, float, str]]] = defaultdict(list)
+    spans: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    for e in events:
+        if e.get("ph") != "X":
+            continue
+        cat, name = e.get("cat"), str(e.get("name", ""))
+        dur = float(e.get("dur", 0))
+        if cat == "cpu_op":
+            ops[name][0] += dur
+            ops[name][1] += 1
+            ts = float(e["ts"])
+            per_thread[(e.get("pid"), e.get("tid"))].append((ts, ts + dur, name))
+        elif cat == "user_annotation" and not name.startswith("ProfilerStep#"):
+            spans[name][0] += dur
+            spans[name][1] += 1
+    cpu_time = sum(sum(m[1] - m[0] for m in _union(iv)) for iv in per_thread.values())
+    return {
+        "cpu_op_time_us": round(cpu_time, 1),
+        "top_cpu_ops": _top(ops, cpu_time, top_k),
+        "annotations": _top(spans, 0.0, top_k),
+    }
+
+
+def _steps(events: list[dict]) -> dict[str, Any]:
+    """Profiler steps: ``ProfilerStep#N`` markers, else FlashRec's per-step scheduler spans."""
+    marked = {
+        str(e.get("name")) for e in events if str(e.get("name", "")).startswith("ProfilerStep#")
+    }
+    if marked:
+        return {"steps": len(marked), "steps_from": "ProfilerStep#"}
+    for span in STEP_SPANS:
+        n = sum(1 for e in events if e.get("ph") == "X" and e.get("name") == span)
+        if n:
+            return {"steps": n, "steps_from": span}
+    return {"steps": 0, "steps_from": None}
+
+
+def summarize_events(events: list[dict], top_k: int = 10, gaps_k: int = 5) -> dict[str, Any]:
+    """Summary of a list of chrome trace events (see the module docstring)."""
+    gpu = _gpu(events, top_k, gaps_k)
+    return {
+        "events": len(events),
+        **_steps(events),
+        "device": "cpu" if gpu["gpu_busy_fraction"] == NA else "gpu",
+        **gpu,
+        **_cpu(events, top_k),
+    }
+
+
+def summarize_trace(path: str | Path, top_k: int = 10, gaps_k: int = 5) -> dict[str, Any]:
+    """Summary of one trace file, with its path and size; ``error`` when it cannot be read."""
+    p = Path(path)
+    out: dict[str, Any] = {"path": str(p), "size_bytes": p.stat().st_size if p.exists() else 0}
+    try:
+        out.update(summarize_events(load_events(p), top_k, gaps_k))
+    except (OSError, ValueError, EOFError) as exc:
+        out["error"] = f"{type(exc).__name__}: {exc}"
+    return out

@@ -1,0 +1,74 @@
+"""External servers by URL over both protocols (no lifecycle): requests, records, validity."""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+
+from harness.client import Record, Request, generate_body, send
+from harness.load import Target, closed_loop, flush_cache
+from harness.sids import SidChecker
+from harness.workload import Prompt, PromptRenderer, builtin_template
+
+MESSAGES = [{"role": "system", "content": "sys"}, {"role": "user", "content": "hi"}]
+
+
+async def one(url: str, protocol: str, n: int = 4, text: str | None = None) -> Record:
+    req = Request(
+        Prompt(0, MESSAGES, truth=((1, 2, 3),)), n=n, max_tokens=4, temperature=0.0, text=text
+    )
+    rec = Record("c", 0, "measure", 0, 0, 0.0)
+    async with aiohttp.ClientSession() as s:
+        return await send(s, url, protocol, req, rec, SidChecker(3), 10.0, [1, 10])
+
+
+def test_chat_protocol(fake_url):
+    r = asyncio.run(one(fake_url, "chat", n=8))
+    assert r.ok and r.http_status == 200 and r.beams == 8
+    assert r.invalid == 0 and r.duplicates == 0
+    assert r.prompt_tokens > 0 and r.cached_tokens == 0
+    assert r.t_send < r.t_first_byte <= r.t_end
+    assert set(r.quality) >= {"hit@1", "recall@10", "ndcg@10", "mrr@10"}
+
+
+def test_generate_protocol(fake_url):
+    text = PromptRenderer(None).render(MESSAGES)
+    assert text == builtin_template(MESSAGES) + "<|sid_begin|>"
+    assert text.startswith("<|im_start|>system\nsys<|im_end|>")
+    r = asyncio.run(one(fake_url, "generate", n=5, text=text))
+    assert r.ok and r.beams == 5 and r.invalid == 0
+    body = generate_body(Request(Prompt(0, MESSAGES), 5, 4, 0.0, text=text))
+    assert body["sampling_params"] == {
+        "beam_width": 5,
+        "n": 5,
+        "max_new_tokens": 4,
+        "temperature": 0.0,
+    }
+
+
+def test_http_errors_are_recorded_not_raised(fake_url):
+    r = asyncio.run(one(fake_url, "generate", text="no sid_begin at the end"))
+    assert r.status == "http_error" and r.http_status == 400 and "sid_begin" in r.error
+    r = asyncio.run(one("http://127.0.0.1:1", "chat"))
+    assert r.status == "error" and r.error
+
+
+def test_closed_loop_and_radix_over_both_protocols(fake_url):
+    renderer = PromptRenderer(None)
+
+    async def run(protocol: str) -> list[Record]:
+        prompts = [Prompt(i, [MESSAGES[0], {"role": "user", "content": f"u{i}"}]) for i in range(6)]
+        reqs = [Request(p, 4, 4, 0.0, text=renderer.render(p.messages)) for p in prompts]
+        target = Target(fake_url, protocol, SidChecker(3), 10.0, [1])
+        async with aiohttp.ClientSession() as s:
+            ok, _ = await flush_cache(s, fake_url)
+            assert ok
+            return await closed_loop(s, target, reqs, 3, ("c", 0, "measure"))
+
+    for protocol in ("chat", "generate"):
+        recs = asyncio.run(run(protocol))
+        assert [r.index for r in recs] == list(range(6))
+        assert all(r.ok for r in recs)
+        # after a flush the first request is cold; later ones hit the shared system prompt
+        assert recs[0].cached_tokens == 0 or any(r.cached_tokens for r in recs[1:])

@@ -1,0 +1,67 @@
+"""The harness against the real FlashRec server: a smoke_cpu-like matrix, both protocols."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from bench_helpers import REPO, processes_with, run_cli, write_matrix
+
+pytestmark = pytest.mark.skipif(
+    not (REPO / "flashrec" / "server" / "app.py").is_file()
+    or not (REPO / "flashrec" / "__main__.py").is_file(),
+    reason="the FlashRec server is not in this checkout",
+)
+
+
+def test_smoke_matrix_on_flashrec(tmp_path, tiny_model, marker):
+    engine = {
+        "kind": "flashrec",
+        "device": "cpu",
+        "startup_timeout_s": 180,
+        "args": {"served_model_name": marker},
+    }
+    m = {
+        "name": "flashrec-smoke",
+        "engines": [{**engine, "name": "chat"}, {**engine, "name": "gen", "protocol": "generate"}],
+        "model": {"path": str(tiny_model)},
+        "catalog": {"path": str(Path(tiny_model) / "catalog.json")},
+        "workload": {
+            "kind": "synthetic",
+            "requests": 8,
+            "warmup_requests": 2,
+            "median_tokens": 48,
+            "system_prompt_tokens": 16,
+        },
+        "axes": {"beam_width": [4], "concurrency": [1, 2]},
+        "load": {"rounds": 3, "radix": "warm", "max_tokens": 4, "request_timeout_s": 60},
+        "trace": {"cells": "first", "num_steps": 5, "settle_s": 1, "timeout_s": 120},
+        "gates": [
+            {"metric": "invalid_rate", "op": "==", "value": 0},
+            {"metric": "error_rate", "op": "==", "value": 0},
+        ],
+    }
+    out = tmp_path / "out"
+    assert run_cli(str(write_matrix(tmp_path, m)), "--out", str(out)) == 0
+    rep = json.loads((out / "report.json").read_text())
+    cells = {c["id"]: c for c in rep["cells"]}
+    assert sorted(cells) == [
+        "chat,beam_width=4,concurrency=1",
+        "chat,beam_width=4,concurrency=2",
+        "gen,beam_width=4,concurrency=1",
+        "gen,beam_width=4,concurrency=2",
+    ]
+    for c in cells.values():
+        assert c["status"] == "ok", c["error"]
+        assert c["metrics"]["beams_mean"]["median"] == 4
+        assert c["metrics"]["invalid_rate"]["median"] == 0
+        assert c["metrics"]["qps"]["n"] == 3
+        assert c["server"]["info"], "get_server_info answered"
+    assert cells["chat,beam_width=4,concurrency=1"]["metrics"]["cached_frac"]["median"] > 0
+    trace = cells["chat,beam_width=4,concurrency=1"]["trace"]
+    assert trace["status"] == "complete", trace
+    assert trace["files"] and trace["files"][0]["size_bytes"] > 0
+    assert trace["files"][0]["steps"] >= 1 and trace["files"][0]["device"] == "cpu"
+    assert rep["gates"]["status"] == "pass"
+    assert processes_with(marker) == []

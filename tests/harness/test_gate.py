@@ -1,0 +1,128 @@
+"""harness.gate: compare verdicts (A/A within noise, 20% slowdown regressed) and gates."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+from bench_helpers import base_matrix, fake_engine, processes_with, run_cli, write_matrix
+
+from harness.gate import compare_reports, evaluate_gates, resolve_path
+from harness.spec import GateSpec
+from harness.stats import summarize
+
+
+def report(qps: list[float], lat: list[float], cell: str = "e,concurrency=1") -> dict:
+    return {
+        "matrix": {"stats": {"alpha": 0.05, "test": "welch"}},
+        "cells": [
+            {
+                "id": cell,
+                "params": {"engine": cell.split(",")[0], "concurrency": 1},
+                "status": "ok",
+                "metrics": {
+                    "qps": summarize(qps),
+                    "latency_p50_ms": summarize(lat),
+                    "invalid_rate": summarize([0.0] * len(qps)),
+                },
+            }
+        ],
+        "parity": {"status": "ok", "top1_agreement": 0.97},
+    }
+
+
+def sample(rng, mean: float, rounds: int = 5, cv: float = 0.02) -> list[float]:
+    return list(rng.normal(mean, mean * cv, rounds))
+
+
+def test_aa_within_noise_and_20pct_slowdown_regressed():
+    rng = np.random.default_rng(0)
+    false_alarms = caught = 0
+    trials = 100
+    for _ in range(trials):
+        base = report(sample(rng, 100), sample(rng, 10))
+        aa = report(sample(rng, 100), sample(rng, 10))
+        slow = report(sample(rng, 100 / 1.2), sample(rng, 12))
+        false_alarms += compare_reports(base, aa)["verdict"] != "ok"
+        res = compare_reports(base, slow)
+        regressed = {r["metric"] for r in res["regressions"]}
+        caught += regressed >= {"qps", "latency_p50_ms"}
+    assert false_alarms <= 5, false_alarms
+    assert caught >= 97, caught
+
+
+def test_compare_verdict_details():
+    base = report([100, 101, 99, 100, 100], [10, 10.1, 9.9, 10, 10])
+    fast = report([120, 121, 119, 120, 120], [8, 8.1, 7.9, 8, 8])
+    res = compare_reports(base, fast)
+    m = res["cells"][0]["metrics"]
+    assert m["qps"]["verdict"] == "improved" and m["latency_p50_ms"]["verdict"] == "improved"
+    assert m["qps"]["delta_pct"] == 20.0 and m["qps"]["p_value"] < 0.001
+    assert m["invalid_rate"]["verdict"] == "within_noise"
+    few = report([100.0], [10.0])
+    assert compare_reports(few, few)["cells"][0]["metrics"]["qps"]["verdict"] == "n/a"
+    # cells are matched by id, or by parameters when the engine names differ (A/B)
+    other = report([100, 101, 99, 100, 100], [10, 10.1, 9.9, 10, 10], cell="cand,concurrency=1")
+    assert compare_reports(base, other)["cells"][0]["base_id"] == "e,concurrency=1"
+
+
+def test_gates():
+    base = report([100, 101, 99, 100, 100], [10, 10.1, 9.9, 10, 10])
+    slow = report([80, 81, 79, 80, 80], [12, 12.1, 11.9, 12, 12])
+    gates = [
+        GateSpec(metric="invalid_rate", op="==", value=0),
+        GateSpec(metric="qps", op=">=", value=90),
+        GateSpec(path="parity.top1_agreement", op=">=", value=0.95),
+        GateSpec(path="determinism.drifting", op="==", value=0),
+        GateSpec(path="determinism.drifting", op="==", value=0, required=True, name="det"),
+        GateSpec(metric="qps", max_regression_pct=3),
+    ]
+    res = evaluate_gates(gates, slow)
+    assert [r["status"] for r in res["results"]] == [
+        "pass",
+        "fail",
+        "pass",
+        "skipped",
+        "fail",
+        "skipped",
+    ]
+    assert res["status"] == "fail"
+    comparison = compare_reports(base, slow)
+    res = evaluate_gates(gates[-1:], slow, comparison)
+    assert res["status"] == "fail" and res["results"][0]["checks"][0]["worse_pct"] > 19
+    res = evaluate_gates([GateSpec(metric="qps", max_regression_pct=25)], slow, comparison)
+    assert res["status"] == "pass"
+    assert evaluate_gates([], slow)["status"] == "none"
+    assert resolve_path(slow, "cells.0.metrics.qps.n") == 5
+
+
+def test_compare_cli_on_real_runs(tmp_path, marker):
+    """A/A passes; a 20% slower server (24 vs 20 ms per request) is flagged.
+
+    The per-request median latency is the metric that stays clean when other processes
+    compete for the CPU; QPS detection is covered statistically above.
+    """
+
+    def run(name: str, latency: str) -> str:
+        m = base_matrix(
+            fake_engine("--latency-ms", latency, "--marker", marker),
+            load={"rounds": 6, "beam_width": 4},
+            gates=[{"name": "p50-5pct", "metric": "latency_p50_ms", "max_regression_pct": 5}],
+        )
+        m["workload"]["requests"] = 16
+        out = tmp_path / name
+        assert run_cli(str(write_matrix(tmp_path, m, f"{name}.yaml")), "--out", str(out)) == 0
+        return str(out)
+
+    base, aa, slow = run("base", "20"), run("aa", "20"), run("slow", "24")
+    assert run_cli("compare", base, aa, "--fail-on-regression") == 0
+    res = json.loads((tmp_path / "aa" / "compare.json").read_text())
+    assert res["verdict"] == "ok" and res["gates"]["status"] == "pass"
+    assert run_cli("compare", base, slow, "--fail-on-regression") == 1
+    res = json.loads((tmp_path / "slow" / "compare.json").read_text())
+    assert res["verdict"] == "regressed" and res["gates"]["status"] == "fail"
+    p50 = res["cells"][0]["metrics"]["latency_p50_ms"]
+    assert p50["verdict"] == "regressed" and 12 < p50["delta_pct"] < 28
+    assert res["cells"][0]["metrics"]["qps"]["delta_pct"] < 0
+    assert "regressed" in (tmp_path / "slow" / "compare.md").read_text()
+    assert processes_with(marker) == []

@@ -1,0 +1,51 @@
+"""harness.metrics: per-round metrics from records; warm-up and exclusions never count."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.client import Record
+from harness.metrics import cell_metrics, direction, notes, round_metrics
+from harness.spec import StatsSpec
+
+
+def rec(rnd, phase, i, t0, t1, status="ok", **kw) -> Record:
+    return Record("c", rnd, phase, i, i, t0, t1, status=status, beams=kw.pop("beams", 4), **kw)
+
+
+def test_round_metrics_counts_only_measured_requests():
+    records = [
+        rec(-1, "warmup", 0, 0.0, 5.0),  # a slow warm-up: ignored
+        rec(0, "prime", 0, 5.0, 5.5),
+        rec(0, "measure", 0, 10.0, 10.1, prompt_tokens=100, cached_tokens=50),
+        rec(0, "measure", 1, 10.1, 10.3, invalid=1, duplicates=1),
+        rec(0, "measure", 2, 10.3, 10.5, status="timeout", beams=0),
+        rec(0, "measure", 3, 10.5, 20.0, excluded="trace_overlap"),
+    ]
+    m = round_metrics(records)
+    assert m["qps"] == pytest.approx(2 / 0.5)
+    assert m["latency_mean_ms"] == pytest.approx(150.0)
+    assert m["error_rate"] == pytest.approx(1 / 3)
+    assert m["invalid_rate"] == pytest.approx(1 / 8)
+    assert m["duplicate_rate"] == pytest.approx(1 / 8)
+    assert m["cached_frac"] == pytest.approx(0.5)
+
+
+def test_cell_metrics_and_notes():
+    records = []
+    for rnd, dur in enumerate([0.10, 0.11, 0.30]):
+        records += [
+            rec(rnd, "measure", i, 10 * rnd + i * dur, 10 * rnd + (i + 1) * dur) for i in range(5)
+        ]
+    m = cell_metrics(records, StatsSpec(bootstrap=200))
+    assert m["qps"]["n"] == 3
+    assert m["qps"]["median"] == pytest.approx(1 / 0.11)
+    text = " ".join(notes(m, StatsSpec(bootstrap=200)))
+    assert "too noisy" in text
+    few = cell_metrics(records[:5], StatsSpec(bootstrap=200))
+    assert "only 1 measured round" in " ".join(notes(few, StatsSpec(bootstrap=200)))
+
+
+def test_directions():
+    assert direction("qps") == 1 and direction("latency_p99_ms") == -1
+    assert direction("ndcg@10") == 1 and direction("cached_frac") == 0

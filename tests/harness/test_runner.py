@@ -1,0 +1,236 @@
+"""End to end through ``flashrec-bench`` on the fake server: the measuring loop's rules."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from bench_helpers import REPO, base_matrix, fake_engine, processes_with, run_cli, write_matrix
+
+
+def load(out: Path) -> dict:
+    return json.loads((out / "report.json").read_text())
+
+
+def records(out: Path) -> list[dict]:
+    with open(out / "records.csv") as f:
+        return list(csv.DictReader(f))
+
+
+def test_full_loop_restarts_warmup_trace(tmp_path, marker):
+    engine = fake_engine(
+        "--slow-trace",
+        "--trace-write-s",
+        "1.0",
+        "--slow-first",
+        "3",
+        "--slow-first-ms",
+        "600",
+        "--marker",
+        marker,
+    )
+    m = base_matrix(
+        engine,
+        axes={"beam_width": [4, 8], "concurrency": [1, 2]},
+        trace={"cells": "first", "num_steps": 7, "settle_s": 0.3, "timeout_s": 20},
+        gates=[{"metric": "invalid_rate", "op": "==", "value": 0}],
+    )
+    out = tmp_path / "out"
+    assert run_cli(str(write_matrix(tmp_path, m)), "--out", str(out)) == 0
+    rep = load(out)
+    assert rep["schema_version"] == 1
+    assert set(rep) >= {"environment", "matrix", "cells", "parity", "determinism", "gates"}
+    assert rep["environment"]["git"]["commit"] and rep["environment"]["matrix_hash"]
+    for name in ("records.csv", "summary.csv", "REPORT.md", "report.html"):
+        assert (out / name).is_file(), name
+    cells = {c["id"]: c for c in rep["cells"]}
+    assert len(cells) == 4 and all(c["status"] == "ok" for c in cells.values())
+    # restarts only on the server-level axis (beam_width): 2 servers for 4 cells
+    assert sorted(p.name for p in (out / "servers").iterdir()) == ["fake-1.log", "fake-2.log"]
+    pids = {cid: c["server"]["info"]["pid"] for cid, c in cells.items()}
+    assert pids["fake,beam_width=4,concurrency=1"] == pids["fake,beam_width=4,concurrency=2"]
+    assert pids["fake,beam_width=4,concurrency=1"] != pids["fake,beam_width=8,concurrency=1"]
+    # warm-up excluded: the first 3 requests of each server are 600 ms slower
+    rows = records(out)
+    warm = [r for r in rows if r["phase"] == "warmup" and r["cell"].endswith("concurrency=1")]
+    assert warm and all(float(r["latency_s"]) > 0.55 for r in warm)
+    measured = [float(r["latency_s"]) for r in rows if r["phase"] == "measure"]
+    assert len(measured) == 4 * 3 * 10 and max(measured) < 0.45
+    for c in cells.values():
+        assert c["rounds"] == 3 and len(c["metrics"]["qps"]["values"]) == 3
+        assert c["metrics"]["latency_p99_ms"]["median"] < 450
+        assert c["warmup"]["requests"] == 3 and c["warmup"]["failed"] == 0
+    # the traced round: waited for the slowly written file; its requests never counted
+    first = cells["fake,beam_width=4,concurrency=1"]
+    t = first["trace"]
+    assert t["status"] == "complete" and t["waited_s"] >= 1.0
+    assert len(t["files"]) == 1 and t["files"][0]["steps"] == 7
+    assert t["files"][0]["size_bytes"] > 0 and t["files"][0]["device"] == "cpu"
+    start, end = t["window"]
+    assert {r["phase"] for r in rows} == {"warmup", "prime", "measure", "trace"}
+    for r in rows:
+        if r["phase"] == "measure":
+            assert float(r["t_end"]) < start or float(r["t_send"]) > end
+    assert sum(c["trace"] is not None for c in cells.values()) == 1
+    assert rep["gates"]["status"] == "pass"
+    assert rep["parity"] == {"status": "not_configured"}
+    assert processes_with(marker) == []
+    md = (out / "REPORT.md").read_text()
+    assert "## Traces" in md and "fake,beam_width=8,concurrency=2" in md
+
+
+def test_crash_hang_and_bad_flag_fail_only_their_cells(tmp_path, marker):
+    once = tmp_path / "crashed-once"
+    m = base_matrix(
+        None,
+        engines=[
+            fake_engine("--crash-once-file", str(once), "--marker", marker, name="fake"),
+            fake_engine("--fail-start", "--marker", marker, name="bad"),
+            fake_engine("--hang-after", "4", "--marker", marker, name="hang"),
+        ],
+        axes={"crash_after": [0, 20], "concurrency": [1, 2]},
+        exclude=[
+            {"engine": ["bad", "hang"], "crash_after": 20},
+            {"engine": "hang", "concurrency": 2},
+        ],
+        load={"rounds": 3, "beam_width": 4, "request_timeout_s": 1.0},
+    )
+    del m["engine"]
+    out = tmp_path / "out"
+    assert run_cli(str(write_matrix(tmp_path, m)), "--out", str(out)) == 3
+    cells = {c["id"]: c for c in load(out)["cells"]}
+    status = {k: v["status"] for k, v in cells.items()}
+    assert status == {
+        "fake,crash_after=0,concurrency=1": "ok",
+        "fake,crash_after=0,concurrency=2": "ok",
+        "fake,crash_after=20,concurrency=1": "failed",
+        "fake,crash_after=20,concurrency=2": "ok",  # a fresh server for the next cell
+        "bad,crash_after=0,concurrency=1": "failed",
+        "bad,crash_after=0,concurrency=2": "failed",
+        "hang,crash_after=0,concurrency=1": "failed",
+    }
+    crashed = cells["fake,crash_after=20,concurrency=1"]
+    assert "exited with code 3" in crashed["error"] and "crashing" in crashed["log_tail"]
+    assert "server start failed" in cells["bad,crash_after=0,concurrency=1"]["error"]
+    assert "impossible flag" in cells["bad,crash_after=0,concurrency=2"]["log_tail"]
+    assert "not answering" in cells["hang,crash_after=0,concurrency=1"]["error"]
+    assert processes_with(marker) == []
+    assert "## Failed: hang,crash_after=0,concurrency=1" in (out / "REPORT.md").read_text()
+
+
+def test_only_resume_dry_run(tmp_path, marker, capsys):
+    m = base_matrix(
+        fake_engine("--marker", marker),
+        axes={"beam_width": [4, 8], "concurrency": [1, 2]},
+        load={"rounds": 2, "beam_width": 4},
+    )
+    path = write_matrix(tmp_path, m)
+    assert run_cli(str(path), "--dry-run", "--only", "concurrency=1") == 0
+    plan = capsys.readouterr().out
+    assert "2 cell(s), 2 server start(s)" in plan and "--beam-width 8" in plan
+    out = tmp_path / "out"
+    assert run_cli(str(path), "--out", str(out), "--only", "concurrency=1") == 0
+    assert len(load(out)["cells"]) == 2
+    done = out / "cells" / "fake,beam_width=4,concurrency=1" / "cell.json"
+    before = done.stat().st_mtime_ns
+    assert run_cli(str(path), "--out", str(out), "--resume", "--rounds", "2") == 0
+    rep = load(out)
+    assert len(rep["cells"]) == 4 and all(c["status"] == "ok" for c in rep["cells"])
+    assert done.stat().st_mtime_ns == before, "finished cells are not rerun"
+    assert len(list((out / "servers").iterdir())) == 4
+    other = write_matrix(tmp_path, {**m, "name": "other"}, "other.yaml")
+    assert run_cli(str(other), "--out", str(out), "--resume") == 2
+    assert processes_with(marker) == []
+
+
+def test_external_servers_both_protocols_radix_open_loop(tmp_path, fake_url):
+    m = base_matrix(
+        None,
+        engines=[
+            {"name": "chat", "kind": "external", "url": fake_url, "protocol": "chat"},
+            {"name": "gen", "kind": "external", "url": fake_url, "protocol": "generate"},
+        ],
+        axes={"radix": ["warm", "cold"], "quantization": ["fp8", "bf16"]},
+        load={"mode": "poisson", "rate": 60, "duration_s": 0.4, "rounds": 2, "beam_width": 4},
+        gates=[
+            {"metric": "invalid_rate", "op": "==", "value": 0},
+            {"path": "summary.failed", "op": "==", "value": 0},
+        ],
+    )
+    del m["engine"]
+    out = tmp_path / "out"
+    assert run_cli(str(write_matrix(tmp_path, m)), "--out", str(out)) == 0
+    rep = load(out)
+    cells = {c["id"]: c for c in rep["cells"]}
+    # quantization is a server flag: an external server has none, so it is dropped
+    assert sorted(cells) == [
+        "chat,radix=cold",
+        "chat,radix=warm",
+        "gen,radix=cold",
+        "gen,radix=warm",
+    ]
+    assert not (out / "servers").exists()
+    for c in cells.values():
+        assert c["status"] == "ok" and c["metrics"]["invalid_rate"]["median"] == 0
+        assert c["metrics"]["beams_mean"]["median"] == 4
+    # radix: every round starts flushed; warm rounds are primed first, cold ones are not
+    firsts = [r for r in records(out) if r["phase"] == "measure" and r["index"] == "0"]
+    assert len(firsts) == 4 * 2
+    for r in firsts:
+        cached = int(r["cached_tokens"])
+        assert (cached > 0) if r["cell"].endswith("warm") else (cached == 0), r
+    assert rep["gates"]["status"] == "pass"
+    assert (out / "report.html").read_text().count("data:image/png") >= 2
+
+
+def test_invalid_sids_fail_the_gate(tmp_path, marker):
+    m = base_matrix(
+        fake_engine("--invalid-every", "3", "--dup-every", "4", "--marker", marker),
+        load={"rounds": 2, "beam_width": 8},
+        gates=[{"name": "valid", "metric": "invalid_rate", "op": "==", "value": 0}],
+    )
+    out = tmp_path / "out"
+    assert run_cli(str(write_matrix(tmp_path, m)), "--out", str(out)) == 1
+    rep = load(out)
+    c = rep["cells"][0]
+    assert c["metrics"]["invalid_rate"]["median"] > 0
+    assert c["metrics"]["duplicate_rate"]["median"] > 0
+    assert rep["gates"]["results"][0]["status"] == "fail"
+    assert any("invalid SID" in n for n in c["notes"])
+
+
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_interrupt_leaves_no_process(tmp_path, marker, sig, code):
+    m = base_matrix(
+        fake_engine("--latency-ms", "50", "--spawn-child", "--marker", marker),
+        axes={"concurrency": [1, 2]},
+        load={"rounds": 20, "beam_width": 4},
+    )
+    path = write_matrix(tmp_path, m)
+    out = tmp_path / "out"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "harness", str(path), "--out", str(out)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    deadline = time.monotonic() + 20
+    while not processes_with(marker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(1.0)
+    assert processes_with(marker), "server did not start"
+    proc.send_signal(sig)
+    output, _ = proc.communicate(timeout=30)
+    assert proc.returncode == code, output
+    if sig == signal.SIGINT:
+        assert b"--resume" in output
+    time.sleep(0.2)
+    assert processes_with(marker) == []

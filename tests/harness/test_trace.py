@@ -1,0 +1,139 @@
+"""harness.trace: wait until trace files are complete and stable; trace summaries."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from harness.trace import is_complete, wait_until_stable
+from harness.trace_summary import summarize_events, summarize_trace
+
+
+class SlowWriter(threading.Thread):
+    """Writes ``data`` to ``path`` in ``chunks`` pieces over ``seconds``; ``done_at`` is the
+    monotonic time of the last write."""
+
+    def __init__(self, path: Path, data: bytes, seconds: float, chunks: int = 8) -> None:
+        super().__init__()
+        self.path, self.data, self.seconds, self.chunks = path, data, seconds, chunks
+        self.done_at = 0.0
+        self.start()
+
+    def run(self) -> None:
+        step = len(self.data) // self.chunks + 1
+        with open(self.path, "wb") as f:
+            for i in range(self.chunks):
+                time.sleep(self.seconds / self.chunks)
+                f.write(self.data[i * step : (i + 1) * step])
+                f.flush()
+        self.done_at = time.monotonic()
+
+
+def payload(n: int = 20000) -> bytes:
+    events = [
+        {"ph": "X", "cat": "cpu_op", "name": f"op{i % 7}", "ts": i, "dur": 1} for i in range(n)
+    ]
+    return gzip.compress(json.dumps({"traceEvents": events}).encode(), compresslevel=1)
+
+
+def test_is_complete_rejects_partial_gzip(tmp_path):
+    data = payload()
+    p = tmp_path / "a.trace.json.gz"
+    p.write_bytes(data[: len(data) // 2])
+    assert not is_complete(p)
+    p.write_bytes(data)
+    assert is_complete(p)
+    j = tmp_path / "b.json"
+    j.write_text('{"traceEvents": [')
+    assert not is_complete(j)
+    j.write_text('{"traceEvents": []}\n')
+    assert is_complete(j)
+
+
+def test_waits_for_slowly_written_files(tmp_path):
+    data = payload()
+    (tmp_path / "sub").mkdir()
+    writers = [
+        SlowWriter(tmp_path / "r0.trace.json.gz", data, 1.2),
+        SlowWriter(tmp_path / "sub" / "r1.trace.json.gz", data, 1.6),
+    ]
+    res = asyncio.run(wait_until_stable(tmp_path, settle_s=0.4, timeout_s=20, poll_s=0.05))
+    returned = time.monotonic()
+    for w in writers:
+        w.join()
+    assert res.status == "complete"
+    last = max(w.done_at for w in writers)
+    assert returned >= last + 0.4, "returned before the slower file was written and settled"
+    assert len(res.files) == 2
+    assert all(f["size_bytes"] == len(data) for f in res.files)
+    assert all(is_complete(Path(f["path"])) for f in res.files)
+
+
+def test_waits_through_pauses_longer_than_poll(tmp_path):
+    data = payload()
+    w = SlowWriter(tmp_path / "x.trace.json.gz", data, 1.0, chunks=3)  # ~0.33 s pauses
+    res = asyncio.run(wait_until_stable(tmp_path, settle_s=0.2, timeout_s=20, poll_s=0.05))
+    w.join()
+    # a pause may look stable, but the partial gzip is not complete: it must keep waiting
+    assert res.status == "complete" and res.files[0]["size_bytes"] == len(data)
+
+
+def test_timeout_and_missing(tmp_path):
+    (tmp_path / "bad.trace.json.gz").write_bytes(payload()[:100])
+    res = asyncio.run(wait_until_stable(tmp_path, settle_s=0.1, timeout_s=0.5, poll_s=0.05))
+    assert res.status == "timeout"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    res = asyncio.run(wait_until_stable(empty, settle_s=0.1, timeout_s=0.3, poll_s=0.05))
+    assert res.status == "missing"
+
+
+def gpu_events() -> list[dict]:
+    k = lambda name, ts, dur: {"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": dur}  # noqa: E731
+    rt = lambda name, ts: {"ph": "X", "cat": "cuda_runtime", "name": name, "ts": ts, "dur": 1}  # noqa: E731
+    return [
+        k("sm90_fp8_e4m3_gemm", 0, 40),
+        k("flash_attn_fwd", 40, 10),
+        k("fp8_scaled_mm_kernel", 150, 30),
+        k("rmsnorm", 180, 20),
+        k("ampere_bf16_gemm", 500, 10),
+        rt("cudaGraphLaunch", 100),
+        rt("cudaLaunchKernel", 1),
+        rt("cudaLaunchKernel", 2),
+        {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#3", "ts": 0, "dur": 600},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 5, "pid": 1, "tid": 1},
+    ]
+
+
+def test_gpu_summary():
+    s = summarize_events(gpu_events())
+    assert s["device"] == "gpu" and s["steps"] == 1
+    assert s["gpu_busy_fraction"] == pytest.approx(110 / 510, abs=1e-4)
+    gaps = s["largest_gaps_us"]
+    assert gaps[0]["gap_us"] == 300 and gaps[0]["before"] == "rmsnorm"
+    assert gaps[1]["gap_us"] == 100 and gaps[1]["after"] == "fp8_scaled_mm_kernel"
+    assert s["decode_graph_replay"] is True and s["cuda_graph_launches"] == 1
+    assert s["kernel_launches"] == 2
+    assert s["top_kernels"][0]["name"] == "sm90_fp8_e4m3_gemm"
+    assert s["gemm"]["total_us"] == 80 and s["gemm"]["fp8_us"] == 70
+    assert s["gemm"]["is_fp8"] is True
+
+
+def test_cpu_summary_says_gpu_fields_are_na(tmp_path):
+    p = tmp_path / "cpu.trace.json.gz"
+    p.write_bytes(payload(100))
+    s = summarize_trace(p)
+    assert s["device"] == "cpu"
+    for f in ("gpu_busy_fraction", "largest_gaps_us", "top_kernels", "gemm", "decode_graph_replay"):
+        assert s[f] == "n/a"
+    assert s["cpu_op_time_us"] > 0 and s["top_cpu_ops"][0]["name"].startswith("op")
+    assert s["size_bytes"] == p.stat().st_size
+    bad = tmp_path / "bad.json.gz"
+    bad.write_bytes(b"xx")
+    assert "error" in summarize_trace(bad)

@@ -1,0 +1,57 @@
+"""SiLU-and-multiply (+ FP8 quant): ref vs HF's act_fn(gate) * up; Triton vs ref."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers.activations import ACT2FN
+
+from flashrec.kernels.fp8 import per_token_quant_fp8_ref
+from flashrec.kernels.silu_fp8 import (
+    silu_mul,
+    silu_mul_quant_fp8,
+    silu_mul_quant_fp8_ref,
+    silu_mul_quant_fp8_triton,
+    silu_mul_ref,
+    silu_mul_triton,
+)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_ref_matches_hf(dtype: torch.dtype) -> None:
+    torch.manual_seed(0)
+    gate_up = (torch.randn(7, 2 * 96) * 3).to(dtype)
+    gate, up = gate_up[:, :96], gate_up[:, 96:]
+    expected = ACT2FN["silu"](gate) * up
+    torch.testing.assert_close(silu_mul_ref(gate_up), expected, rtol=0, atol=0)
+    torch.testing.assert_close(silu_mul(gate_up), expected, rtol=0, atol=0)
+
+
+def test_quant_variant_is_silu_then_quant() -> None:
+    gate_up = torch.randn(3, 2, 64, dtype=torch.bfloat16)  # leading dims are kept
+    y_fp8, scale = silu_mul_quant_fp8(gate_up)
+    assert y_fp8.shape == (3, 2, 32) and scale.shape == (3, 2, 1)
+    q_ref, s_ref = per_token_quant_fp8_ref(silu_mul_ref(gate_up).reshape(6, 32))
+    torch.testing.assert_close(y_fp8.reshape(6, 32).float(), q_ref.float(), rtol=0, atol=0)
+    torch.testing.assert_close(scale.reshape(6, 1), s_ref, rtol=0, atol=0)
+
+
+# (M, I): I = 5000 and 6144 take several 4096-wide tiles; 100 is not a power of two.
+SHAPES = [(1, 64), (7, 100), (3, 5000), (17, 6144), (300, 3072)]
+
+
+@pytest.mark.parametrize("m,inter", SHAPES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_triton_matches_ref(
+    triton_backend, assert_act_close, assert_fp8_close, m, inter, dtype
+) -> None:
+    if triton_backend.device == "cpu" and m * inter > 30_000:
+        pytest.skip("large shape: GPU only")
+    dev = triton_backend.device
+    torch.manual_seed(m + inter)
+    gate_up = (torch.randn(m, 2 * inter + 8) * 3).to(dtype).to(dev)[:, : 2 * inter]
+    frac = triton_backend.max_frac
+    assert_act_close(silu_mul_triton(gate_up), silu_mul_ref(gate_up), max_frac=frac)
+    assert_fp8_close(
+        silu_mul_quant_fp8_triton(gate_up), silu_mul_quant_fp8_ref(gate_up), max_frac=frac
+    )
