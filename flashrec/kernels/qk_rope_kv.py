@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from flashrec.kernels.backend import interpreting, next_pow2, use_triton
+from flashrec.kernels.backend import next_pow2, use_triton
 
 __all__ = [
     "build_cos_sin",
