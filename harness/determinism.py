@@ -30,7 +30,7 @@ from typing import Any
 
 import aiohttp
 
-from harness.parity import FETCH_ERRORS, body_for, make_prompts, post, request_for
+from harness.parity import FETCH_ERRORS, body_for, engine_device, make_prompts, post, request_for
 
 DEBUG_ENV = "FLASHREC_DEBUG_STEP_HASH"
 DEFAULT_NS = (1, 2, 4, 8, 16, 32)
@@ -502,24 +502,43 @@ def run_determinism(
 # --------------------------------------------------------------------------- stage + CLI
 
 
+def compact(result: dict, rows: int = 10) -> dict:
+    """The result for report.json: per-request lists cut to ``rows`` entries (the full
+    result stays in ``determinism.json``)."""
+    out = dict(result)
+    for mode in ("sequential", "concurrent"):
+        if mode in out:
+            out[mode] = {**out[mode], "drifting": out[mode]["drifting"][:rows]}
+        loc = out.get("localisation", {}).get(mode)
+        if loc:
+            out["localisation"] = {
+                **out["localisation"],
+                mode: {**loc, "first_divergence": loc["first_divergence"][:rows]},
+            }
+    return out
+
+
 def run_stage(section: Any, ctx: Any) -> dict:
-    """Runner adapter (``harness.runner.STAGES``): the ``determinism:`` section + StageContext.
+    """Runner adapter (``harness.runner.STAGES``): the ``determinism:`` section + StageContext;
+    returns :func:`compact` of the result with ``details`` naming the full JSON.
 
     Section keys: requests, processes, mode, concurrency, server_args, server_env, protocol,
     ns, median_tokens, seed, device (the model comes from the matrix).
     """
     spec = section.model_dump() if hasattr(section, "model_dump") else dict(section)
     spec.pop("enabled", None)
+    spec.setdefault("device", engine_device(ctx))
     model = ctx.model
     if model is None or not model.path:
         return {"status": "error", "passed": False, "error": "determinism needs 'model:'"}
     if "ns" in spec:
         spec["ns"] = tuple(spec["ns"])
+    out = Path(ctx.out_dir) / "determinism"
     try:
-        return run_determinism(
+        result = run_determinism(
             model.path,
             model.catalog,
-            out_dir=Path(ctx.out_dir) / "determinism",
+            out_dir=out,
             log=lambda msg: print(msg, file=sys.stderr),
             **spec,
         )
@@ -530,6 +549,7 @@ def run_stage(section: Any, ctx: Any) -> dict:
             "error": f"{type(exc).__name__}: {exc}",
             "log_tail": getattr(exc, "log_tail", ""),
         }
+    return {**compact(result), "details": str(out / "determinism.json")}
 
 
 def _value(text: str) -> Any:

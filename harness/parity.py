@@ -621,14 +621,30 @@ def run_parity_stage(
     return result
 
 
+def engine_device(ctx: Any) -> str | None:
+    """The matrix's first engine's device (the stage's default)."""
+    engines = getattr(getattr(ctx, "spec", None), "engine_list", None) or []
+    return engines[0].device if engines else None
+
+
+def compact(result: dict, tables: int = 3) -> dict:
+    """The result for report.json: without per-case rows, at most ``tables`` diff tables
+    (the full result stays in ``parity.json``)."""
+    out = {k: v for k, v in result.items() if k != "cases"}
+    if "diff_tables" in out:
+        out["diff_tables"] = out["diff_tables"][:tables]
+    return out
+
+
 def run_stage(section: Any, ctx: Any) -> dict:
-    """Runner adapter (``harness.runner.STAGES``): the ``parity:`` section + StageContext."""
+    """Runner adapter (``harness.runner.STAGES``): the ``parity:`` section + StageContext;
+    returns :func:`compact` of the result with ``details`` naming the full ``parity.json``."""
     spec = section.model_dump() if hasattr(section, "model_dump") else dict(section)
     spec.pop("enabled", None)
+    spec.setdefault("device", engine_device(ctx))
     model = ctx.model
-    return run_parity_stage(
-        spec,
-        model.path if model else None,
-        model.catalog if model else None,
-        Path(ctx.out_dir) / "parity",
+    out = Path(ctx.out_dir) / "parity"
+    result = run_parity_stage(
+        spec, model.path if model else None, model.catalog if model else None, out
     )
+    return {**compact(result), "details": str(out / "parity.json")}

@@ -218,7 +218,10 @@ def qk_norm_rope_store(
     Returns:
         Views ``q`` [T, Hq, D], ``k`` [T, Hkv, D], ``v`` [T, Hkv, D] into ``qkv``.
     """
-    fn = qk_norm_rope_store_triton if use_triton(qkv) else qk_norm_rope_store_ref
+    # fp16 activations take the reference: the GPU folds fp32->fp16->fp32 round trips, and only
+    # bf16 rounding is emulated bit-exactly in the kernel (FlashRec runs bf16 or fp32).
+    fast = use_triton(qkv) and qkv.dtype != torch.float16
+    fn = qk_norm_rope_store_triton if fast else qk_norm_rope_store_ref
     return fn(
         qkv, num_q_heads, num_kv_heads, head_dim, positions, cos_sin,
         q_norm_weight, k_norm_weight, eps, k_cache, v_cache, out_loc,

@@ -162,6 +162,8 @@ def test_triton_matches_ref(
 ) -> None:
     if triton_backend.device == "cpu" and (t > 7 or (t > 1 and hq > 4)):
         pytest.skip("large shape: GPU only")
+    if triton_backend.device == "cuda" and dtype == torch.float16:
+        pytest.skip("fp16 activations dispatch to the reference on GPU (see qk_norm_rope_store)")
     dev = triton_backend.device
     buf, width, positions, qw, kw = _inputs(t, hq, hkv, d, dtype, pad=8, seed=t + hq + d)
     buf, positions, qw, kw = buf.to(dev), positions.to(dev), qw.to(dev), kw.to(dev)

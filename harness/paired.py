@@ -1,0 +1,185 @@
+"""Paired comparison of an interleaved A/B run: baseline and candidate rounds matched by pair.
+
+Round ``i`` of the baseline and round ``i`` of the candidate ran back to back on the same
+machine, so machine drift and load from other processes hit both alike; the pair's ratio
+``b_i / a_i`` cancels them. Per cell and metric::
+
+    d_i    = ln(b_i / a_i)                (a - b and |mean a| when a value is <= 0)
+    delta  = exp(mean d) - 1              (``wilcoxon``: exp(median d) - 1)
+    p      = paired t-test on d           (``wilcoxon``: Wilcoxon signed-rank, exact when small)
+    band   = exp(band_k * sd(d) / sqrt(K)) - 1   the noise band of delta itself
+
+A metric *regressed* (or *improved*) when ``p < alpha`` and ``|delta| > band``, in the metric's
+bad (good) direction. The result has :func:`harness.gate.compare_reports`' shape, so
+:func:`harness.gate.evaluate_gates` and ``compare.md`` work on it unchanged.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import cache
+from typing import Any
+
+import numpy as np
+
+from harness.metrics import direction
+from harness.stats import t_two_sided_p
+
+NAN = float("nan")
+# ``stats.test`` of the matrix -> its paired counterpart
+PAIRED_TESTS = {"welch": "paired_t", "mannwhitney": "wilcoxon"}
+
+
+def paired_t(d: np.ndarray) -> float:
+    """Two-sided p-value of the one-sample t-test of mean(d) == 0."""
+    if d.size < 2:
+        return NAN
+    sd = d.std(ddof=1)
+    if sd == 0:
+        return 1.0 if d.mean() == 0 else 0.0
+    return t_two_sided_p(float(d.mean() / (sd / math.sqrt(d.size))), d.size - 1.0)
+
+
+@cache
+def _w_counts(n: int) -> tuple[int, ...]:
+    """Number of sign assignments giving each W+ = 0..n(n+1)/2 for ranks 1..n (no ties)."""
+    counts = [1]
+    for r in range(1, n + 1):
+        nxt = counts + [0] * r
+        for w, c in enumerate(counts):
+            nxt[w + r] += c
+        counts = nxt
+    return tuple(counts)
+
+
+def wilcoxon(d: np.ndarray) -> float:
+    """Two-sided p-value of the Wilcoxon signed-rank test (zeros dropped; exact for n <= 30
+    without ties, else normal with tie and continuity corrections)."""
+    d = d[d != 0]
+    n = d.size
+    if n == 0:
+        return 1.0
+    a = np.abs(d)
+    order = a.argsort(kind="mergesort")
+    ranks, ties, i = np.empty(n), 0.0, 0
+    while i < n:
+        j = i
+        while j + 1 < n and a[order[j + 1]] == a[order[i]]:
+            j += 1
+        ranks[order[i : j + 1]] = (i + j) / 2.0 + 1.0
+        ties += (j - i + 1) ** 3 - (j - i + 1)
+        i = j + 1
+    w = float(ranks[d > 0].sum())
+    if ties == 0 and n <= 30:
+        counts = _w_counts(n)
+        k, total = int(round(w)), float(2**n)
+        low, high = sum(counts[: k + 1]) / total, sum(counts[k:]) / total
+        return min(1.0, 2.0 * min(low, high))
+    mu = n * (n + 1) / 4.0
+    var = n * (n + 1) * (2 * n + 1) / 24.0 - ties / 48.0
+    z = (abs(w - mu) - 0.5) / math.sqrt(var) if var > 0 else 0.0
+    return min(1.0, math.erfc(max(z, 0.0) / math.sqrt(2.0)))
+
+
+def _aligned(base_cell: dict, new_cell: dict, name: str) -> tuple[np.ndarray, np.ndarray]:
+    """The metric's values of the rounds both runs have, in round order."""
+    b = {r["round"]: r.get(name) for r in base_cell.get("round_metrics", [])}
+    n = {r["round"]: r.get(name) for r in new_cell.get("round_metrics", [])}
+    keys = sorted(k for k in b.keys() & n.keys() if _finite(b[k]) and _finite(n[k]))
+    return np.array([b[k] for k in keys], float), np.array([n[k] for k in keys], float)
+
+
+def _finite(x: Any) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x)
+
+
+def paired_metric(
+    name: str, a: np.ndarray, b: np.ndarray, alpha: float, test: str, band_k: float
+) -> dict:
+    """Verdict for one metric from its paired rounds (baseline ``a``, candidate ``b``)."""
+    out: dict[str, Any] = {
+        "base": float(np.median(a)) if a.size else None,
+        "new": float(np.median(b)) if b.size else None,
+        "pairs": int(a.size),
+    }
+    if a.size < 3:
+        return {**out, "verdict": "n/a", "reason": f"{a.size} pair(s); need >= 3"}
+    center = np.median if test == "wilcoxon" else np.mean
+    if (a > 0).all() and (b > 0).all():
+        d = np.log(b / a)
+        delta = math.expm1(float(center(d)))
+        band = math.expm1(band_k * float(d.std(ddof=1)) / math.sqrt(d.size))
+    else:  # zeros (error / invalid rates): differences relative to the baseline's mean
+        d = b - a
+        scale = abs(float(a.mean()))
+        if scale == 0:
+            scale = 1.0 if (d == 0).all() else float("inf")
+        delta = float(center(d)) / scale if (d != 0).any() else 0.0
+        band = band_k * float(d.std(ddof=1)) / math.sqrt(d.size) / scale
+    p = wilcoxon(d) if test == "wilcoxon" else paired_t(d)
+    out.update(delta_pct=100 * delta, band_pct=100 * band, p_value=p)
+    significant = _finite(p) and p < alpha
+    if not (significant and abs(delta) > band):
+        reason = "not significant" if not significant else "inside the noise band"
+        return {**out, "verdict": "within_noise", "reason": reason}
+    d_sign = direction(name)
+    if d_sign == 0:
+        return {**out, "verdict": "changed"}
+    return {**out, "verdict": "improved" if delta * d_sign > 0 else "regressed"}
+
+
+def compare_paired(
+    base: dict,
+    new: dict,
+    metrics: list[str] | None = None,
+    alpha: float | None = None,
+    test: str | None = None,
+) -> dict:
+    """Cell-by-cell paired comparison of two reports of one interleaved A/B run."""
+    stats = new.get("matrix", {}).get("stats", {})
+    alpha = alpha if alpha is not None else stats.get("alpha", 0.05)
+    test = test or PAIRED_TESTS.get(stats.get("test", "welch"), "paired_t")
+    band_k = stats.get("band_k", 2.0)
+    by_id = {c["id"]: c for c in base.get("cells", [])}
+    cells_out, regressions, improvements = [], [], []
+    for n in new.get("cells", []):
+        b = by_id.get(n["id"])
+        if b is None or b.get("status") != "ok" or n.get("status") != "ok":
+            status = "missing_in_base" if b is None else "failed"
+            cells_out.append({"id": n["id"], "status": status})
+            continue
+        names = metrics or [m for m in n.get("metrics", {}) if direction(m) != 0]
+        res = {}
+        for m in names:
+            a_vals, b_vals = _aligned(b, n, m)
+            res[m] = paired_metric(m, a_vals, b_vals, alpha, test, band_k)
+            if res[m]["verdict"] == "regressed":
+                regressions.append({"cell": n["id"], "metric": m, **res[m]})
+            elif res[m]["verdict"] == "improved":
+                improvements.append({"cell": n["id"], "metric": m, **res[m]})
+        cells_out.append(
+            {
+                "id": n["id"],
+                "base_id": b["id"],
+                "status": "compared",
+                "params": n.get("params", {}),
+                "metrics": res,
+            }
+        )
+
+    def side(r: dict) -> dict:
+        git = r.get("environment", {}).get("git")
+        return {"path": r.get("_path"), "run_id": r.get("run_id"), "git": git}
+
+    return {
+        "base": side(base),
+        "new": side(new),
+        "paired": True,
+        "alpha": alpha,
+        "test": test,
+        "band_k": band_k,
+        "cells": cells_out,
+        "regressions": regressions,
+        "improvements": improvements,
+        "verdict": "regressed" if regressions else "ok",
+    }

@@ -1,0 +1,130 @@
+"""Helpers for the server tests: servers on 127.0.0.1 with ephemeral ports, always torn down.
+
+``ServerThread`` runs the production ``Server`` (same runner, same handlers, the real
+``EngineLoop``) on a background thread. ``fake_server`` serves ``server_fakes.FakeEngine``;
+``real_server`` serves the real engine on the tiny synthetic checkpoint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import requests
+
+from flashrec.config import ServerConfig
+from flashrec.engine.loop import EngineLoop
+from flashrec.server.app import Server
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from server_fakes import FakeEngine  # noqa: E402
+
+
+class ServerThread:
+    """A ``Server`` running on its own thread; use as a context manager."""
+
+    def __init__(self, engine: Any, loop: Any, config: ServerConfig) -> None:
+        self.engine, self.loop, self.config = engine, loop, config
+        self.server = Server(engine, loop, config)
+        self.exit_code: int | None = None
+        self._thread = threading.Thread(target=self._main, name="test-server", daemon=True)
+
+    def _main(self) -> None:
+        self.exit_code = asyncio.run(self.server.run(install_signals=False))
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    def start(self, timeout: float = 120.0) -> ServerThread:
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.server.bound.is_set() and self.server.state.backend.healthy:
+                return self
+            if not self._thread.is_alive():
+                raise RuntimeError(f"server exited during start-up ({self.exit_code})")
+            time.sleep(0.01)
+        self.stop()
+        raise TimeoutError("server did not become healthy")
+
+    def stop(self) -> int | None:
+        self.server.request_stop()
+        self._thread.join(timeout=60)
+        if self._thread.is_alive():  # pragma: no cover - a hung shutdown is a test failure
+            raise RuntimeError("server thread did not stop")
+        return self.exit_code
+
+    def __enter__(self) -> ServerThread:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- client helpers -----------------------------------------------------------------------
+
+    def get(self, path: str, **kw: Any) -> requests.Response:
+        return requests.get(self.url + path, timeout=60, **kw)
+
+    def post(self, path: str, body: Any = None, **kw: Any) -> requests.Response:
+        if body is not None:
+            kw["json"] = body
+        return requests.post(self.url + path, timeout=60, **kw)
+
+    def metrics(self) -> dict[str, float]:
+        return parse_metrics(self.get("/metrics").text)
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """``{"name{labels}": value}`` for every sample line."""
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            key, _, value = line.rpartition(" ")
+            out[key] = float(value)
+    return out
+
+
+def server_config(model_path: str = "", **overrides: Any) -> ServerConfig:
+    """A test configuration: loopback, ephemeral port, CPU, no warm-up, small budgets."""
+    values: dict[str, Any] = dict(
+        model_path=model_path,
+        host="127.0.0.1",
+        port=0,
+        device="cpu",
+        warmup=False,
+        batch_slots=256,
+        beam_width=4,
+        kv_pool_tokens=1 << 16,
+        max_seq_len=4096,
+        shutdown_timeout_s=10.0,
+    )
+    values.update(overrides)
+    return ServerConfig(**values)
+
+
+def fake_server(step_delay_s: float = 0.0, **overrides: Any) -> ServerThread:
+    config = server_config("/models/fake-model", **overrides)
+    engine = FakeEngine(config, step_delay_s=step_delay_s)
+    return ServerThread(engine, EngineLoop(engine), config)
+
+
+def real_config(ckpt: Path, **overrides: Any) -> ServerConfig:
+    return server_config(str(ckpt), sid_vocab_file=str(ckpt / "catalog.json"), **overrides)
+
+
+def real_engine(ckpt: Path, **overrides: Any) -> tuple[Any, ServerConfig]:
+    from flashrec.engine.engine import Engine
+
+    config = real_config(ckpt, **overrides)
+    return Engine(config), config
+
+
+def real_server(ckpt: Path, **overrides: Any) -> ServerThread:
+    engine, config = real_engine(ckpt, **overrides)
+    return ServerThread(engine, EngineLoop(engine), config)

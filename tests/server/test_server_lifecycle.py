@@ -1,0 +1,247 @@
+"""Real server processes: URL line on port 0, SIGTERM drain, exit codes, the CLI entry points."""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import requests
+from server_helpers import fake_server
+
+import flashrec.server.app as app_mod
+
+ROOT = Path(__file__).resolve().parents[2]
+FAKE_MAIN = str(Path(__file__).with_name("server_fake_main.py"))
+URL_RE = re.compile(r"^FlashRec serving on (http://\S+:(\d+))$")
+
+
+class Proc:
+    """A server subprocess in its own process group; killed on exit whatever happens."""
+
+    def __init__(self, argv: list[str], env: dict[str, str] | None = None) -> None:
+        full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+        self.p = subprocess.Popen(
+            argv,
+            cwd=ROOT,
+            env=full_env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        self.lines: queue.Queue[str] = queue.Queue()
+        self.log: list[str] = []
+        threading.Thread(target=self._pump, daemon=True).start()
+        self.url = ""
+
+    def _pump(self) -> None:
+        assert self.p.stdout is not None
+        for line in self.p.stdout:
+            self.log.append(line)
+            self.lines.put(line.rstrip("\n"))
+
+    def wait_url(self, timeout: float = 120.0) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                line = self.lines.get(timeout=0.2)
+            except queue.Empty:
+                if self.p.poll() is not None:
+                    raise RuntimeError("server exited:\n" + "".join(self.log)) from None
+                continue
+            m = URL_RE.match(line)
+            if m:
+                self.url = m.group(1)
+                return self.url
+        raise TimeoutError("no URL line:\n" + "".join(self.log))
+
+    def wait_healthy(self, timeout: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                if requests.get(self.url + "/health", timeout=2).status_code == 200:
+                    return
+            except requests.ConnectionError:
+                pass
+            if self.p.poll() is not None:
+                raise RuntimeError("server exited:\n" + "".join(self.log))
+            time.sleep(0.05)
+        raise TimeoutError("never healthy:\n" + "".join(self.log))
+
+    def close(self) -> None:
+        if self.p.poll() is None:
+            os.killpg(self.p.pid, signal.SIGKILL)
+        self.p.wait(timeout=30)
+
+
+@pytest.fixture
+def procs() -> Iterator[list[Proc]]:
+    started: list[Proc] = []
+    yield started
+    for p in started:
+        p.close()
+
+
+def start(procs: list[Proc], argv: list[str], env: dict[str, str] | None = None) -> Proc:
+    p = Proc(argv, env)
+    procs.append(p)
+    p.wait_url()
+    p.wait_healthy()
+    return p
+
+
+FAKE_ARGS = ["--model-path", "/models/fake", "--host", "127.0.0.1", "--port", "0"]
+FAKE_ARGS += ["--device", "cpu", "--batch-slots", "64", "--no-warmup"]
+
+
+def cli_argv(ckpt: Path, *extra: str, entry: str = "serve") -> list[str]:
+    """``python -m flashrec serve`` on the tiny checkpoint, loopback, ephemeral port, CPU."""
+    return [
+        sys.executable,
+        "-m",
+        "flashrec",
+        entry,
+        "--model-path",
+        str(ckpt),
+        "--sid-vocab-file",
+        str(ckpt / "catalog.json"),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+        "--device",
+        "cpu",
+        "--batch-slots",
+        "64",
+        "--beam-width",
+        "4",
+        "--kv-pool-tokens",
+        "16384",
+        *extra,
+    ]
+
+
+def test_sigterm_drains_in_flight_and_exits_0(procs: list[Proc], tiny_checkpoint: Path) -> None:
+    # The engine loop's planted slowdown keeps four requests in flight when SIGTERM lands.
+    argv = cli_argv(tiny_checkpoint, "--shutdown-timeout-s", "30")
+    p = start(procs, argv, env={"FLASHREC_TEST_STEP_DELAY_MS": "150"})
+    assert int(p.url.rsplit(":", 1)[1]) > 0
+    body = {"messages": [{"role": "user", "content": "drain me"}], "n": 8}
+    results: list[int] = []
+
+    def call() -> None:
+        results.append(
+            requests.post(p.url + "/v1/chat/completions", json=body, timeout=60).status_code
+        )
+
+    threads = [threading.Thread(target=call) for _ in range(4)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        text = requests.get(p.url + "/metrics", timeout=5).text
+        if re.search(r"^flashrec_http_inflight_requests 4$", text, re.M):
+            break
+        time.sleep(0.02)
+    p.p.send_signal(signal.SIGTERM)
+    time.sleep(0.1)
+    late = requests.post(p.url + "/v1/chat/completions", json=body, timeout=10)
+    assert late.status_code == 503 and "Retry-After" in late.headers
+    assert requests.get(p.url + "/health", timeout=5).json() == {"status": "draining"}
+    for t in threads:
+        t.join(timeout=60)
+    assert results == [200, 200, 200, 200]
+    assert p.p.wait(timeout=30) == 0
+    assert any("shutting down" in line for line in p.log)
+
+
+def test_sigterm_timeout_still_exits_0(procs: list[Proc]) -> None:
+    p = start(
+        procs,
+        [
+            sys.executable,
+            FAKE_MAIN,
+            *FAKE_ARGS,
+            "--step-delay-s",
+            "1.0",
+            "--shutdown-timeout-s",
+            "0.5",
+        ],
+    )
+    body = {"messages": [{"role": "user", "content": "too slow"}], "n": 2}
+    statuses: list[int] = []
+    t = threading.Thread(
+        target=lambda: statuses.append(
+            requests.post(p.url + "/v1/chat/completions", json=body, timeout=60).status_code
+        ),
+        daemon=True,
+    )
+    t.start()
+    time.sleep(0.3)
+    t0 = time.monotonic()
+    p.p.send_signal(signal.SIGINT)
+    assert p.p.wait(timeout=30) == 0
+    assert time.monotonic() - t0 < 5  # 0.5 s drain + cancel + one engine step
+    t.join(timeout=10)
+    assert statuses == [503]  # cancelled at the deadline, told to retry elsewhere
+    assert any("did not finish" in line for line in p.log)
+
+
+def test_port_in_use_exits_1() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        srv = fake_server(port=taken.getsockname()[1])
+        with pytest.raises(RuntimeError, match=r"start-up \(1\)"):
+            srv.start()
+        assert srv.exit_code == 1
+
+
+def test_non_loopback_logs_no_auth_warning(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    assert app_mod.is_loopback("127.0.0.1") and app_mod.is_loopback("::1")
+    assert app_mod.is_loopback("localhost")
+    assert not app_mod.is_loopback("0.0.0.0") and not app_mod.is_loopback("10.1.2.3")
+    monkeypatch.setattr(app_mod, "is_loopback", lambda host: False)
+    with caplog.at_level(logging.WARNING, logger="flashrec.server"), fake_server():
+        pass
+    assert any("no authentication" in r.getMessage() for r in caplog.records)
+
+
+def test_cli_serve_alias(procs: list[Proc], tiny_checkpoint: Path) -> None:
+    p = start(procs, cli_argv(tiny_checkpoint, entry="--serve"))
+    r = requests.post(
+        p.url + "/v1/chat/completions",
+        json={"messages": [{"role": "user", "content": "hi"}], "n": 2},
+        timeout=60,
+    )
+    assert r.status_code == 200 and len(r.json()["choices"]) == 2
+    p.p.send_signal(signal.SIGTERM)
+    assert p.p.wait(timeout=60) == 0
+    assert any("warm-up done" in line for line in p.log)
+
+
+def test_module_entry_point_help() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "flashrec.server", "--help"],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0
+    for flag in ("--host", "--port", "--max-body-bytes", "--shutdown-timeout-s", "--beam-width"):
+        assert flag in out.stdout

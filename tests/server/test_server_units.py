@@ -1,0 +1,108 @@
+"""Unit tests of the pure pieces: protocol parsing, Prometheus rendering, future bridging."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from concurrent.futures import Future
+
+import pytest
+
+from flashrec.server.backend import await_engine
+from flashrec.server.errors import APIError
+from flashrec.server.metrics import Histogram, ServerMetrics
+from flashrec.server.protocol import Limits, parse_chat, parse_generate
+
+LIMITS = Limits(
+    max_beam_rows=64, vocab_size=500, max_seq_len=128, default_n=8, default_max_tokens=4
+)
+MSGS = [{"role": "user", "content": "x", "name": "ignored"}]
+
+
+def test_chat_defaults_and_precedence() -> None:
+    req = parse_chat({"messages": MSGS}, LIMITS)
+    assert (req.params.n, req.params.max_tokens, req.params.temperature) == (8, 4, 0.0)
+    assert req.messages == [{"role": "user", "content": "x"}] and not req.stream
+    req = parse_chat(
+        {
+            "messages": MSGS,
+            "max_tokens": 9,
+            "max_completion_tokens": 2,
+            "n": 64,
+            "seed": 2**63 - 1,
+            "temperature": 1,
+        },
+        LIMITS,
+    )
+    assert (req.params.max_tokens, req.params.n, req.params.seed) == (2, 64, 2**63 - 1)
+    assert req.params.temperature == 1.0 and isinstance(req.params.temperature, float)
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"seed": 2**63},
+        {"max_tokens": 129},
+        {"n": 65},
+        {"temperature": 10**400},
+        {"chat_template_kwargs": {"chat_template": "{{ 1 }}"}},
+        {"chat_template_kwargs": {"tokenize": True}},
+    ],
+)
+def test_chat_rejects(extra: dict) -> None:
+    with pytest.raises(APIError) as err:
+        parse_chat({"messages": MSGS, **extra}, LIMITS)
+    assert err.value.status == 400 and err.value.param
+
+
+def test_generate_parsing() -> None:
+    req = parse_generate({"text": "a", "sampling_params": {"n": 2, "beam_width": 3}}, LIMITS)
+    assert req.params.n == 3 and not req.batched
+    req = parse_generate(
+        {"input_ids": [[1, 2], [3]], "sampling_params": {"sampling_seed": 5}}, LIMITS
+    )
+    assert req.batched and [p.input_ids for p in req.prompts] == [[1, 2], [3]]
+    assert req.params.seed == 5
+    with pytest.raises(APIError):
+        parse_generate({"text": ["a"] * 2000}, LIMITS)
+
+
+def test_histogram_and_render() -> None:
+    h = Histogram(buckets=(0.1, 1.0))
+    for v in (0.05, 0.5, 5.0):
+        h.observe(v)
+    lines = list(h.lines("lat", {"endpoint": "chat"}))
+    assert lines[:3] == [
+        'lat_bucket{endpoint="chat",le="0.1"} 1',
+        'lat_bucket{endpoint="chat",le="1.0"} 2',
+        'lat_bucket{endpoint="chat",le="+Inf"} 3',
+    ]
+    assert lines[3].startswith('lat_sum{endpoint="chat"} 5.55')
+    m = ServerMetrics()
+    m.count("chat", "success")
+    text = m.render({"queue_len": 3, "used_slots": 0, "unknown_key": 1}, {"flashrec_ready": 1})
+    assert "flashrec_queue_length 3\n" in text and "unknown_key" not in text
+    assert 'flashrec_requests_total{endpoint="chat",outcome="success"} 1' in text
+    assert "# TYPE flashrec_request_latency_seconds histogram" in text
+    for line in text.splitlines():
+        if not line.startswith("#"):
+            assert not math.isnan(float(line.rsplit(" ", 1)[1]))
+
+
+def test_await_engine_never_cancels_the_engine_future() -> None:
+    fut: Future = Future()
+
+    async def main() -> None:
+        task = asyncio.ensure_future(await_engine(fut))
+        await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    assert not fut.cancelled()
+    fut.set_result(1)  # the engine can still resolve it
+
+    done: Future = Future()
+    done.set_result(7)
+    assert asyncio.run(await_engine(done)) == 7
