@@ -31,6 +31,8 @@ class EngineLoop:
         self._admitting = True
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="flashrec-engine", daemon=True)
+        self._snapshot: dict[str, int] = {}
+        self._take_snapshot()
         delay_ms = float(os.environ.get("FLASHREC_TEST_STEP_DELAY_MS", "0") or 0)
         self.scheduler.step_delay_s = delay_ms / 1000.0  # test-only planted slowdown (gate tests)
 
@@ -39,6 +41,8 @@ class EngineLoop:
         self._thread.start()
 
     def submit(self, req: GenRequest) -> Future:
+        """Queue ``req``; ValueError for a request the engine can never serve."""
+        self.engine.check_request(req)
         fut: Future = Future()
         with self._cond:
             if not self._admitting:
@@ -71,11 +75,17 @@ class EngineLoop:
         return self.call_on_engine_thread(self.scheduler.flush_cache).result() >= 0
 
     def stats(self) -> dict[str, int]:
-        s = self.scheduler
+        """Counters as of the last engine step (a snapshot taken on the engine thread, so the
+        HTTP thread never walks scheduler structures that the engine thread mutates)."""
         with self._cond:
-            queued = len(self._inbox)
-        return {
-            "queue_len": queued + len(s.waiting),
+            snap = dict(self._snapshot)
+            snap["queue_len"] = len(self._inbox) + snap.get("waiting", 0)
+        return snap
+
+    def _take_snapshot(self) -> None:
+        s = self.scheduler
+        snap = {
+            "waiting": len(s.waiting),
             "running_requests": len(s.running),
             "used_slots": s.used_rows,
             "total_slots": s.kv.rows.size,
@@ -87,6 +97,8 @@ class EngineLoop:
             "steps_total": s.stats.steps_total,
             "batch_failures_total": s.stats.batch_failures_total,
         }
+        with self._cond:
+            self._snapshot = snap
 
     def in_flight(self) -> int:
         with self._cond:
@@ -132,6 +144,8 @@ class EngineLoop:
             for rid in cancels:
                 if self.scheduler.cancel(rid):
                     self._resolve(rid, CancelledError(f"request {rid} cancelled"))
+            if calls or cancels:
+                self._take_snapshot()
             if not self.scheduler.has_work():
                 continue
             try:
@@ -143,6 +157,7 @@ class EngineLoop:
                     self.scheduler.cancel(st.req.rid)
             for req, res in finished:
                 self._resolve(req.rid, res)
+            self._take_snapshot()
             for hook in list(self._hooks):
                 try:
                     hook(self.scheduler.stats.steps_total)
