@@ -125,7 +125,7 @@ class EngineConfig:
     kv_pool_tokens: int | None = _opt(None, "prompt KV pool size in tokens (default: from free memory, or 262144 on cpu)")
     enable_prefix_cache: bool = _opt(True, "radix prefix cache over prompt tokens")
     schedule_policy: str = _opt("lpm", "admission order: longest prefix match (with aging) or first come first served", ("lpm", "fcfs"))
-    lpm_aging_ms: float = _opt(100.0, "LPM aging: each ms of waiting counts as this many matched tokens / 1 ms (no starvation)")
+    lpm_aging_ms: float = _opt(100.0, "LPM aging: a request that has waited this long is admitted in arrival order ahead of longest-prefix-match order (no starvation)")
     max_queue_len: int = _opt(4096, "waiting requests accepted before 503")
     enable_fused_rms_fp8: bool = _opt(True, "fused RMSNorm(+residual) -> per-token FP8 quant kernel (GPU, FP8)")
     enable_fused_silu_fp8: bool = _opt(True, "fused SiLU(gate)*up -> per-token FP8 quant kernel (GPU, FP8)")
