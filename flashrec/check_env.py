@@ -26,9 +26,17 @@ def _version(mod: str) -> str | None:
 
 def _driver() -> str | None:
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=10)
-        return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+        return (
+            out.stdout.strip().splitlines()[0]
+            if out.returncode == 0 and out.stdout.strip()
+            else None
+        )
     except (OSError, subprocess.SubprocessError):
         return None
 
@@ -55,24 +63,36 @@ def collect() -> dict:
 def missing(info: dict, features: list[str]) -> list[str]:
     out = []
     if not info["torch"]:
-        out.append("torch is not importable: pip install torch (CPU: torch==2.13.0; GPU: a CUDA build >= 2.6)")
+        out.append(
+            "torch is not importable: pip install torch (CPU: torch==2.13.0; GPU: a CUDA build >= 2.6)"
+        )
     for f in features:
         if f in ("gpu", "fp8", "flashinfer") and not info["cuda_available"]:
-            out.append(f"{f}: no CUDA GPU visible to torch (torch.version.cuda={info.get('torch_cuda')}, driver={info['driver']})")
+            out.append(
+                f"{f}: no CUDA GPU visible to torch (torch.version.cuda={info.get('torch_cuda')}, driver={info['driver']})"
+            )
             continue
         if f == "fp8":
             cc = tuple(int(x) for x in info["compute_capability"].split("."))
             if cc < (8, 9):
-                out.append(f"fp8: GPU compute capability {info['compute_capability']} < 8.9 (FP8 GEMMs need Ada/Hopper or newer)")
+                out.append(
+                    f"fp8: GPU compute capability {info['compute_capability']} < 8.9 (FP8 GEMMs need Ada/Hopper or newer)"
+                )
         if f == "flashinfer" and not info["flashinfer"]:
             out.append("flashinfer: not installed (pip install flashinfer-python==0.6.18.post1)")
         if f == "triton" and not info["triton"]:
-            out.append("triton: not installed (pip install triton); fused FP8 kernels fall back to PyTorch")
+            out.append(
+                "triton: not installed (pip install triton); fused FP8 kernels fall back to PyTorch"
+            )
     return out
 
 
 def add_check_env_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--require", default="cpu", help=f"comma-separated features to require: {', '.join(FEATURES)}")
+    p.add_argument(
+        "--require",
+        default="cpu",
+        help=f"comma-separated features to require: {', '.join(FEATURES)}",
+    )
 
 
 def run_check_env(args: argparse.Namespace) -> int:

@@ -21,9 +21,21 @@ def _add_generate_args(p: argparse.ArgumentParser) -> None:
     src.add_argument("--prompt", help="one user message (chat template applied)")
     src.add_argument("--messages-json", help="file with a JSON list of chat messages")
     src.add_argument("--input-ids", help="raw prompt ids, comma separated (used as-is)")
-    p.add_argument("--max-tokens", type=int, default=None, help="cap on generated tokens (default: catalog depth + 1)")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = deterministic top-n; > 0 = Gumbel top-n")
-    p.add_argument("--seed", type=int, default=None, help="seed of the request's Gumbel noise (temperature > 0)")
+    p.add_argument(
+        "--max-tokens",
+        type=int,
+        default=None,
+        help="cap on generated tokens (default: catalog depth + 1)",
+    )
+    p.add_argument(
+        "--temperature", type=float, default=0.0, help="0 = deterministic top-n; > 0 = Gumbel top-n"
+    )
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="seed of the request's Gumbel noise (temperature > 0)",
+    )
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     add_config_args(p, EngineConfig)
 
@@ -38,20 +50,36 @@ def run_generate(args: argparse.Namespace) -> int:
         with open(args.messages_json) as fh:
             ids = engine.build_prompt(messages=json.load(fh))
     else:
-        ids = engine.build_prompt(input_ids=[int(x) for x in args.input_ids.split(",") if x.strip()])
-    req = engine.new_request(ids, n=args.beam_width, max_tokens=args.max_tokens,
-                             temperature=args.temperature, seed=args.seed)
+        ids = engine.build_prompt(
+            input_ids=[int(x) for x in args.input_ids.split(",") if x.strip()]
+        )
+    req = engine.new_request(
+        ids,
+        n=args.beam_width,
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        seed=args.seed,
+    )
     res = engine.generate([req])[0]
     if args.json:
         out = {
             "choices": [
-                {"index": i, "text": b.text, "token_ids": b.token_ids, "sequence_score": b.sequence_score,
-                 "cum_logprob": b.cum_logprob, "finish_reason": b.finish_reason}
+                {
+                    "index": i,
+                    "text": b.text,
+                    "token_ids": b.token_ids,
+                    "sequence_score": b.sequence_score,
+                    "cum_logprob": b.cum_logprob,
+                    "finish_reason": b.finish_reason,
+                }
                 for i, b in enumerate(res.beams)
             ],
-            "usage": {"prompt_tokens": res.prompt_tokens, "completion_tokens": res.completion_tokens,
-                      "total_tokens": res.prompt_tokens + res.completion_tokens,
-                      "cached_tokens": res.cached_tokens},
+            "usage": {
+                "prompt_tokens": res.prompt_tokens,
+                "completion_tokens": res.completion_tokens,
+                "total_tokens": res.prompt_tokens + res.completion_tokens,
+                "cached_tokens": res.cached_tokens,
+            },
         }
         print(json.dumps(out))
     else:
@@ -61,7 +89,9 @@ def run_generate(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="flashrec", description="FlashRec: GenRec beam-search serving engine")
+    parser = argparse.ArgumentParser(
+        prog="flashrec", description="FlashRec: GenRec beam-search serving engine"
+    )
     parser.add_argument("--log-level", default="INFO")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_generate_args(sub.add_parser("generate", help="offline beam search for one prompt"))
@@ -80,15 +110,21 @@ def build_parser() -> argparse.ArgumentParser:
     add_catalog_args(sub.add_parser("catalog", help="convert a catalog to comma-key JSON"))
     from flashrec.check_env import add_check_env_args
 
-    add_check_env_args(sub.add_parser("check-env", help="report torch / CUDA / GPU / flashinfer / triton"))
+    add_check_env_args(
+        sub.add_parser("check-env", help="report torch / CUDA / GPU / flashinfer / triton")
+    )
     return parser
 
 
 def _rewrite_aliases(argv: list[str]) -> list[str]:
     if "--serve" in argv:
         return ["serve"] + [a for a in argv if a != "--serve"]
-    if argv and argv[0] not in COMMANDS and argv[0] not in ("-h", "--help", "--log-level") and (
-            "--prompt" in argv or "--messages-json" in argv or "--input-ids" in argv):
+    if (
+        argv
+        and argv[0] not in COMMANDS
+        and argv[0] not in ("-h", "--help", "--log-level")
+        and ("--prompt" in argv or "--messages-json" in argv or "--input-ids" in argv)
+    ):
         return ["generate"] + argv
     return argv
 
@@ -96,8 +132,10 @@ def _rewrite_aliases(argv: list[str]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     argv = _rewrite_aliases(list(sys.argv[1:] if argv is None else argv))
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.INFO),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
     try:
         if args.command == "generate":
             return run_generate(args)

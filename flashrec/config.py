@@ -105,30 +105,78 @@ class ModelConfig:
 class EngineConfig:
     """Everything the engine (model runner, beam search, scheduler) is built from."""
 
-    model_path: str = _opt("", "HF-format checkpoint directory (config.json, tokenizer, safetensors)")
-    sid_vocab_file: str | None = _opt(None, "catalog of valid SIDs (comma-key JSON, RecIF sid2pid.json, list-of-lists JSON or text lines); without it decoding is unconstrained (smoke only)")
-    sid: str | None = _opt(None, "override the SID layout: START:END/SIZE[,begin=ID][,end=ID] (token ids START..END-1 are codebooks of SIZE codes)")
+    model_path: str = _opt(
+        "", "HF-format checkpoint directory (config.json, tokenizer, safetensors)"
+    )
+    sid_vocab_file: str | None = _opt(
+        None,
+        "catalog of valid SIDs (comma-key JSON, RecIF sid2pid.json, list-of-lists JSON or text lines); without it decoding is unconstrained (smoke only)",
+    )
+    sid: str | None = _opt(
+        None,
+        "override the SID layout: START:END/SIZE[,begin=ID][,end=ID] (token ids START..END-1 are codebooks of SIZE codes)",
+    )
     device: str | None = _opt(None, "cpu or cuda (default: cuda when available)", ("cpu", "cuda"))
-    dtype: str | None = _opt(None, "activation / unquantized weight dtype (default: bfloat16 on cuda, float32 on cpu)", ("float32", "bfloat16", "float16"))
-    quantization: str | None = _opt(None, "fp8 = W8A8 per-channel FP8; any other value = unquantized weights in --dtype (default: fp8 on cuda, none on cpu)")
-    kv_cache_dtype: str = _opt("auto", "KV cache dtype: auto (= --dtype) or fp8_e4m3", ("auto", "fp8_e4m3"))
-    logprob_scope: str = _opt("level", "log_softmax over the current level's codes (level), the whole SID range (sid) or the full vocabulary (full)", ("level", "sid", "full"))
+    dtype: str | None = _opt(
+        None,
+        "activation / unquantized weight dtype (default: bfloat16 on cuda, float32 on cpu)",
+        ("float32", "bfloat16", "float16"),
+    )
+    quantization: str | None = _opt(
+        None,
+        "fp8 = W8A8 per-channel FP8; any other value = unquantized weights in --dtype (default: fp8 on cuda, none on cpu)",
+    )
+    kv_cache_dtype: str = _opt(
+        "auto", "KV cache dtype: auto (= --dtype) or fp8_e4m3", ("auto", "fp8_e4m3")
+    )
+    logprob_scope: str = _opt(
+        "level",
+        "log_softmax over the current level's codes (level), the whole SID range (sid) or the full vocabulary (full)",
+        ("level", "sid", "full"),
+    )
     length_penalty: float = _opt(1.0, "sequence_score = cum_logprob / gen_len ** length_penalty")
-    beam_width: int = _opt(50, "default beam width n (a request's n overrides it); also the CUDA-graph capture unit")
-    batch_slots: int | None = _opt(None, "beam-row slot budget shared by all running requests (default: --cuda-graph-max-bs)")
+    beam_width: int = _opt(
+        50, "default beam width n (a request's n overrides it); also the CUDA-graph capture unit"
+    )
+    batch_slots: int | None = _opt(
+        None, "beam-row slot budget shared by all running requests (default: --cuda-graph-max-bs)"
+    )
     cuda_graph_max_bs: int = _opt(800, "largest decode batch (beam rows) captured as a CUDA graph")
-    disable_cuda_graph: bool = _opt(False, "run decode eagerly (never a silent fallback)", flag=True)
-    attention_backend: str | None = _opt(None, "attention backend: torch (reference, CPU) or triton (GPU: SDPA prefill + shared-prompt Triton beam decode); default by device", ("torch", "triton"))
-    max_seq_len: int = _opt(8192, "longest accepted prompt (tokens); longer prompts are rejected with 400")
+    disable_cuda_graph: bool = _opt(
+        False, "run decode eagerly (never a silent fallback)", flag=True
+    )
+    attention_backend: str | None = _opt(
+        None,
+        "attention backend: torch (reference, CPU) or triton (GPU: SDPA prefill + shared-prompt Triton beam decode); default by device",
+        ("torch", "triton"),
+    )
+    max_seq_len: int = _opt(
+        8192, "longest accepted prompt (tokens); longer prompts are rejected with 400"
+    )
     max_prefill_tokens: int = _opt(16384, "tokens prefilled together in one forward")
-    mem_fraction_static: float = _opt(0.85, "fraction of free GPU memory given to weights + KV pool")
-    kv_pool_tokens: int | None = _opt(None, "prompt KV pool size in tokens (default: from free memory, or 262144 on cpu)")
+    mem_fraction_static: float = _opt(
+        0.85, "fraction of free GPU memory given to weights + KV pool"
+    )
+    kv_pool_tokens: int | None = _opt(
+        None, "prompt KV pool size in tokens (default: from free memory, or 262144 on cpu)"
+    )
     enable_prefix_cache: bool = _opt(True, "radix prefix cache over prompt tokens")
-    schedule_policy: str = _opt("lpm", "admission order: longest prefix match (with aging) or first come first served", ("lpm", "fcfs"))
-    lpm_aging_ms: float = _opt(100.0, "LPM aging: a request that has waited this long is admitted in arrival order ahead of longest-prefix-match order (no starvation)")
+    schedule_policy: str = _opt(
+        "lpm",
+        "admission order: longest prefix match (with aging) or first come first served",
+        ("lpm", "fcfs"),
+    )
+    lpm_aging_ms: float = _opt(
+        100.0,
+        "LPM aging: a request that has waited this long is admitted in arrival order ahead of longest-prefix-match order (no starvation)",
+    )
     max_queue_len: int = _opt(4096, "waiting requests accepted before 503")
-    enable_fused_rms_fp8: bool = _opt(True, "fused RMSNorm(+residual) -> per-token FP8 quant kernel (GPU, FP8)")
-    enable_fused_silu_fp8: bool = _opt(True, "fused SiLU(gate)*up -> per-token FP8 quant kernel (GPU, FP8)")
+    enable_fused_rms_fp8: bool = _opt(
+        True, "fused RMSNorm(+residual) -> per-token FP8 quant kernel (GPU, FP8)"
+    )
+    enable_fused_silu_fp8: bool = _opt(
+        True, "fused SiLU(gate)*up -> per-token FP8 quant kernel (GPU, FP8)"
+    )
     enable_fused_qk_rope_kv: bool = _opt(True, "fused q/k RMSNorm + RoPE + KV write kernel (GPU)")
 
     @property
@@ -171,11 +219,17 @@ class EngineConfig:
 class ServerConfig(EngineConfig):
     """Engine configuration plus the HTTP front end."""
 
-    host: str = _opt("127.0.0.1", "bind address (the server has no authentication: keep it on loopback)")
+    host: str = _opt(
+        "127.0.0.1", "bind address (the server has no authentication: keep it on loopback)"
+    )
     port: int = _opt(8000, "bind port (0 = pick a free one and print it)")
-    served_model_name: str | None = _opt(None, "model name reported by /v1/models (default: the directory name)")
+    served_model_name: str | None = _opt(
+        None, "model name reported by /v1/models (default: the directory name)"
+    )
     max_body_bytes: int = _opt(8 * 1024 * 1024, "largest accepted request body (413 above)")
-    shutdown_timeout_s: float = _opt(30.0, "on SIGTERM, how long in-flight requests may take to finish")
+    shutdown_timeout_s: float = _opt(
+        30.0, "on SIGTERM, how long in-flight requests may take to finish"
+    )
     warmup: bool = _opt(True, "run warm-up requests before /health reports ok")
 
 
@@ -186,14 +240,27 @@ def add_config_args(parser: argparse.ArgumentParser, cls: type) -> None:
         meta = f.metadata
         kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
         if kind == "bool":
-            parser.add_argument(name, dest=f.name, action=argparse.BooleanOptionalAction, default=f.default, help=meta.get("help"))
+            parser.add_argument(
+                name,
+                dest=f.name,
+                action=argparse.BooleanOptionalAction,
+                default=f.default,
+                help=meta.get("help"),
+            )
             continue
         conv: Any = str
         if kind.startswith("int"):
             conv = int
         elif kind.startswith("float"):
             conv = float
-        parser.add_argument(name, dest=f.name, type=conv, default=f.default, choices=meta.get("choices"), help=meta.get("help"))
+        parser.add_argument(
+            name,
+            dest=f.name,
+            type=conv,
+            default=f.default,
+            choices=meta.get("choices"),
+            help=meta.get("help"),
+        )
 
 
 def config_from_args(cls: type, args: argparse.Namespace, **overrides: Any):

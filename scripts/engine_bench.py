@@ -22,7 +22,9 @@ from flashrec.engine.engine import Engine
 from flashrec.synth import synth_prompts
 
 
-def closed_loop(eng: Engine, prompts: list[list[int]], n: int, concurrency: int, max_tokens: int | None):
+def closed_loop(
+    eng: Engine, prompts: list[list[int]], n: int, concurrency: int, max_tokens: int | None
+):
     sched = eng.scheduler
     pending = list(range(len(prompts)))
     start: dict[str, float] = {}
@@ -32,7 +34,9 @@ def closed_loop(eng: Engine, prompts: list[list[int]], n: int, concurrency: int,
     while pending or inflight:
         while pending and inflight < concurrency:
             i = pending.pop(0)
-            req = eng.new_request(prompts[i], n=n, max_tokens=max_tokens, rid=f"b{i}-{time.perf_counter_ns()}")
+            req = eng.new_request(
+                prompts[i], n=n, max_tokens=max_tokens, rid=f"b{i}-{time.perf_counter_ns()}"
+            )
             start[req.rid] = time.perf_counter()
             sched.add(req)
             inflight += 1
@@ -46,8 +50,14 @@ def closed_loop(eng: Engine, prompts: list[list[int]], n: int, concurrency: int,
     wall = time.perf_counter() - t0
     lat.sort()
     pct = lambda p: lat[min(len(lat) - 1, int(p * len(lat)))] * 1000  # noqa: E731
-    return {"qps": len(prompts) / wall, "wall_s": wall, "lat_ms_mean": statistics.mean(lat) * 1000,
-            "lat_ms_p50": pct(0.5), "lat_ms_p90": pct(0.9), "lat_ms_p99": pct(0.99)}
+    return {
+        "qps": len(prompts) / wall,
+        "wall_s": wall,
+        "lat_ms_mean": statistics.mean(lat) * 1000,
+        "lat_ms_p50": pct(0.5),
+        "lat_ms_p90": pct(0.9),
+        "lat_ms_p99": pct(0.99),
+    }
 
 
 def traced_round(eng: Engine, prompts, args, trace_dir: str) -> dict:
@@ -82,8 +92,11 @@ def hf_baseline(model_path: str, cat: str | None, prompts: list[list[int]], n: i
         ref.generate(p, n)
         torch.cuda.synchronize()
         times.append(time.perf_counter() - t)
-    return {"hf_ms_per_request": statistics.mean(times) * 1000, "hf_qps": 1.0 / statistics.mean(times),
-            "hf_requests": len(prompts)}
+    return {
+        "hf_ms_per_request": statistics.mean(times) * 1000,
+        "hf_qps": 1.0 / statistics.mean(times),
+        "hf_requests": len(prompts),
+    }
 
 
 def main() -> int:
@@ -104,26 +117,45 @@ def main() -> int:
     ap.add_argument("--batch-slots", type=int, default=None)
     ap.add_argument("--cuda-graph-max-bs", type=int, default=1600)
     ap.add_argument("--max-prefill-tokens", type=int, default=16384)
-    ap.add_argument("--kv-pool-tokens", type=int, default=600_000, help="leave memory for the HF baseline")
+    ap.add_argument(
+        "--kv-pool-tokens", type=int, default=600_000, help="leave memory for the HF baseline"
+    )
     ap.add_argument("--disable-cuda-graph", action="store_true")
     ap.add_argument("--no-prefix-cache", action="store_true")
     ap.add_argument("--hf-requests", type=int, default=0)
     ap.add_argument("--label", default="")
     ap.add_argument("--device", default="cuda")
-    ap.add_argument("--trace-dir", default=None, help="also run one traced round (excluded from the numbers)")
+    ap.add_argument(
+        "--trace-dir", default=None, help="also run one traced round (excluded from the numbers)"
+    )
     args = ap.parse_args()
-    cfg = EngineConfig(model_path=args.model_path, sid_vocab_file=args.sid_vocab_file, device=args.device,
-                       dtype=args.dtype, quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype,
-                       beam_width=args.n, cuda_graph_max_bs=args.cuda_graph_max_bs,
-                       batch_slots=args.batch_slots or max(args.cuda_graph_max_bs, args.n * args.concurrency),
-                       max_prefill_tokens=args.max_prefill_tokens, disable_cuda_graph=args.disable_cuda_graph,
-                       enable_prefix_cache=not args.no_prefix_cache, max_seq_len=16384,
-                       kv_pool_tokens=args.kv_pool_tokens)
+    cfg = EngineConfig(
+        model_path=args.model_path,
+        sid_vocab_file=args.sid_vocab_file,
+        device=args.device,
+        dtype=args.dtype,
+        quantization=args.quantization,
+        kv_cache_dtype=args.kv_cache_dtype,
+        beam_width=args.n,
+        cuda_graph_max_bs=args.cuda_graph_max_bs,
+        batch_slots=args.batch_slots or max(args.cuda_graph_max_bs, args.n * args.concurrency),
+        max_prefill_tokens=args.max_prefill_tokens,
+        disable_cuda_graph=args.disable_cuda_graph,
+        enable_prefix_cache=not args.no_prefix_cache,
+        max_seq_len=16384,
+        kv_pool_tokens=args.kv_pool_tokens,
+    )
     t = time.perf_counter()
     eng = Engine(cfg)
     load_s = time.perf_counter() - t
-    msgs = synth_prompts(args.requests, median_tokens=args.prompt_median, spread=args.prompt_spread,
-                         seed=1, system_prompt_tokens=args.system_prompt_tokens, tokenizer=eng.tokenizer)
+    msgs = synth_prompts(
+        args.requests,
+        median_tokens=args.prompt_median,
+        spread=args.prompt_spread,
+        seed=1,
+        system_prompt_tokens=args.system_prompt_tokens,
+        tokenizer=eng.tokenizer,
+    )
     prompts = [eng.build_prompt(messages=m) for m in msgs]
     warm = closed_loop(eng, prompts[: args.concurrency], args.n, args.concurrency, args.max_tokens)
     rounds = []
@@ -133,18 +165,32 @@ def main() -> int:
     trace = None
     if args.trace_dir:
         trace = traced_round(eng, prompts[: args.concurrency], args, args.trace_dir)
-    out = {"label": args.label, "trace": trace, "config": vars(args), "load_s": load_s,
-           "prompt_tokens_mean": statistics.mean(len(p) for p in prompts), "warmup": warm, "rounds": rounds,
-           "qps_median": statistics.median(r["qps"] for r in rounds),
-           "lat_ms_p50_median": statistics.median(r["lat_ms_p50"] for r in rounds),
-           "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
-           "torch": torch.__version__}
+    out = {
+        "label": args.label,
+        "trace": trace,
+        "config": vars(args),
+        "load_s": load_s,
+        "prompt_tokens_mean": statistics.mean(len(p) for p in prompts),
+        "warmup": warm,
+        "rounds": rounds,
+        "qps_median": statistics.median(r["qps"] for r in rounds),
+        "lat_ms_p50_median": statistics.median(r["lat_ms_p50"] for r in rounds),
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
+        "torch": torch.__version__,
+    }
     print(json.dumps(out), flush=True)  # engine numbers first: the HF baseline may fail
     if args.hf_requests:
         del eng
         torch.cuda.empty_cache()
-        out.update(hf_baseline(args.model_path, args.sid_vocab_file, prompts[: args.hf_requests], args.n,
-                               torch.bfloat16))
+        out.update(
+            hf_baseline(
+                args.model_path,
+                args.sid_vocab_file,
+                prompts[: args.hf_requests],
+                args.n,
+                torch.bfloat16,
+            )
+        )
         out["speedup_vs_hf"] = out["qps_median"] / out["hf_qps"]
         print(json.dumps(out))
     return 0

@@ -14,26 +14,47 @@ from flashrec.config import EngineConfig, ServerConfig  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 
 SERVE_ENV = [  # scripts/serve.sh variable -> flag
-    ("MODEL_PATH", "--model-path"), ("SID_VOCAB_FILE", "--sid-vocab-file"), ("SID", "--sid"),
-    ("HOST", "--host"), ("PORT", "--port"), ("CUDA_VISIBLE_DEVICES", "(environment: which GPU)"),
-    ("QUANTIZATION", "--quantization"), ("KV_CACHE_DTYPE", "--kv-cache-dtype"),
-    ("MEM_FRACTION_STATIC", "--mem-fraction-static"), ("CUDA_GRAPH_MAX_BS", "--cuda-graph-max-bs"),
-    ("BATCH_SLOTS", "--batch-slots"), ("BEAM_WIDTH", "--beam-width"), ("LPM_AGING_MS", "--lpm-aging-ms"),
+    ("MODEL_PATH", "--model-path"),
+    ("SID_VOCAB_FILE", "--sid-vocab-file"),
+    ("SID", "--sid"),
+    ("HOST", "--host"),
+    ("PORT", "--port"),
+    ("CUDA_VISIBLE_DEVICES", "(environment: which GPU)"),
+    ("QUANTIZATION", "--quantization"),
+    ("KV_CACHE_DTYPE", "--kv-cache-dtype"),
+    ("MEM_FRACTION_STATIC", "--mem-fraction-static"),
+    ("CUDA_GRAPH_MAX_BS", "--cuda-graph-max-bs"),
+    ("BATCH_SLOTS", "--batch-slots"),
+    ("BEAM_WIDTH", "--beam-width"),
+    ("LPM_AGING_MS", "--lpm-aging-ms"),
     ("EXTRA_SERVER_ARGS", "(appended verbatim)"),
 ]
 
 ENV_VARS = {
-    "FLASHREC_TORCH_PROFILER_DIR": ("where /start_profile writes traces (output_dir must resolve inside it); default ./profiles",
-                                    "/start_profile 的 trace 落盘目录（output_dir 必须位于其内）；默认 ./profiles"),
-    "FLASHREC_DEBUG_STEP_HASH": ("1 = log a STEP_HASH line per request and step (forward inputs and outputs) for determinism debugging",
-                                 "1 = 每个请求每一步打印 STEP_HASH（前向输入与输出的哈希），用于定位不确定性"),
-    "FLASHREC_NVTX": ("0 = no NVTX ranges from trace_range on CUDA", "0 = 在 CUDA 上不发出 trace_range 的 NVTX 区间"),
-    "FLASHREC_CACHE": ("cache root of flashrec-bench's synthetic models (default ~/.cache/flashrec)",
-                       "flashrec-bench 合成模型的缓存根目录（默认 ~/.cache/flashrec）"),
-    "FLASHREC_TEST_STEP_DELAY_MS": ("TEST ONLY: sleep this long after every engine step (planted slowdown for the gate tests)",
-                                    "仅测试用：每个引擎 step 后休眠该毫秒数（性能门禁测试的人为减速）"),
-    "FLASHREC_TEST_PLANT_ID_CACHE": ("TEST ONLY: plant a host cache keyed by id(state) (the historical nondeterminism) for the determinism tests",
-                                     "仅测试用：植入以 id(state) 为键的 host 缓存（历史上的不确定性根因），供复现性测试使用"),
+    "FLASHREC_TORCH_PROFILER_DIR": (
+        "where /start_profile writes traces (output_dir must resolve inside it); default ./profiles",
+        "/start_profile 的 trace 落盘目录（output_dir 必须位于其内）；默认 ./profiles",
+    ),
+    "FLASHREC_DEBUG_STEP_HASH": (
+        "1 = log a STEP_HASH line per request and step (forward inputs and outputs) for determinism debugging",
+        "1 = 每个请求每一步打印 STEP_HASH（前向输入与输出的哈希），用于定位不确定性",
+    ),
+    "FLASHREC_NVTX": (
+        "0 = no NVTX ranges from trace_range on CUDA",
+        "0 = 在 CUDA 上不发出 trace_range 的 NVTX 区间",
+    ),
+    "FLASHREC_CACHE": (
+        "cache root of flashrec-bench's synthetic models (default ~/.cache/flashrec)",
+        "flashrec-bench 合成模型的缓存根目录（默认 ~/.cache/flashrec）",
+    ),
+    "FLASHREC_TEST_STEP_DELAY_MS": (
+        "TEST ONLY: sleep this long after every engine step (planted slowdown for the gate tests)",
+        "仅测试用：每个引擎 step 后休眠该毫秒数（性能门禁测试的人为减速）",
+    ),
+    "FLASHREC_TEST_PLANT_ID_CACHE": (
+        "TEST ONLY: plant a host cache keyed by id(state) (the historical nondeterminism) for the determinism tests",
+        "仅测试用：植入以 id(state) 为键的 host 缓存（历史上的不确定性根因），供复现性测试使用",
+    ),
 }
 
 ZH = {
@@ -71,11 +92,27 @@ ZH = {
 }
 
 GENERATE_FLAGS = [
-    ("--prompt TEXT", "one user message (chat template applied)", "一条 user 消息（套用 chat template）"),
+    (
+        "--prompt TEXT",
+        "one user message (chat template applied)",
+        "一条 user 消息（套用 chat template）",
+    ),
     ("--messages-json F", "file with a JSON list of chat messages", "包含 JSON 消息列表的文件"),
-    ("--input-ids 1,2,3", "raw prompt ids, used as-is (only <|sid_begin|> appended if not last)", "原始 prompt id，原样使用（仅在末尾不是 <|sid_begin|> 时追加）"),
-    ("--max-tokens K", "cap on generated tokens (default: catalog depth + 1)", "生成 token 上限（默认：目录深度 + 1）"),
-    ("--temperature T", "0 = deterministic top-n; > 0 = Gumbel top-n (scores exclude the noise)", "0 = 确定性 top-n；> 0 = Gumbel top-n（分数不含噪声）"),
+    (
+        "--input-ids 1,2,3",
+        "raw prompt ids, used as-is (only <|sid_begin|> appended if not last)",
+        "原始 prompt id，原样使用（仅在末尾不是 <|sid_begin|> 时追加）",
+    ),
+    (
+        "--max-tokens K",
+        "cap on generated tokens (default: catalog depth + 1)",
+        "生成 token 上限（默认：目录深度 + 1）",
+    ),
+    (
+        "--temperature T",
+        "0 = deterministic top-n; > 0 = Gumbel top-n (scores exclude the noise)",
+        "0 = 确定性 top-n；> 0 = Gumbel top-n（分数不含噪声）",
+    ),
     ("--seed S", "seed of the request's Gumbel noise", "请求 Gumbel 噪声的种子"),
     ("--json", "print the result as JSON", "以 JSON 输出"),
 ]
@@ -94,60 +131,99 @@ def _default(f) -> str:
 
 def render(lang: str) -> str:
     en = lang == "en"
-    server_only = {f.name for f in dataclasses.fields(ServerConfig)} - {f.name for f in dataclasses.fields(EngineConfig)}
+    server_only = {f.name for f in dataclasses.fields(ServerConfig)} - {
+        f.name for f in dataclasses.fields(EngineConfig)
+    }
     out = []
     if en:
-        out += ["# Configuration", "",
-                "Generated by `python scripts/gen_config_docs.py` from `flashrec/config.py` (the flags are",
-                "built from the same dataclass fields, so this table cannot drift from the code). Chinese:",
-                "[configuration.zh-CN.md](configuration.zh-CN.md).", "",
-                "Flags apply to `flashrec serve` (server flags too) and `flashrec generate` (engine flags).",
-                "Boolean flags also have a `--no-...` form.", ""]
+        out += [
+            "# Configuration",
+            "",
+            "Generated by `python scripts/gen_config_docs.py` from `flashrec/config.py` (the flags are",
+            "built from the same dataclass fields, so this table cannot drift from the code). Chinese:",
+            "[configuration.zh-CN.md](configuration.zh-CN.md).",
+            "",
+            "Flags apply to `flashrec serve` (server flags too) and `flashrec generate` (engine flags).",
+            "Boolean flags also have a `--no-...` form.",
+            "",
+        ]
         hdr = ["| flag | default | meaning |", "| --- | --- | --- |"]
     else:
-        out += ["# 配置", "",
-                "由 `python scripts/gen_config_docs.py` 从 `flashrec/config.py` 生成（命令行参数由同一组 dataclass",
-                "字段生成，文档不会与代码脱节）。English: [configuration.md](configuration.md)。", "",
-                "参数适用于 `flashrec serve`（含服务参数）和 `flashrec generate`（引擎参数）。布尔参数另有 `--no-...` 形式。", ""]
+        out += [
+            "# 配置",
+            "",
+            "由 `python scripts/gen_config_docs.py` 从 `flashrec/config.py` 生成（命令行参数由同一组 dataclass",
+            "字段生成，文档不会与代码脱节）。English: [configuration.md](configuration.md)。",
+            "",
+            "参数适用于 `flashrec serve`（含服务参数）和 `flashrec generate`（引擎参数）。布尔参数另有 `--no-...` 形式。",
+            "",
+        ]
         hdr = ["| 参数 | 默认值 | 含义 |", "| --- | --- | --- |"]
-    for title_en, title_zh, keep in (("Engine", "引擎", lambda n: n not in server_only),
-                                     ("Server", "服务", lambda n: n in server_only)):
+    for title_en, title_zh, keep in (
+        ("Engine", "引擎", lambda n: n not in server_only),
+        ("Server", "服务", lambda n: n in server_only),
+    ):
         out += [f"## {title_en if en else title_zh}", ""] + hdr
         for f in dataclasses.fields(ServerConfig):
             if keep(f.name):
                 text = f.metadata.get("help", "") if en else ZH[f.name]
                 choices = f.metadata.get("choices")
                 if choices:
-                    text += (" Choices: " if en else " 可选：") + ", ".join(f"`{c}`" for c in choices) + ("." if en else "")
+                    text += (
+                        (" Choices: " if en else " 可选：")
+                        + ", ".join(f"`{c}`" for c in choices)
+                        + ("." if en else "")
+                    )
                 out.append(f"| `{_flag(f)}` | {_default(f)} | {text.replace('|', '/')} |")
         out.append("")
     out += ["## " + ("`flashrec generate` only" if en else "仅 `flashrec generate`"), ""] + hdr
     for flag, e, z in GENERATE_FLAGS:
         out.append(f"| `{flag}` | - | {e if en else z} |")
-    out += ["", "## " + ("`scripts/serve.sh` variables" if en else "`scripts/serve.sh` 变量"), "",
-            "Read from `scripts/serve.env` (template `scripts/serve.env.example`) or the file named by `SERVE_ENV`; variables already in the environment win; only set variables become flags."
-            if en else "从 `scripts/serve.env`（模板 `scripts/serve.env.example`）或 `SERVE_ENV` 指定的文件读取；环境中已有的变量优先；只有设置了的变量才转换为参数。",
-            "", "| variable | flag |" if en else "| 变量 | 参数 |", "| --- | --- |"]
+    out += [
+        "",
+        "## " + ("`scripts/serve.sh` variables" if en else "`scripts/serve.sh` 变量"),
+        "",
+        "Read from `scripts/serve.env` (template `scripts/serve.env.example`) or the file named by `SERVE_ENV`; variables already in the environment win; only set variables become flags."
+        if en
+        else "从 `scripts/serve.env`（模板 `scripts/serve.env.example`）或 `SERVE_ENV` 指定的文件读取；环境中已有的变量优先；只有设置了的变量才转换为参数。",
+        "",
+        "| variable | flag |" if en else "| 变量 | 参数 |",
+        "| --- | --- |",
+    ]
     for var, flag in SERVE_ENV:
         out.append(f"| `{var}` | `{flag}` |")
-    out += ["", "## " + ("Environment variables" if en else "环境变量"), "", "| variable | meaning |" if en else "| 变量 | 含义 |", "| --- | --- |"]
+    out += [
+        "",
+        "## " + ("Environment variables" if en else "环境变量"),
+        "",
+        "| variable | meaning |" if en else "| 变量 | 含义 |",
+        "| --- | --- |",
+    ]
     for var, (e, z) in ENV_VARS.items():
         out.append(f"| `{var}` | {e if en else z} |")
     out += ["", "## " + ("Precision and memory" if en else "精度与显存"), ""]
     if en:
-        out += ["| goal | setting |", "| --- | --- |",
-                "| default production (GPU) | `--quantization fp8` (W8A8 per channel) + `--kv-cache-dtype fp8_e4m3` |",
-                "| pure BF16 | `--quantization none` (any value other than fp8) |",
-                "| pre-quantized FP8 checkpoint | load it: `quantization_config` + `weight_scale` turn FP8 on |",
-                "| OOM | lower `--mem-fraction-static`, or `--cuda-graph-max-bs` / `--batch-slots` / `--beam-width` |",
-                "", "A directory name containing \"fp8\" never turns FP8 on: only `quantization_config` or the flag do."]
+        out += [
+            "| goal | setting |",
+            "| --- | --- |",
+            "| default production (GPU) | `--quantization fp8` (W8A8 per channel) + `--kv-cache-dtype fp8_e4m3` |",
+            "| pure BF16 | `--quantization none` (any value other than fp8) |",
+            "| pre-quantized FP8 checkpoint | load it: `quantization_config` + `weight_scale` turn FP8 on |",
+            "| OOM | lower `--mem-fraction-static`, or `--cuda-graph-max-bs` / `--batch-slots` / `--beam-width` |",
+            "",
+            'A directory name containing "fp8" never turns FP8 on: only `quantization_config` or the flag do.',
+        ]
     else:
-        out += ["| 目标 | 设置 |", "| --- | --- |",
-                "| 默认生产（GPU） | `--quantization fp8`（W8A8 per-channel）+ `--kv-cache-dtype fp8_e4m3` |",
-                "| 纯 BF16 | `--quantization none`（任何非 fp8 的值） |",
-                "| 预量化 FP8 checkpoint | 直接加载：`quantization_config` + `weight_scale` 启用 FP8 |",
-                "| OOM | 降低 `--mem-fraction-static`，或调小 `--cuda-graph-max-bs` / `--batch-slots` / `--beam-width` |",
-                "", "目录名带 \"fp8\" 不会启用 FP8：只有 `quantization_config` 或显式参数会。"]
+        out += [
+            "| 目标 | 设置 |",
+            "| --- | --- |",
+            "| 默认生产（GPU） | `--quantization fp8`（W8A8 per-channel）+ `--kv-cache-dtype fp8_e4m3` |",
+            "| 纯 BF16 | `--quantization none`（任何非 fp8 的值） |",
+            "| 预量化 FP8 checkpoint | 直接加载：`quantization_config` + `weight_scale` 启用 FP8 |",
+            "| OOM | 降低 `--mem-fraction-static`，或调小 `--cuda-graph-max-bs` / `--batch-slots` / `--beam-width` |",
+            "",
+            '目录名带 "fp8" 不会启用 FP8：只有 `quantization_config` 或显式参数会。',
+        ]
     return "\n".join(out) + "\n"
 
 

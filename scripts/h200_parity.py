@@ -1,12 +1,12 @@
 """Offline H200 parity and determinism on one checkpoint (no HTTP):
 
-  parity       FlashRec (bf16, or fp8 W8A8 + fp8 KV) vs the HF reference (bf16) on the same
-               prompts, per n; metrics from harness.parity.compare_beams.
-  determinism  ``--worker`` mode runs REQUESTS distinct requests sequentially in a fresh
-               process and prints a digest of every token id and every score's float bits;
-               the parent starts PROCESSES workers and compares the digests.
+parity       FlashRec (bf16, or fp8 W8A8 + fp8 KV) vs the HF reference (bf16) on the same
+             prompts, per n; metrics from harness.parity.compare_beams.
+determinism  ``--worker`` mode runs REQUESTS distinct requests sequentially in a fresh
+             process and prints a digest of every token id and every score's float bits;
+             the parent starts PROCESSES workers and compares the digests.
 
-    PYTHONPATH=. python scripts/h200_parity.py --model-path DIR --sid-vocab-file CAT --out F.json
+  PYTHONPATH=. python scripts/h200_parity.py --model-path DIR --sid-vocab-file CAT --out F.json
 """
 
 from __future__ import annotations
@@ -26,14 +26,27 @@ from flashrec.engine.engine import Engine
 from flashrec.synth import synth_prompts
 from harness.parity import Beam, compare_beams
 
-PRECISIONS = {"bf16": {"quantization": "none", "kv_cache_dtype": "auto"},
-              "fp8": {"quantization": "fp8", "kv_cache_dtype": "fp8_e4m3"}}
+PRECISIONS = {
+    "bf16": {"quantization": "none", "kv_cache_dtype": "auto"},
+    "fp8": {"quantization": "fp8", "kv_cache_dtype": "fp8_e4m3"},
+}
 
 
 def _engine(args, precision: str, **kw) -> Engine:
-    return Engine(EngineConfig(model_path=args.model_path, sid_vocab_file=args.sid_vocab_file, device="cuda",
-                               dtype="bfloat16", beam_width=50, cuda_graph_max_bs=1024, batch_slots=1024,
-                               kv_pool_tokens=200_000, **PRECISIONS[precision], **kw))
+    return Engine(
+        EngineConfig(
+            model_path=args.model_path,
+            sid_vocab_file=args.sid_vocab_file,
+            device="cuda",
+            dtype="bfloat16",
+            beam_width=50,
+            cuda_graph_max_bs=1024,
+            batch_slots=1024,
+            kv_pool_tokens=200_000,
+            **PRECISIONS[precision],
+            **kw,
+        )
+    )
 
 
 def parity(args) -> dict:
@@ -43,7 +56,10 @@ def parity(args) -> dict:
     ns = [int(x) for x in args.ns.split(",")]
     engines = {p: _engine(args, p) for p in ("bf16", "fp8")}
     ids = [engines["bf16"].build_prompt(messages=m) for m in msgs]
-    got = {p: {n: e.generate([e.new_request(i, n=n) for i in ids]) for n in ns} for p, e in engines.items()}
+    got = {
+        p: {n: e.generate([e.new_request(i, n=n) for i in ids]) for n in ns}
+        for p, e in engines.items()
+    }
     del engines
     torch.cuda.empty_cache()
     ref = HFReference(args.model_path, args.sid_vocab_file, device="cuda", dtype=torch.bfloat16)
@@ -80,7 +96,9 @@ def worker(args) -> None:
     h = hashlib.sha256()
     per = []
     for i, m in enumerate(msgs):
-        res = eng.generate([eng.new_request(eng.build_prompt(messages=m), n=ns[i % len(ns)], rid=f"d{i}")])[0]
+        res = eng.generate(
+            [eng.new_request(eng.build_prompt(messages=m), n=ns[i % len(ns)], rid=f"d{i}")]
+        )[0]
         r = hashlib.sha256()
         for b in res.beams:
             r.update(struct.pack(f"<{len(b.token_ids)}q", *b.token_ids))
@@ -94,17 +112,37 @@ def determinism(args) -> dict:
     digests = []
     for p in range(args.processes):
         t = time.time()
-        cmd = [sys.executable, __file__, "--worker", "--model-path", args.model_path, "--sid-vocab-file",
-               args.sid_vocab_file, "--requests", str(args.requests), "--precision", args.precision,
-               "--prompt-median", str(args.prompt_median)]
+        cmd = [
+            sys.executable,
+            __file__,
+            "--worker",
+            "--model-path",
+            args.model_path,
+            "--sid-vocab-file",
+            args.sid_vocab_file,
+            "--requests",
+            str(args.requests),
+            "--precision",
+            args.precision,
+            "--prompt-median",
+            str(args.prompt_median),
+        ]
         out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
         digests.append(json.loads(out.strip().splitlines()[-1]))
         print(f"process {p}: {time.time() - t:.1f} s", file=sys.stderr, flush=True)
     base = digests[0]["per_request"]
-    drift = sorted({i for d in digests[1:] for i, (a, b) in enumerate(zip(base, d["per_request"])) if a != b})
-    return {"requests": args.requests, "processes": args.processes, "mode": "sequential",
-            "precision": args.precision, "drifting_requests": len(drift), "drifting_ids": drift[:20],
-            "digests": [d["digest"] for d in digests]}
+    drift = sorted(
+        {i for d in digests[1:] for i, (a, b) in enumerate(zip(base, d["per_request"])) if a != b}
+    )
+    return {
+        "requests": args.requests,
+        "processes": args.processes,
+        "mode": "sequential",
+        "precision": args.precision,
+        "drifting_requests": len(drift),
+        "drifting_ids": drift[:20],
+        "digests": [d["digest"] for d in digests],
+    }
 
 
 def main() -> int:

@@ -16,13 +16,21 @@ def synth_model(tmp_path_factory):
 
     cache: dict[str, Path] = {}
 
-    def make(preset: str = "tiny", catalog_size: int | None = None, dtype: str = "float32",
-             seed: int = 0, **overrides) -> Path:
+    def make(
+        preset: str = "tiny",
+        catalog_size: int | None = None,
+        dtype: str = "float32",
+        seed: int = 0,
+        **overrides,
+    ) -> Path:
         key = json.dumps([preset, catalog_size, dtype, seed, sorted(overrides.items())])
         if key not in cache:
             out = tmp_path_factory.mktemp(f"model-{preset}")
-            cache[key] = Path(build_checkpoint(out, preset, seed=seed, dtype=dtype,
-                                               catalog_size=catalog_size, **overrides))
+            cache[key] = Path(
+                build_checkpoint(
+                    out, preset, seed=seed, dtype=dtype, catalog_size=catalog_size, **overrides
+                )
+            )
         return cache[key]
 
     return make

@@ -15,8 +15,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_configuration_docs_are_fresh():
-    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "gen_config_docs.py"), "--check"],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "gen_config_docs.py"), "--check"],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0, r.stderr
 
 
@@ -32,12 +35,33 @@ def test_every_config_field_is_a_flag():
 
 
 def test_generate_json_cli_and_aliases(tiny_model):
-    cmd = [sys.executable, "-m", "flashrec", "--model-path", str(tiny_model), "--sid-vocab-file",
-           str(tiny_model / "catalog.json"), "--prompt", "hello", "--beam-width", "5", "--max-tokens", "5", "--json"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "flashrec",
+        "--model-path",
+        str(tiny_model),
+        "--sid-vocab-file",
+        str(tiny_model / "catalog.json"),
+        "--prompt",
+        "hello",
+        "--beam-width",
+        "5",
+        "--max-tokens",
+        "5",
+        "--json",
+    ]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     res = json.loads(out.strip().splitlines()[-1])
     assert len(res["choices"]) == 5
-    assert set(res["choices"][0]) == {"index", "text", "token_ids", "sequence_score", "cum_logprob", "finish_reason"}
+    assert set(res["choices"][0]) == {
+        "index",
+        "text",
+        "token_ids",
+        "sequence_score",
+        "cum_logprob",
+        "finish_reason",
+    }
     assert res["choices"][0]["finish_reason"] == "stop"
     scores = [c["sequence_score"] for c in res["choices"]]
     assert scores == sorted(scores, reverse=True)
@@ -45,17 +69,31 @@ def test_generate_json_cli_and_aliases(tiny_model):
 
 
 def test_check_env_reports_and_fails_for_missing_gpu():
-    ok = subprocess.run([sys.executable, "-m", "flashrec.check_env"], capture_output=True, text=True)
+    ok = subprocess.run(
+        [sys.executable, "-m", "flashrec.check_env"], capture_output=True, text=True
+    )
     assert ok.returncode == 0 and "torch" in ok.stdout
     import torch
 
     if not torch.cuda.is_available():
-        bad = subprocess.run([sys.executable, "-m", "flashrec.check_env", "--require", "gpu"],
-                             capture_output=True, text=True)
+        bad = subprocess.run(
+            [sys.executable, "-m", "flashrec.check_env", "--require", "gpu"],
+            capture_output=True,
+            text=True,
+        )
         assert bad.returncode == 1 and "MISSING: gpu" in bad.stdout
 
 
 def test_bad_input_ids_clear_error(tiny_model):
-    cmd = [sys.executable, "-m", "flashrec", "generate", "--model-path", str(tiny_model), "--input-ids", "1,999999"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "flashrec",
+        "generate",
+        "--model-path",
+        str(tiny_model),
+        "--input-ids",
+        "1,999999",
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True)
     assert r.returncode == 2 and "out of vocabulary" in r.stderr

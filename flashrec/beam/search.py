@@ -28,9 +28,16 @@ def gumbel_like(x: torch.Tensor, generator: torch.Generator | None) -> torch.Ten
     return -torch.log(e.clamp_min(1e-20))
 
 
-def expand(cum: torch.Tensor, logprobs: torch.Tensor, cand_codes: torch.Tensor,
-           cand_nodes: torch.Tensor, cand_valid: torch.Tensor, n: int,
-           temperature: float = 0.0, generator: torch.Generator | None = None) -> StepResult:
+def expand(
+    cum: torch.Tensor,
+    logprobs: torch.Tensor,
+    cand_codes: torch.Tensor,
+    cand_nodes: torch.Tensor,
+    cand_valid: torch.Tensor,
+    n: int,
+    temperature: float = 0.0,
+    generator: torch.Generator | None = None,
+) -> StepResult:
     """Batched over B requests with the same n and level:
     cum [B, m], logprobs [B, m, K], cand_* [B, m, F] -> top ``n`` children, each [B, n].
 
@@ -48,19 +55,27 @@ def expand(cum: torch.Tensor, logprobs: torch.Tensor, cand_codes: torch.Tensor,
     parents = torch.div(order, f, rounding_mode="floor")
     pos = order - parents * f
     flat = parents * f + pos
-    res = StepResult(parents, cand_codes.reshape(b, -1).gather(1, flat),
-                     cand_nodes.reshape(b, -1).gather(1, flat), total.gather(1, order))
+    res = StepResult(
+        parents,
+        cand_codes.reshape(b, -1).gather(1, flat),
+        cand_nodes.reshape(b, -1).gather(1, flat),
+        total.gather(1, order),
+    )
     if take < n:
         pad = n - take
         z = torch.zeros(b, pad, dtype=torch.long, device=cum.device)
         res = StepResult(
-            torch.cat([res.parents, z], 1), torch.cat([res.codes, z], 1), torch.cat([res.nodes, z], 1),
+            torch.cat([res.parents, z], 1),
+            torch.cat([res.codes, z], 1),
+            torch.cat([res.nodes, z], 1),
             torch.cat([res.cum, torch.full((b, pad), float("-inf"), device=cum.device)], 1),
         )
     return res
 
 
-def unconstrained_candidates(m: int, k: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def unconstrained_candidates(
+    m: int, k: int, device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Every code of a K-code level is allowed (no catalog: smoke-only decoding)."""
     codes = torch.arange(k, device=device).expand(m, k)
     return codes, torch.zeros_like(codes), torch.ones(m, k, dtype=torch.bool, device=device)

@@ -42,16 +42,24 @@ class Engine:
         catalog = None
         if config.sid_vocab_file:
             catalog = load_catalog(config.sid_vocab_file)
-        self.layout = resolve_sid_layout(self.tokenizer, config.sid, catalog.depth if catalog else None)
+        self.layout = resolve_sid_layout(
+            self.tokenizer, config.sid, catalog.depth if catalog else None
+        )
         if catalog is not None:
             catalog = load_catalog(config.sid_vocab_file, layout=self.layout)
-            self.trie = SidTrie(catalog.codes, self.layout.codebook_size, device=config.resolved_device)
+            self.trie = SidTrie(
+                catalog.codes, self.layout.codebook_size, device=config.resolved_device
+            )
             self.depth = self.trie.depth
-            log.info("catalog %s: %d SIDs, depth %d", config.sid_vocab_file, len(catalog), self.depth)
+            log.info(
+                "catalog %s: %d SIDs, depth %d", config.sid_vocab_file, len(catalog), self.depth
+            )
         else:
             self.trie = None
             self.depth = self.layout.num_levels
-            log.warning("no --sid-vocab-file: decoding is unconstrained over the SID codebooks (smoke only)")
+            log.warning(
+                "no --sid-vocab-file: decoding is unconstrained over the SID codebooks (smoke only)"
+            )
         self.catalog = catalog
         self.runner = ModelRunner(config, self.model_config, self.layout, self.depth)
         self.scheduler = Scheduler(self.runner, self.layout, self.trie, self.tokenizer)
@@ -67,16 +75,41 @@ class Engine:
     def max_beam_rows(self) -> int:
         return self.config.resolved_batch_slots
 
-    def build_prompt(self, messages=None, text: str | None = None, input_ids=None,
-                     chat_template_kwargs: dict | None = None) -> list[int]:
+    def build_prompt(
+        self,
+        messages=None,
+        text: str | None = None,
+        input_ids=None,
+        chat_template_kwargs: dict | None = None,
+    ) -> list[int]:
         """See ``flashrec.engine.prompt.build_prompt_ids``."""
-        return build_prompt_ids(self.tokenizer, self.layout, self.vocab_size, messages=messages,
-                                text=text, input_ids=input_ids, chat_template_kwargs=chat_template_kwargs)
+        return build_prompt_ids(
+            self.tokenizer,
+            self.layout,
+            self.vocab_size,
+            messages=messages,
+            text=text,
+            input_ids=input_ids,
+            chat_template_kwargs=chat_template_kwargs,
+        )
 
-    def new_request(self, input_ids: list[int], n: int | None = None, max_tokens: int | None = None,
-                    temperature: float = 0.0, seed: int | None = None, rid: str | None = None) -> GenRequest:
-        return GenRequest(rid or f"req-{next(self._ids)}", input_ids, n or self.config.beam_width,
-                          max_tokens or (self.depth + 1), temperature, seed)
+    def new_request(
+        self,
+        input_ids: list[int],
+        n: int | None = None,
+        max_tokens: int | None = None,
+        temperature: float = 0.0,
+        seed: int | None = None,
+        rid: str | None = None,
+    ) -> GenRequest:
+        return GenRequest(
+            rid or f"req-{next(self._ids)}",
+            input_ids,
+            n or self.config.beam_width,
+            max_tokens or (self.depth + 1),
+            temperature,
+            seed,
+        )
 
     # ---- offline execution --------------------------------------------------------------
     def generate(self, requests: list[GenRequest]) -> list[GenResult]:
@@ -98,9 +131,13 @@ class Engine:
         if r.max_tokens < 1:
             raise ValueError("max_tokens must be >= 1")
         if r.prompt_len > self.config.max_seq_len:
-            raise ValueError(f"prompt of {r.prompt_len} tokens exceeds --max-seq-len {self.config.max_seq_len}")
+            raise ValueError(
+                f"prompt of {r.prompt_len} tokens exceeds --max-seq-len {self.config.max_seq_len}"
+            )
         if r.prompt_len > self.runner.kv.pool_tokens:
-            raise ValueError(f"prompt of {r.prompt_len} tokens exceeds the KV pool ({self.runner.kv.pool_tokens})")
+            raise ValueError(
+                f"prompt of {r.prompt_len} tokens exceeds the KV pool ({self.runner.kv.pool_tokens})"
+            )
 
     def server_info(self) -> dict[str, Any]:
         import dataclasses
@@ -117,8 +154,11 @@ class Engine:
                 "sid_begin": self.layout.sid_begin,
                 "sid_end": self.layout.sid_end,
             },
-            "catalog": {"path": self.config.sid_vocab_file, "sids": len(self.catalog) if self.catalog else None,
-                        "depth": self.depth},
+            "catalog": {
+                "path": self.config.sid_vocab_file,
+                "sids": len(self.catalog) if self.catalog else None,
+                "depth": self.depth,
+            },
             "device": str(self.runner.device),
             "dtype": str(self.runner.dtype),
             "fp8": self.runner.use_fp8,
@@ -131,4 +171,3 @@ class Engine:
         if torch.cuda.is_available():
             info["gpu"] = torch.cuda.get_device_name(0)
         return info
-

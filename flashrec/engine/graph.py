@@ -17,8 +17,10 @@ from flashrec.profiler import trace_range
 
 log = logging.getLogger("flashrec")
 
-FIX_KNOBS = ("--disable-cuda-graph (run decode eagerly), a smaller --cuda-graph-max-bs or "
-             "--batch-slots, a different --beam-width, or a lower --mem-fraction-static")
+FIX_KNOBS = (
+    "--disable-cuda-graph (run decode eagerly), a smaller --cuda-graph-max-bs or "
+    "--batch-slots, a different --beam-width, or a lower --mem-fraction-static"
+)
 
 
 class DecodeGraphRunner:
@@ -49,7 +51,9 @@ class DecodeGraphRunner:
 
     def _meta(self, r: int) -> DecodeMeta:
         h = self.head
-        packed = PackedDecode(self.slots, h[0], h[1], h[2], h[3], h[4], self.work[: self._num_work(r)])
+        packed = PackedDecode(
+            self.slots, h[0], h[1], h[2], h[3], h[4], self.work[: self._num_work(r)]
+        )
         return DecodeMeta(self.positions[:r], self.rows[:r], self.out_loc[:r], [], packed)
 
     def capture(self) -> None:
@@ -62,14 +66,17 @@ class DecodeGraphRunner:
                     torch.cuda.synchronize()
                     g = torch.cuda.CUDAGraph()
                     with torch.cuda.graph(g, pool=self.pool):
-                        self.outputs[r] = run.model(self.input_ids[:r], self.positions[:r], meta, run.ctx)
+                        self.outputs[r] = run.model(
+                            self.input_ids[:r], self.positions[:r], meta, run.ctx
+                        )
                 if self.pool is None:
                     self.pool = g.pool()
                 self.graphs[r] = g
             torch.cuda.synchronize()
         except Exception as exc:
-            raise RuntimeError(f"CUDA graph capture failed at batch size {r}: {exc}. "
-                               f"Fix with {FIX_KNOBS}.") from exc
+            raise RuntimeError(
+                f"CUDA graph capture failed at batch size {r}: {exc}. Fix with {FIX_KNOBS}."
+            ) from exc
         log.info("captured %d decode CUDA graphs for batch sizes %s", len(self.graphs), self.sizes)
 
     def fits(self, rows: int) -> bool:
@@ -91,7 +98,9 @@ class DecodeGraphRunner:
             pk = meta.packed
             self.slots[: pk.slots.shape[0]].copy_(pk.slots)
             b = pk.n.shape[0]
-            self.head[:, :b].copy_(torch.stack([pk.row_start, pk.n, pk.slot_start, pk.length, pk.step]))
+            self.head[:, :b].copy_(
+                torch.stack([pk.row_start, pk.n, pk.slot_start, pk.length, pk.step])
+            )
             w = pk.work.shape[0]
             self.work[:w].copy_(pk.work)
             self.work[w : self._num_work(size)].fill_(-1)

@@ -44,19 +44,31 @@ class TokenAllocator:
 
 
 class KVCache:
-    def __init__(self, cfg: ModelConfig, pool_tokens: int, row_slots: int, depth: int,
-                 dtype: torch.dtype, device: torch.device | str) -> None:
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        pool_tokens: int,
+        row_slots: int,
+        depth: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ) -> None:
         shape_kv = (cfg.num_key_value_heads, cfg.head_dim)
         self.dtype = dtype
         self.depth = depth
         self.pool_tokens = pool_tokens
         self.row_slots = row_slots
-        self.k = [torch.zeros(pool_tokens, *shape_kv, dtype=dtype, device=device) for _ in range(cfg.num_hidden_layers)]
+        self.k = [
+            torch.zeros(pool_tokens, *shape_kv, dtype=dtype, device=device)
+            for _ in range(cfg.num_hidden_layers)
+        ]
         self.v = [torch.zeros_like(t) for t in self.k]
         # one tensor for all layers' decode K and V, so a beam reorder is a single gather
         # row ``row_slots`` is a scratch row no request owns (padding rows of graph replays)
         self.scratch_row = row_slots
-        self.dkv = torch.zeros(2 * cfg.num_hidden_layers, row_slots + 1, depth, *shape_kv, dtype=dtype, device=device)
+        self.dkv = torch.zeros(
+            2 * cfg.num_hidden_layers, row_slots + 1, depth, *shape_kv, dtype=dtype, device=device
+        )
         flat = self.dkv.view(2 * cfg.num_hidden_layers, (row_slots + 1) * depth, *shape_kv)
         self.dk = [flat[i] for i in range(cfg.num_hidden_layers)]
         self.dv = [flat[cfg.num_hidden_layers + i] for i in range(cfg.num_hidden_layers)]

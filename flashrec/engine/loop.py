@@ -126,8 +126,13 @@ class EngineLoop:
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not (self._inbox or self._cancels or self._calls or self._stopping
-                           or self.scheduler.has_work()):
+                while not (
+                    self._inbox
+                    or self._cancels
+                    or self._calls
+                    or self._stopping
+                    or self.scheduler.has_work()
+                ):
                     self._cond.wait()
                 if self._stopping:
                     break
@@ -183,8 +188,14 @@ class EngineLoop:
         """Run a few requests through the whole path (before /health reports ok)."""
         eng = self.engine
         ids = eng.build_prompt(messages=[{"role": "user", "content": "warm-up"}])
-        futs = [self.submit(eng.new_request(ids, n=min(eng.config.beam_width, eng.max_beam_rows),
-                                            rid=f"warmup-{i}")) for i in range(requests)]
+        futs = [
+            self.submit(
+                eng.new_request(
+                    ids, n=min(eng.config.beam_width, eng.max_beam_rows), rid=f"warmup-{i}"
+                )
+            )
+            for i in range(requests)
+        ]
         for f in futs:
             f.result()
         self.call_on_engine_thread(self.scheduler.flush_cache).result()

@@ -20,7 +20,9 @@ def normalise_messages(messages) -> list[dict]:
             parts = []
             for p in content:
                 if not isinstance(p, dict) or not isinstance(p.get("text", ""), str):
-                    raise ValueError(f"messages[{i}].content parts must be {{'type': 'text', 'text': str}}")
+                    raise ValueError(
+                        f"messages[{i}].content parts must be {{'type': 'text', 'text': str}}"
+                    )
                 parts.append(p.get("text", ""))
             content = "".join(parts)
         elif content is None:
@@ -31,9 +33,16 @@ def normalise_messages(messages) -> list[dict]:
     return out
 
 
-def build_prompt_ids(tokenizer, layout: SidLayout, vocab_size: int, *, messages=None,
-                     text: str | None = None, input_ids: Sequence[int] | None = None,
-                     chat_template_kwargs: dict | None = None) -> list[int]:
+def build_prompt_ids(
+    tokenizer,
+    layout: SidLayout,
+    vocab_size: int,
+    *,
+    messages=None,
+    text: str | None = None,
+    input_ids: Sequence[int] | None = None,
+    chat_template_kwargs: dict | None = None,
+) -> list[int]:
     """Chat template with thinking off (``messages``), raw text, or raw ids (used as-is);
     then ``<|sid_begin|>`` appended unless it is already last."""
     if input_ids is not None:
@@ -47,7 +56,8 @@ def build_prompt_ids(tokenizer, layout: SidLayout, vocab_size: int, *, messages=
         kwargs = {"enable_thinking": False}
         kwargs.update(chat_template_kwargs or {})
         rendered = tokenizer.apply_chat_template(
-            normalise_messages(messages), tokenize=False, add_generation_prompt=True, **kwargs)
+            normalise_messages(messages), tokenize=False, add_generation_prompt=True, **kwargs
+        )
         ids = tokenizer.encode(rendered, add_special_tokens=False)
     else:
         raise ValueError("one of messages, text or input_ids is required")

@@ -59,7 +59,7 @@ class RadixCache:
             n = _common(child.key, tokens[i:])
             if n < len(child.key):
                 child = self._split(child, n)
-            dup.extend(s for s, c in zip(slots[i:i + n], child.slots) if s != c)
+            dup.extend(s for s, c in zip(slots[i : i + n], child.slots) if s != c)
             child.tick = tick
             node, i = child, i + n
         return node, dup
@@ -82,7 +82,9 @@ class RadixCache:
         """Free at least ``num_tokens`` slots from unreferenced leaves (LRU first) if possible."""
         freed: list[int] = []
         while len(freed) < num_tokens:
-            leaves = [n for n in self._nodes() if not n.children and n.ref == 0 and n is not self.root]
+            leaves = [
+                n for n in self._nodes() if not n.children and n.ref == 0 and n is not self.root
+            ]
             if not leaves:
                 break
             leaves.sort(key=lambda n: n.tick)

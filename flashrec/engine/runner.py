@@ -10,7 +10,13 @@ import torch
 
 from flashrec.config import EngineConfig, ModelConfig
 from flashrec.engine.kv import KVCache
-from flashrec.layers.attention import DecodeGroup, DecodeMeta, PackedDecode, PrefillMeta, create_backend
+from flashrec.layers.attention import (
+    DecodeGroup,
+    DecodeMeta,
+    PackedDecode,
+    PrefillMeta,
+    create_backend,
+)
 from flashrec.layers.logits import RestrictedLMHead
 from flashrec.layers.rotary import build_cos_sin
 from flashrec.models.loader import load_weights, read_checkpoint
@@ -41,8 +47,9 @@ def _kv_dtype(cfg: EngineConfig, act: torch.dtype) -> torch.dtype:
 
 
 class ModelRunner:
-    def __init__(self, config: EngineConfig, model_config: ModelConfig, layout: SidLayout,
-                 depth: int) -> None:
+    def __init__(
+        self, config: EngineConfig, model_config: ModelConfig, layout: SidLayout, depth: int
+    ) -> None:
         self.config = config
         self.model_config = model_config
         self.device = torch.device(config.resolved_device)
@@ -53,21 +60,38 @@ class ModelRunner:
             model = cls(model_config)
         model = model.to_empty(device="cpu")
         tensors = read_checkpoint(config.model_path)
-        load_weights(model, tensors, self.dtype, quantize_fp8=self.use_fp8 and not model_config.is_fp8_checkpoint,
-                     dequantize_fp8=model_config.is_fp8_checkpoint and not self.use_fp8)
+        load_weights(
+            model,
+            tensors,
+            self.dtype,
+            quantize_fp8=self.use_fp8 and not model_config.is_fp8_checkpoint,
+            dequantize_fp8=model_config.is_fp8_checkpoint and not self.use_fp8,
+        )
         del tensors
         self.model = model.to(self.device).eval()
         self.depth = depth
         kv_dtype = _kv_dtype(config, self.dtype)
         pool = self._pool_tokens(model_config, kv_dtype)
-        self.kv = KVCache(model_config, pool, config.resolved_batch_slots, max(depth, 1), kv_dtype, self.device)
-        self.attn = create_backend(config.resolved_attention_backend, self.kv, model_config.num_attention_heads,
-                                   model_config.num_key_value_heads, model_config.head_dim)
-        cos_sin = build_cos_sin(model_config.max_position_embeddings, model_config.head_dim,
-                                model_config.rope_theta, device=self.device)
+        self.kv = KVCache(
+            model_config, pool, config.resolved_batch_slots, max(depth, 1), kv_dtype, self.device
+        )
+        self.attn = create_backend(
+            config.resolved_attention_backend,
+            self.kv,
+            model_config.num_attention_heads,
+            model_config.num_key_value_heads,
+            model_config.head_dim,
+        )
+        cos_sin = build_cos_sin(
+            model_config.max_position_embeddings,
+            model_config.head_dim,
+            model_config.rope_theta,
+            device=self.device,
+        )
         on_gpu = self.device.type == "cuda"
         self.ctx = ForwardContext(
-            self.attn, cos_sin,
+            self.attn,
+            cos_sin,
             fused_rms_fp8=on_gpu and self.use_fp8 and config.enable_fused_rms_fp8,
             fused_silu_fp8=on_gpu and self.use_fp8 and config.enable_fused_silu_fp8,
         )
@@ -80,9 +104,16 @@ class ModelRunner:
 
             self.graphs = DecodeGraphRunner(self, BLOCK_M)
             self.graphs.capture()
-        log.info("model %s on %s: dtype %s, fp8 %s, KV pool %d tokens (%s), %d beam-row slots",
-                 model_config.architecture, self.device, self.dtype, self.use_fp8, pool, kv_dtype,
-                 config.resolved_batch_slots)
+        log.info(
+            "model %s on %s: dtype %s, fp8 %s, KV pool %d tokens (%s), %d beam-row slots",
+            model_config.architecture,
+            self.device,
+            self.dtype,
+            self.use_fp8,
+            pool,
+            kv_dtype,
+            config.resolved_batch_slots,
+        )
 
     def _fused_qk_rope_kv(self, attn, qkv, positions, meta):
         """q/k norm + RoPE + KV write in one kernel; returns (q, k, v, stored=True)."""
@@ -93,14 +124,31 @@ class ModelRunner:
         qn = attn.q_norm.weight if attn.q_norm is not None else None
         kn = attn.k_norm.weight if attn.k_norm is not None else None
         eps = attn.q_norm.eps if attn.q_norm is not None else 0.0
-        q, k, v = qk_norm_rope_store(qkv, attn.hq, attn.hkv, attn.d, positions, self.ctx.cos_sin,
-                                     qn, kn, eps, kc, vc, meta.out_loc)
+        q, k, v = qk_norm_rope_store(
+            qkv,
+            attn.hq,
+            attn.hkv,
+            attn.d,
+            positions,
+            self.ctx.cos_sin,
+            qn,
+            kn,
+            eps,
+            kc,
+            vc,
+            meta.out_loc,
+        )
         return q, k, v, True
 
     def decode_meta(self, groups_in) -> DecodeMeta:
         mc = self.model_config
-        return make_decode_meta(groups_in, self.kv.depth, self.device, packed=self.attn.needs_packed,
-                                group_size=mc.num_attention_heads // mc.num_key_value_heads)
+        return make_decode_meta(
+            groups_in,
+            self.kv.depth,
+            self.device,
+            packed=self.attn.needs_packed,
+            group_size=mc.num_attention_heads // mc.num_key_value_heads,
+        )
 
     def _resolve_fp8(self, mc: ModelConfig) -> bool:
         q = self.config.quantization
@@ -127,7 +175,9 @@ class ModelRunner:
             return self.lm_head.level_logprobs(h, 0)
 
     @torch.inference_mode()
-    def decode(self, input_ids: torch.Tensor, meta: DecodeMeta, levels: list[int]) -> list[torch.Tensor]:
+    def decode(
+        self, input_ids: torch.Tensor, meta: DecodeMeta, levels: list[int]
+    ) -> list[torch.Tensor]:
         """One decode forward over all beam rows; returns per group the logprobs of the level
         it decodes next (``levels[i]``; level == depth means the end token)."""
         with trace_range("flashrec.decode"):
@@ -137,7 +187,7 @@ class ModelRunner:
                 h = self.model(input_ids, meta.positions, meta, self.ctx)
             out = []
             for grp, level in zip(meta.groups, levels):
-                hg = h[grp.start:grp.end]
+                hg = h[grp.start : grp.end]
                 if level >= self.depth:
                     out.append(self.lm_head.end_logprobs(hg))
                 else:
@@ -165,7 +215,9 @@ def make_prefill_meta(seqs, device) -> PrefillMeta:
 BLOCK_M = 64  # query rows per program of the beam-decode kernel
 
 
-def make_decode_meta(groups_in, depth: int, device, packed: bool = False, group_size: int = 1) -> DecodeMeta:
+def make_decode_meta(
+    groups_in, depth: int, device, packed: bool = False, group_size: int = 1
+) -> DecodeMeta:
     """groups_in: list of (rows tensor [n], prompt_slots tensor, step, position)."""
     rows, positions, out_loc, groups = [], [], [], []
     start = 0
@@ -182,7 +234,9 @@ def make_decode_meta(groups_in, depth: int, device, packed: bool = False, group_
     return meta
 
 
-def pack_decode(groups: list[DecodeGroup], group_size: int, device, num_work: int | None = None) -> PackedDecode:
+def pack_decode(
+    groups: list[DecodeGroup], group_size: int, device, num_work: int | None = None
+) -> PackedDecode:
     """Kernel metadata: one int32 host buffer, one copy to the device, then views."""
     b = len(groups)
     slots = torch.cat([g.prompt_slots for g in groups]).to(torch.int32)
@@ -201,4 +255,6 @@ def pack_decode(groups: list[DecodeGroup], group_size: int, device, num_work: in
     host = torch.cat([head.reshape(-1), work_t.reshape(-1)])
     dev = host.to(device, non_blocking=False)
     hd = dev[: 5 * b].view(5, b)
-    return PackedDecode(slots.to(device), hd[0], hd[1], hd[2], hd[3], hd[4], dev[5 * b :].view(-1, 2))
+    return PackedDecode(
+        slots.to(device), hd[0], hd[1], hd[2], hd[3], hd[4], dev[5 * b :].view(-1, 2)
+    )

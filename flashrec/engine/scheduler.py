@@ -185,7 +185,7 @@ class Scheduler:
     # ---- prefill ------------------------------------------------------------------------
     def _prefill(self, batch: list[ReqState]) -> list[tuple[GenRequest, GenResult | Exception]]:
         seqs = [(st.cached_tokens, st.private_slots, st.prompt_slots) for st in batch]
-        ids = [t for st in batch for t in st.req.input_ids[st.cached_tokens:]]
+        ids = [t for st in batch for t in st.req.input_ids[st.cached_tokens :]]
         try:
             meta = make_prefill_meta(seqs, self.device)
             input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
@@ -274,9 +274,16 @@ class Scheduler:
                 nodes = torch.cat([it[3] for it in group])
                 codes, child, valid = self._candidates(level, nodes)
                 b = len(group)
-                res = expand(torch.stack([it[1] for it in group]), torch.stack([it[2] for it in group]),
-                             codes.view(b, m, -1), child.view(b, m, -1), valid.view(b, m, -1), n,
-                             temp, group[0][0].generator)
+                res = expand(
+                    torch.stack([it[1] for it in group]),
+                    torch.stack([it[2] for it in group]),
+                    codes.view(b, m, -1),
+                    child.view(b, m, -1),
+                    valid.view(b, m, -1),
+                    n,
+                    temp,
+                    group[0][0].generator,
+                )
                 if level >= self.depth:
                     new_tok = torch.full_like(res.codes, self.layout.sid_end)
                 else:
@@ -308,11 +315,21 @@ class Scheduler:
     def _log_hash(self, st: ReqState, level: int, phase: str, parents: torch.Tensor) -> None:
         inputs, kv = st.step_inputs or ("-", "-")
         outputs = _hash_tensors(st.tokens[:, -1], parents, st.cum)
-        log.info("STEP_HASH rid=%s step=%d phase=%s inputs=%s outputs=%s kv=%s cached=%d",
-                 st.req.rid, level, phase, inputs, outputs, kv, st.cached_tokens)
+        log.info(
+            "STEP_HASH rid=%s step=%d phase=%s inputs=%s outputs=%s kv=%s cached=%d",
+            st.req.rid,
+            level,
+            phase,
+            inputs,
+            outputs,
+            kv,
+            st.cached_tokens,
+        )
 
     def _append_end(self, st: ReqState) -> None:
-        end = torch.full((st.tokens.shape[0], 1), self.layout.sid_end, dtype=torch.long, device=self.device)
+        end = torch.full(
+            (st.tokens.shape[0], 1), self.layout.sid_end, dtype=torch.long, device=self.device
+        )
         st.tokens = torch.cat([st.tokens, end], dim=1)
 
     # ---- results / cleanup --------------------------------------------------------------
@@ -320,7 +337,9 @@ class Scheduler:
         g = st.generated
         scores = sequence_scores(st.cum, g, self.cfg.length_penalty)
         alive = torch.isfinite(st.cum)
-        order = torch.sort(scores.masked_fill(~alive, float("-inf")), descending=True, stable=True).indices
+        order = torch.sort(
+            scores.masked_fill(~alive, float("-inf")), descending=True, stable=True
+        ).indices
         n_alive = int(alive.sum())
         toks = st.tokens[order[:n_alive]].tolist()
         cums = st.cum[order[:n_alive]].tolist()
@@ -336,7 +355,11 @@ class Scheduler:
         table = self._token_text
         if all(t in table for t in tokens):
             return "".join(table[t] for t in tokens)  # SID tokens: no tokenizer call per beam
-        return self.tokenizer.decode(tokens, skip_special_tokens=False) if self.tokenizer is not None else ""
+        return (
+            self.tokenizer.decode(tokens, skip_special_tokens=False)
+            if self.tokenizer is not None
+            else ""
+        )
 
     def _release(self, st: ReqState) -> None:
         if st.rows is not None:
@@ -414,8 +437,10 @@ class StepHasher:
                 h = ((((h ^ int(ids[j])) * _P) & _M) ^ int(pos[j])) * _P & _M
                 self.slot_tag[loc[j]] = h
             off += new
-            st.step_inputs = (_hash_tensors(np.array([len(slots)]), self.slot_tag[slots]),
-                              _hash_tensors(slots))
+            st.step_inputs = (
+                _hash_tensors(np.array([len(slots)]), self.slot_tag[slots]),
+                _hash_tensors(slots),
+            )
 
     def decode(self, meta, input_ids: torch.Tensor, batch: list[ReqState]) -> None:
         ids, pos = input_ids.cpu().numpy(), meta.positions.cpu().numpy()
@@ -426,13 +451,16 @@ class StepHasher:
             slots, rows = grp.prompt_slots.cpu().numpy(), rows_all[s:e]
             prompt = np.uint64(int(_hash_tensors(self.slot_tag[slots]), 16))
             prev = self.cell_tag[rows * d + t - 1] if t > 0 else np.full(e - s, _SEED)
-            self.cell_tag[loc[s:e]] = _mix(prev, np.broadcast_to(prompt, prev.shape), ids[s:e],
-                                           pos[s:e])
+            self.cell_tag[loc[s:e]] = _mix(
+                prev, np.broadcast_to(prompt, prev.shape), ids[s:e], pos[s:e]
+            )
             read = self.cell_tag[rows[:, None] * d + np.arange(t + 1)[None, :]]
             st.step_inputs = (
-                _hash_tensors(np.array([len(slots) + t + 1]), pos[s:e], ids[s:e],
-                              self.slot_tag[slots], read),
-                _hash_tensors(slots, rows))
+                _hash_tensors(
+                    np.array([len(slots) + t + 1]), pos[s:e], ids[s:e], self.slot_tag[slots], read
+                ),
+                _hash_tensors(slots, rows),
+            )
 
     def reorder(self, rows: torch.Tensor, src: torch.Tensor) -> None:
         view = self.cell_tag.reshape(-1, self.depth)

@@ -28,8 +28,22 @@ def build_work(req_n: list[int], group: int, block_m: int) -> list[tuple[int, in
     return out
 
 
-def beam_decode_attention_ref(q, k_pool, v_pool, slots, req_row_start, req_n, req_slot_start,
-                              req_len, req_step, dk, dv, rows, depth, scale):
+def beam_decode_attention_ref(
+    q,
+    k_pool,
+    v_pool,
+    slots,
+    req_row_start,
+    req_n,
+    req_slot_start,
+    req_len,
+    req_step,
+    dk,
+    dv,
+    rows,
+    depth,
+    scale,
+):
     """Plain PyTorch: q [R, Hq, D]; k/v_pool [P, Hkv, D]; dk/dv [S*depth, Hkv, D]."""
     R, hq, d = q.shape
     hkv = k_pool.shape[1]
@@ -48,7 +62,9 @@ def beam_decode_attention_ref(q, k_pool, v_pool, slots, req_row_start, req_n, re
         sp = torch.einsum("nhgd,lhd->nhgl", qq, kp)
         ss = torch.einsum("nhgd,nthd->nhgt", qq, ks)
         p = torch.softmax(torch.cat([sp, ss], -1) * scale, -1)
-        o = torch.einsum("nhgl,lhd->nhgd", p[..., :L], vp) + torch.einsum("nhgt,nthd->nhgd", p[..., L:], vs)
+        o = torch.einsum("nhgl,lhd->nhgd", p[..., :L], vp) + torch.einsum(
+            "nhgt,nthd->nhgd", p[..., L:], vs
+        )
         out[a : a + n] = o.reshape(n, hq, d).to(q.dtype)
     return out
 
@@ -64,11 +80,37 @@ def _kernel():
     import triton.language as tl
 
     @triton.jit
-    def kernel(q_ptr, kp_ptr, vp_ptr, slots_ptr, work_ptr, row_start_ptr, n_ptr, slot_start_ptr,
-               len_ptr, step_ptr, dk_ptr, dv_ptr, rows_ptr, out_ptr, scale,
-               s_qr, s_qh, s_kp, s_kh, s_dk, s_dh, s_or, s_oh,
-               G: tl.constexpr, D: tl.constexpr, DEPTH: tl.constexpr,
-               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr):
+    def kernel(
+        q_ptr,
+        kp_ptr,
+        vp_ptr,
+        slots_ptr,
+        work_ptr,
+        row_start_ptr,
+        n_ptr,
+        slot_start_ptr,
+        len_ptr,
+        step_ptr,
+        dk_ptr,
+        dv_ptr,
+        rows_ptr,
+        out_ptr,
+        scale,
+        s_qr,
+        s_qh,
+        s_kp,
+        s_kh,
+        s_dk,
+        s_dh,
+        s_or,
+        s_oh,
+        G: tl.constexpr,
+        D: tl.constexpr,
+        DEPTH: tl.constexpr,
+        BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        PREC: tl.constexpr,
+    ):
         w = tl.program_id(0)
         kvh = tl.program_id(1)
         r = tl.load(work_ptr + 2 * w)
@@ -86,8 +128,11 @@ def _kernel():
         head = kvh * G + offs_m % G
         offs_d = tl.arange(0, D)
         qrow = (row0 + beam).to(tl.int64)
-        q = tl.load(q_ptr + qrow[:, None] * s_qr + head[:, None] * s_qh + offs_d[None, :],
-                    mask=m_mask[:, None], other=0.0)
+        q = tl.load(
+            q_ptr + qrow[:, None] * s_qr + head[:, None] * s_qh + offs_d[None, :],
+            mask=m_mask[:, None],
+            other=0.0,
+        )
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, D], tl.float32)
@@ -122,16 +167,36 @@ def _kernel():
             acc = acc * alpha[:, None] + pj[:, None] * vj
             m_i = m_new
         o = acc / l_i[:, None]
-        tl.store(out_ptr + qrow[:, None] * s_or + head[:, None] * s_oh + offs_d[None, :],
-                 o.to(out_ptr.dtype.element_ty), mask=m_mask[:, None])
+        tl.store(
+            out_ptr + qrow[:, None] * s_or + head[:, None] * s_oh + offs_d[None, :],
+            o.to(out_ptr.dtype.element_ty),
+            mask=m_mask[:, None],
+        )
 
     _KERNEL = kernel
     return kernel
 
 
-def beam_decode_attention_triton(q, k_pool, v_pool, slots, work, req_row_start, req_n,
-                                 req_slot_start, req_len, req_step, dk, dv, rows, depth, scale,
-                                 out=None, block_m: int = 64, block_n: int = 64):
+def beam_decode_attention_triton(
+    q,
+    k_pool,
+    v_pool,
+    slots,
+    work,
+    req_row_start,
+    req_n,
+    req_slot_start,
+    req_len,
+    req_step,
+    dk,
+    dv,
+    rows,
+    depth,
+    scale,
+    out=None,
+    block_m: int = 64,
+    block_n: int = 64,
+):
     """Triton launch. ``work`` is an int32 [W, 2] tensor of (request, block) (-1 = unused)."""
     R, hq, d = q.shape
     hkv = k_pool.shape[1]
@@ -140,12 +205,36 @@ def beam_decode_attention_triton(q, k_pool, v_pool, slots, work, req_row_start, 
         out = torch.empty_like(q)
     grid = (work.shape[0], hkv)
     _kernel()[grid](
-        q, k_pool, v_pool, slots, work, req_row_start, req_n, req_slot_start, req_len, req_step,
-        dk, dv, rows, out, scale,
-        q.stride(0), q.stride(1), k_pool.stride(0), k_pool.stride(1), dk.stride(0), dk.stride(1),
-        out.stride(0), out.stride(1),
-        G=hq // hkv, D=d, DEPTH=depth, BLOCK_M=block_m, BLOCK_N=block_n,
+        q,
+        k_pool,
+        v_pool,
+        slots,
+        work,
+        req_row_start,
+        req_n,
+        req_slot_start,
+        req_len,
+        req_step,
+        dk,
+        dv,
+        rows,
+        out,
+        scale,
+        q.stride(0),
+        q.stride(1),
+        k_pool.stride(0),
+        k_pool.stride(1),
+        dk.stride(0),
+        dk.stride(1),
+        out.stride(0),
+        out.stride(1),
+        G=hq // hkv,
+        D=d,
+        DEPTH=depth,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
         PREC="ieee" if q.dtype == torch.float32 else "tf32",  # fp32 models: no TF32 shortcut
-        num_warps=4, num_stages=2,
+        num_warps=4,
+        num_stages=2,
     )
     return out

@@ -70,7 +70,7 @@ class AttentionBackend:
     def __init__(self, kv: KVCache, num_q_heads: int, num_kv_heads: int, head_dim: int) -> None:
         self.kv = kv
         self.hq, self.hkv, self.d = num_q_heads, num_kv_heads, head_dim
-        self.scale = head_dim ** -0.5
+        self.scale = head_dim**-0.5
 
     def store(self, k, v, layer_id: int, meta) -> None:
         if meta.mode == "prefill":
@@ -96,8 +96,9 @@ class AttentionBackend:
         raise NotImplementedError
 
 
-def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
-            mask: torch.Tensor | None) -> torch.Tensor:
+def _attend(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, mask: torch.Tensor | None
+) -> torch.Tensor:
     """q [Hkv, G, M, D] (G = q heads per kv head), k/v [Hkv, N, D] -> [M, Hkv*G*D]."""
     s = torch.matmul(q, k.unsqueeze(1).transpose(-1, -2)) * scale  # [Hkv, G, M, N]
     if mask is not None:
@@ -121,7 +122,7 @@ class TorchAttention(AttentionBackend):
         kp, vp = self.kv.k[layer_id], self.kv.v[layer_id]
         outs, off = [], 0
         for slots, n_new, n_pre in zip(meta.seq_slots, meta.new_lens, meta.prefix_lens):
-            qs = self._split_q(q[off:off + n_new])
+            qs = self._split_q(q[off : off + n_new])
             k = kp[slots].to(q.dtype).transpose(0, 1)  # [Hkv, L, D]
             v = vp[slots].to(q.dtype).transpose(0, 1)
             total = n_pre + n_new
@@ -140,11 +141,13 @@ class TorchAttention(AttentionBackend):
         g = self.hq // self.hkv
         for grp in meta.groups:
             n = grp.end - grp.start
-            qs = self._split_q(q[grp.start:grp.end])  # [Hkv, G, n, D]
-            kpr = kp[grp.prompt_slots].to(q.dtype).transpose(0, 1)  # [Hkv, L, D] shared by all beams
+            qs = self._split_q(q[grp.start : grp.end])  # [Hkv, G, n, D]
+            kpr = (
+                kp[grp.prompt_slots].to(q.dtype).transpose(0, 1)
+            )  # [Hkv, L, D] shared by all beams
             vpr = vp[grp.prompt_slots].to(q.dtype).transpose(0, 1)
             s_prompt = torch.matmul(qs, kpr.unsqueeze(1).transpose(-1, -2))  # [Hkv, G, n, L]
-            rows = meta.rows[grp.start:grp.end]
+            rows = meta.rows[grp.start : grp.end]
             ks = dk[rows, : grp.step + 1].to(q.dtype)  # [n, t, Hkv, D]
             vs = dv[rows, : grp.step + 1].to(q.dtype)
             # suffix scores: row i's q against row i's own keys -> [Hkv, G, n, t]
@@ -152,8 +155,10 @@ class TorchAttention(AttentionBackend):
             s = torch.cat([s_prompt, s_suffix], dim=-1) * self.scale
             p = torch.softmax(s.float(), dim=-1).to(q.dtype)
             L = kpr.shape[1]
-            o = torch.matmul(p[..., :L], vpr.unsqueeze(1)) + torch.einsum("hgnt,nthd->hgnd", p[..., L:], vs)
-            out[grp.start:grp.end] = o.permute(2, 0, 1, 3).reshape(n, g * self.hkv * self.d)
+            o = torch.matmul(p[..., :L], vpr.unsqueeze(1)) + torch.einsum(
+                "hgnt,nthd->hgnd", p[..., L:], vs
+            )
+            out[grp.start : grp.end] = o.permute(2, 0, 1, 3).reshape(n, g * self.hkv * self.d)
         return out
 
 

@@ -39,12 +39,22 @@ class TritonAttention(AttentionBackend):
             o = self._one(q, k, v, offs[i], n_new, meta.seq_slots[i][:n_pre], kp, vp)
             out[offs[i] : offs[i] + n_new] = o
         for n_new, idx in plain.items():
-            sel = torch.cat([torch.arange(offs[i], offs[i] + n_new, device=q.device) for i in idx]) \
-                if len(idx) > 1 else None
-            qs, ks, vs = (x[sel] if sel is not None else x[offs[idx[0]] : offs[idx[0]] + n_new] for x in (q, k, v))
+            sel = (
+                torch.cat([torch.arange(offs[i], offs[i] + n_new, device=q.device) for i in idx])
+                if len(idx) > 1
+                else None
+            )
+            qs, ks, vs = (
+                x[sel] if sel is not None else x[offs[idx[0]] : offs[idx[0]] + n_new]
+                for x in (q, k, v)
+            )
             b = len(idx)
-            o = self._sdpa(qs.view(b, n_new, self.hq, self.d), ks.view(b, n_new, self.hkv, self.d),
-                           vs.view(b, n_new, self.hkv, self.d), None)
+            o = self._sdpa(
+                qs.view(b, n_new, self.hq, self.d),
+                ks.view(b, n_new, self.hkv, self.d),
+                vs.view(b, n_new, self.hkv, self.d),
+                None,
+            )
             o = o.reshape(b * n_new, -1)
             if sel is None:
                 out[offs[idx[0]] : offs[idx[0]] + n_new] = o
@@ -81,7 +91,20 @@ class TritonAttention(AttentionBackend):
     def decode(self, q, layer_id, meta: DecodeMeta):
         pk = meta.packed
         out = beam_decode_attention_triton(
-            q, self.kv.k[layer_id], self.kv.v[layer_id], pk.slots, pk.work, pk.row_start, pk.n,
-            pk.slot_start, pk.length, pk.step, self.kv.dk[layer_id], self.kv.dv[layer_id],
-            meta.rows, self.kv.depth, self.scale)
+            q,
+            self.kv.k[layer_id],
+            self.kv.v[layer_id],
+            pk.slots,
+            pk.work,
+            pk.row_start,
+            pk.n,
+            pk.slot_start,
+            pk.length,
+            pk.step,
+            self.kv.dk[layer_id],
+            self.kv.dv[layer_id],
+            meta.rows,
+            self.kv.depth,
+            self.scale,
+        )
         return out.view(q.shape[0], self.hq * self.d)

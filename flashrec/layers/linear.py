@@ -26,8 +26,13 @@ class Linear(nn.Module):
     def is_fp8(self) -> bool:
         return self.weight.dtype == fp8k.FP8_DTYPE
 
-    def load(self, weight: torch.Tensor, weight_scale: torch.Tensor | None = None,
-             quantize_fp8: bool = False, dtype: torch.dtype | None = None) -> None:
+    def load(
+        self,
+        weight: torch.Tensor,
+        weight_scale: torch.Tensor | None = None,
+        quantize_fp8: bool = False,
+        dtype: torch.dtype | None = None,
+    ) -> None:
         """Set the weight from a checkpoint tensor (shape checked by the loader)."""
         if weight.dtype == fp8k.FP8_DTYPE:
             if weight_scale is None:
@@ -39,7 +44,9 @@ class Linear(nn.Module):
             self.weight = nn.Parameter(w8, requires_grad=False)
             self.weight_scale = scale
         else:
-            self.weight = nn.Parameter(weight.to(dtype or weight.dtype).contiguous(), requires_grad=False)
+            self.weight = nn.Parameter(
+                weight.to(dtype or weight.dtype).contiguous(), requires_grad=False
+            )
             self.weight_scale = None
 
     def _apply(self, fn, recurse=True):  # keep weight_scale on the module's device
@@ -59,9 +66,11 @@ class Linear(nn.Module):
         x_fp8, scale = fp8k.per_token_quant_fp8(x)
         return self.forward_fp8(x_fp8, scale, out_dtype=x.dtype)
 
-    def forward_fp8(self, x_fp8: torch.Tensor, a_scale: torch.Tensor,
-                    out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    def forward_fp8(
+        self, x_fp8: torch.Tensor, a_scale: torch.Tensor, out_dtype: torch.dtype = torch.bfloat16
+    ) -> torch.Tensor:
         """GEMM on an activation that was already quantized per token upstream."""
         assert self.is_fp8, "forward_fp8 on an unquantized Linear"
-        return fp8k.fp8_linear(x_fp8, a_scale, self.weight, self.weight_scale, self.bias,
-                               out_dtype=out_dtype)
+        return fp8k.fp8_linear(
+            x_fp8, a_scale, self.weight, self.weight_scale, self.bias, out_dtype=out_dtype
+        )

@@ -24,7 +24,9 @@ class RestrictedLMHead:
         lo, hi = layout.sid_range
         self._sid_lo = lo
         self._sid = weight[lo:hi]  # contiguous rows: a view, no copy
-        self._levels = [weight[a:b] for a, b in (layout.level_range(i) for i in range(layout.num_levels))]
+        self._levels = [
+            weight[a:b] for a, b in (layout.level_range(i) for i in range(layout.num_levels))
+        ]
 
     @property
     def end_step_is_free(self) -> bool:
@@ -49,5 +51,7 @@ class RestrictedLMHead:
         if self.scope == "level":
             return torch.zeros(hidden.shape[0], 1, dtype=torch.float32, device=hidden.device)
         if self.scope == "sid":
-            return self._normalised(hidden, self._sid)[:, end - self._sid_lo : end - self._sid_lo + 1]
+            return self._normalised(hidden, self._sid)[
+                :, end - self._sid_lo : end - self._sid_lo + 1
+            ]
         return self._normalised(hidden, self.weight)[:, end : end + 1]

@@ -7,7 +7,9 @@ import torch
 
 def build_cos_sin(max_pos: int, head_dim: int, theta: float, device=None) -> torch.Tensor:
     """[max_pos, head_dim] float32: cos in the first D/2 columns, sin in the last D/2."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).float() / head_dim))
+    inv_freq = 1.0 / (
+        theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).float() / head_dim)
+    )
     t = torch.arange(max_pos, device=device, dtype=torch.int64).float()
     freqs = torch.outer(t, inv_freq)
     return torch.cat([freqs.cos(), freqs.sin()], dim=-1)

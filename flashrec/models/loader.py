@@ -59,11 +59,16 @@ def read_checkpoint(model_path: str | Path) -> dict[str, torch.Tensor]:
 def _internal_name(name: str) -> str:
     if name == "lm_head.weight":
         return "lm_head_weight"
-    return name[len("model."):] if name.startswith("model.") else name
+    return name[len("model.") :] if name.startswith("model.") else name
 
 
-def load_weights(model: torch.nn.Module, tensors: dict[str, torch.Tensor], dtype: torch.dtype,
-                 quantize_fp8: bool = False, dequantize_fp8: bool = False) -> None:
+def load_weights(
+    model: torch.nn.Module,
+    tensors: dict[str, torch.Tensor],
+    dtype: torch.dtype,
+    quantize_fp8: bool = False,
+    dequantize_fp8: bool = False,
+) -> None:
     """Load ``tensors`` (HF names) into ``model`` in place."""
     scales = {}
     for name in list(tensors):
@@ -92,12 +97,32 @@ def load_weights(model: torch.nn.Module, tensors: dict[str, torch.Tensor], dtype
                 merged = torch.cat([p[1] for p in parts], dim=0)
                 sc = [p[2] for p in parts]
                 scale = None if all(s is None for s in sc) else _cat_scales(parts, sc)
-                _assign(model, params, linears, key, merged, scale, ", ".join(p[0] for p in parts),
-                        dtype, quantize_fp8, dequantize_fp8)
+                _assign(
+                    model,
+                    params,
+                    linears,
+                    key,
+                    merged,
+                    scale,
+                    ", ".join(p[0] for p in parts),
+                    dtype,
+                    quantize_fp8,
+                    dequantize_fp8,
+                )
                 seen.add(key)
             continue
-        _assign(model, params, linears, iname, t, scales.pop(name, None), name, dtype,
-                quantize_fp8, dequantize_fp8)
+        _assign(
+            model,
+            params,
+            linears,
+            iname,
+            t,
+            scales.pop(name, None),
+            name,
+            dtype,
+            quantize_fp8,
+            dequantize_fp8,
+        )
         seen.add(iname)
 
     if pending:
@@ -109,12 +134,16 @@ def load_weights(model: torch.nn.Module, tensors: dict[str, torch.Tensor], dtype
     expected = {n for n in params}
     missing = sorted(expected - seen)
     if missing:
-        raise CheckpointError(f"missing tensor for parameter {missing[0]} ({len(missing)} missing in all)")
+        raise CheckpointError(
+            f"missing tensor for parameter {missing[0]} ({len(missing)} missing in all)"
+        )
 
 
 def _cat_scales(parts, sc) -> torch.Tensor:
     if any(s is None for s in sc):
-        raise CheckpointError(f"weight_scale present for some but not all of {[p[0] for p in parts]}")
+        raise CheckpointError(
+            f"weight_scale present for some but not all of {[p[0] for p in parts]}"
+        )
     return torch.cat([_per_channel(s, p[1].shape[0], p[0]) for s, p in zip(sc, parts)], dim=0)
 
 
@@ -123,11 +152,15 @@ def _per_channel(scale: torch.Tensor, rows: int, name: str) -> torch.Tensor:
     if s.numel() == 1:
         return s.reshape(1, 1).expand(rows, 1).clone()
     if s.numel() != rows:
-        raise CheckpointError(f"{name}: weight_scale of shape {tuple(scale.shape)} is not per-channel for {rows} rows")
+        raise CheckpointError(
+            f"{name}: weight_scale of shape {tuple(scale.shape)} is not per-channel for {rows} rows"
+        )
     return s.reshape(rows, 1)
 
 
-def _assign(model, params, linears, iname, t, scale, ckpt_name, dtype, quantize_fp8, dequantize_fp8):
+def _assign(
+    model, params, linears, iname, t, scale, ckpt_name, dtype, quantize_fp8, dequantize_fp8
+):
     from flashrec.kernels.fp8 import FP8_DTYPE, dequantize
 
     if iname not in params:
@@ -147,7 +180,9 @@ def _assign(model, params, linears, iname, t, scale, ckpt_name, dtype, quantize_
             else:
                 lin.load(t, weight_scale=scale)
         else:
-            lin.load(t.to(torch.float32) if quantize_fp8 else t, quantize_fp8=quantize_fp8, dtype=dtype)
+            lin.load(
+                t.to(torch.float32) if quantize_fp8 else t, quantize_fp8=quantize_fp8, dtype=dtype
+            )
         return
     p = params[iname]
     if tuple(t.shape) != tuple(p.shape):

@@ -28,7 +28,11 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(self.d, cfg.rms_norm_eps) if cfg.qk_norm else None
 
     def forward(self, x, positions, meta, ctx, x_fp8=None, a_scale=None) -> torch.Tensor:
-        qkv = self.qkv_proj(x) if x_fp8 is None else self.qkv_proj.forward_fp8(x_fp8, a_scale, x.dtype)
+        qkv = (
+            self.qkv_proj(x)
+            if x_fp8 is None
+            else self.qkv_proj.forward_fp8(x_fp8, a_scale, x.dtype)
+        )
         t = qkv.shape[0]
         # zero-copy per-head views into the fused GEMM output
         q = qkv[:, : self.hq * self.d].view(t, self.hq, self.d)
@@ -54,7 +58,11 @@ class MLP(nn.Module):
         self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size)
 
     def forward(self, x, ctx, x_fp8=None, a_scale=None) -> torch.Tensor:
-        gu = self.gate_up_proj(x) if x_fp8 is None else self.gate_up_proj.forward_fp8(x_fp8, a_scale, x.dtype)
+        gu = (
+            self.gate_up_proj(x)
+            if x_fp8 is None
+            else self.gate_up_proj.forward_fp8(x_fp8, a_scale, x.dtype)
+        )
         if ctx.fused_silu_fp8 and self.down_proj.is_fp8:
             from flashrec.kernels.silu_fp8 import silu_mul_quant_fp8
 
@@ -103,8 +111,11 @@ class Qwen3ForCausalLM(nn.Module):
         self.embed_tokens.weight.requires_grad_(False)
         self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.lm_head_weight = None if cfg.tie_word_embeddings else nn.Parameter(
-            torch.empty(cfg.vocab_size, cfg.hidden_size), requires_grad=False)
+        self.lm_head_weight = (
+            None
+            if cfg.tie_word_embeddings
+            else nn.Parameter(torch.empty(cfg.vocab_size, cfg.hidden_size), requires_grad=False)
+        )
 
     def lm_head(self) -> torch.Tensor:
         return self.embed_tokens.weight if self.lm_head_weight is None else self.lm_head_weight

@@ -24,16 +24,22 @@ def model_dir(synth_model):
 def _engine(model_dir, tmp_path, codes, **kw) -> Engine:
     path = tmp_path / "cat.json"
     path.write_text(json.dumps({",".join(map(str, c)): {} for c in codes}))
-    return Engine(EngineConfig(model_path=str(model_dir), sid_vocab_file=str(path), batch_slots=256, **kw))
+    return Engine(
+        EngineConfig(model_path=str(model_dir), sid_vocab_file=str(path), batch_slots=256, **kw)
+    )
 
 
 catalogs = st.lists(
     st.tuples(st.integers(0, K - 1), st.integers(0, K - 1), st.integers(0, K - 1)),
-    min_size=1, max_size=60, unique=True,
+    min_size=1,
+    max_size=60,
+    unique=True,
 )
 
 
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(codes=catalogs, n=st.integers(1, 40), temperature=st.sampled_from([0.0, 0.7]))
 def test_results_valid_unique_sorted(model_dir, tmp_path, codes, n, temperature):
     eng = _engine(model_dir, tmp_path, codes)
@@ -48,7 +54,9 @@ def test_results_valid_unique_sorted(model_dir, tmp_path, codes, n, temperature)
     assert scores == sorted(scores, reverse=True)
 
 
-@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(codes=catalogs, scope=st.sampled_from(["level", "sid", "full"]))
 def test_exhaustive_enumeration_agrees(model_dir, tmp_path, codes, scope):
     """With n >= |catalog| beam search returns every SID with its exact teacher-forced score."""

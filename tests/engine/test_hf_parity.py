@@ -12,16 +12,31 @@ from harness.hf_reference import HFReference
 
 PROMPTS = [
     [{"role": "user", "content": "history: watched 12, clicked 7, bought 301"}],
-    [{"role": "system", "content": "You recommend items."},
-     {"role": "user", "content": "User likes sci-fi, owns item 4451; recent: 88, 91, 1337."}],
-    [{"role": "user", "content": [{"type": "text", "text": "part one; "}, {"type": "text", "text": "part two"}]}],
+    [
+        {"role": "system", "content": "You recommend items."},
+        {"role": "user", "content": "User likes sci-fi, owns item 4451; recent: 88, 91, 1337."},
+    ],
+    [
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "part one; "},
+                {"type": "text", "text": "part two"},
+            ],
+        }
+    ],
 ]
 NS = [1, 4, 16, 64]
 
 SHAPES = {
     "tiny": {},
     "gqa4-hd32-untied": {"num_key_value_heads": 1, "head_dim": 32, "tie_word_embeddings": False},
-    "mha-hd8": {"num_attention_heads": 2, "num_key_value_heads": 2, "head_dim": 8, "hidden_size": 48},
+    "mha-hd8": {
+        "num_attention_heads": 2,
+        "num_key_value_heads": 2,
+        "head_dim": 8,
+        "hidden_size": 48,
+    },
 }
 
 
@@ -51,7 +66,9 @@ def _compare(engine: Engine, ref: HFReference, prompts=PROMPTS, ns=NS, max_token
 def test_parity_with_catalog(synth_model, scope, shape):
     path = synth_model("tiny", catalog_size=2000, **SHAPES[shape])
     cat = str(path / "catalog.json")
-    engine = Engine(EngineConfig(model_path=str(path), sid_vocab_file=cat, logprob_scope=scope, batch_slots=512))
+    engine = Engine(
+        EngineConfig(model_path=str(path), sid_vocab_file=cat, logprob_scope=scope, batch_slots=512)
+    )
     _compare(engine, HFReference(str(path), cat, logprob_scope=scope))
 
 
@@ -59,7 +76,9 @@ def test_parity_with_catalog(synth_model, scope, shape):
 def test_parity_catalog_smaller_than_n(synth_model, scope):
     path = synth_model("tiny", catalog_size=40, seed=1)
     cat = str(path / "catalog.json")
-    engine = Engine(EngineConfig(model_path=str(path), sid_vocab_file=cat, logprob_scope=scope, batch_slots=512))
+    engine = Engine(
+        EngineConfig(model_path=str(path), sid_vocab_file=cat, logprob_scope=scope, batch_slots=512)
+    )
     ref = HFReference(str(path), cat, logprob_scope=scope)
     _compare(engine, ref, prompts=PROMPTS[:2])
     res = engine.generate([engine.new_request(engine.build_prompt(messages=PROMPTS[0]), n=64)])[0]
@@ -76,8 +95,14 @@ def test_parity_without_catalog(synth_model, scope):
 def test_parity_length_cap_and_penalty(synth_model):
     path = synth_model("tiny", catalog_size=2000)
     cat = str(path / "catalog.json")
-    engine = Engine(EngineConfig(model_path=str(path), sid_vocab_file=cat, length_penalty=0.5, logprob_scope="sid"))
+    engine = Engine(
+        EngineConfig(
+            model_path=str(path), sid_vocab_file=cat, length_penalty=0.5, logprob_scope="sid"
+        )
+    )
     ref = HFReference(str(path), cat, logprob_scope="sid", length_penalty=0.5)
     _compare(engine, ref, prompts=PROMPTS[:1], ns=[4, 16], max_tokens=2)
-    res = engine.generate([engine.new_request(engine.build_prompt(messages=PROMPTS[0]), n=4, max_tokens=2)])[0]
+    res = engine.generate(
+        [engine.new_request(engine.build_prompt(messages=PROMPTS[0]), n=4, max_tokens=2)]
+    )[0]
     assert all(b.finish_reason == "length" and len(b.token_ids) == 2 for b in res.beams)

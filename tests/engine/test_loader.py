@@ -18,7 +18,9 @@ FP8_SCORE_TOL = 0.25
 
 
 def _engine(path, **kw):
-    return Engine(EngineConfig(model_path=str(path), sid_vocab_file=str(path / "catalog.json"), **kw))
+    return Engine(
+        EngineConfig(model_path=str(path), sid_vocab_file=str(path / "catalog.json"), **kw)
+    )
 
 
 def test_fused_projections_equal_separate(tiny_model):
@@ -45,7 +47,9 @@ def test_fp8_within_tolerance(synth_model, tiny_model, mode):
     ref = _scores(_engine(tiny_model))
     if mode == "checkpoint":
         path = synth_model("tiny", catalog_size=2000, dtype="fp8")
-        eng = _engine(path)  # quantization_config turns FP8 on; CPU computes from dequantized weights
+        eng = _engine(
+            path
+        )  # quantization_config turns FP8 on; CPU computes from dequantized weights
     else:
         eng = _engine(tiny_model, quantization="fp8")
     assert eng.runner.use_fp8
@@ -71,15 +75,35 @@ def _broken(tiny_model, tmp_path, edit):
     return d
 
 
-@pytest.mark.parametrize("case,edit,needle", [
-    ("missing", lambda t: t.pop("model.layers.1.post_attention_layernorm.weight"), "layers.1.post_attention_layernorm.weight"),
-    ("unexpected", lambda t: t.__setitem__("model.layers.0.mlp.extra.weight", torch.zeros(2, 2)), "model.layers.0.mlp.extra.weight"),
-    ("misshaped", lambda t: t.__setitem__("model.layers.0.self_attn.o_proj.weight", torch.zeros(3, 3)), "model.layers.0.self_attn.o_proj.weight"),
-    ("incomplete-fused", lambda t: t.pop("model.layers.0.self_attn.k_proj.weight"), "qkv_proj"),
-    ("fp8-without-scale", lambda t: t.__setitem__("model.layers.0.mlp.down_proj.weight",
-                                                  t["model.layers.0.mlp.down_proj.weight"].to(torch.float8_e4m3fn)),
-     "model.layers.0.mlp.down_proj.weight"),
-])
+@pytest.mark.parametrize(
+    "case,edit,needle",
+    [
+        (
+            "missing",
+            lambda t: t.pop("model.layers.1.post_attention_layernorm.weight"),
+            "layers.1.post_attention_layernorm.weight",
+        ),
+        (
+            "unexpected",
+            lambda t: t.__setitem__("model.layers.0.mlp.extra.weight", torch.zeros(2, 2)),
+            "model.layers.0.mlp.extra.weight",
+        ),
+        (
+            "misshaped",
+            lambda t: t.__setitem__("model.layers.0.self_attn.o_proj.weight", torch.zeros(3, 3)),
+            "model.layers.0.self_attn.o_proj.weight",
+        ),
+        ("incomplete-fused", lambda t: t.pop("model.layers.0.self_attn.k_proj.weight"), "qkv_proj"),
+        (
+            "fp8-without-scale",
+            lambda t: t.__setitem__(
+                "model.layers.0.mlp.down_proj.weight",
+                t["model.layers.0.mlp.down_proj.weight"].to(torch.float8_e4m3fn),
+            ),
+            "model.layers.0.mlp.down_proj.weight",
+        ),
+    ],
+)
 def test_bad_checkpoint_names_tensor(tiny_model, tmp_path, case, edit, needle):
     d = _broken(tiny_model, tmp_path, edit)
     with pytest.raises(CheckpointError, match=needle.replace(".", r"\.")):

@@ -18,8 +18,10 @@ pytestmark = pytest.mark.gpu
 
 PROMPTS = [
     [{"role": "user", "content": "history: watched 12, clicked 7, bought 301"}],
-    [{"role": "system", "content": "You recommend items."},
-     {"role": "user", "content": "User likes sci-fi, owns item 4451; recent: 88, 91, 1337."}],
+    [
+        {"role": "system", "content": "You recommend items."},
+        {"role": "user", "content": "User likes sci-fi, owns item 4451; recent: 88, 91, 1337."},
+    ],
     [{"role": "user", "content": "x" * 300}],
 ]
 
@@ -40,19 +42,34 @@ def test_beam_attention_kernel_matches_reference(kv_dtype, hq, hkv, d):
     starts = torch.tensor([0] + list(torch.tensor(req_n).cumsum(0)[:-1]), device=dev).int()
     sstart = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)[:-1]), device=dev).int()
     rows = torch.randperm(slots_n, device=dev)[:R]
-    args = (torch.tensor(req_n, device=dev).int(), sstart, torch.tensor(lens, device=dev).int(),
-            torch.tensor(steps, device=dev).int())
-    ref = beam_decode_attention_ref(q, kp, vp, slots, starts, *args, dk, dv, rows, depth, d ** -0.5)
+    args = (
+        torch.tensor(req_n, device=dev).int(),
+        sstart,
+        torch.tensor(lens, device=dev).int(),
+        torch.tensor(steps, device=dev).int(),
+    )
+    ref = beam_decode_attention_ref(q, kp, vp, slots, starts, *args, dk, dv, rows, depth, d**-0.5)
     work = torch.tensor(build_work(req_n, hq // hkv, 64) + [(-1, 0)] * 5, device=dev).int()
-    out = beam_decode_attention_triton(q, kp, vp, slots, work, starts, *args, dk, dv, rows, depth, d ** -0.5)
+    out = beam_decode_attention_triton(
+        q, kp, vp, slots, work, starts, *args, dk, dv, rows, depth, d**-0.5
+    )
     torch.testing.assert_close(out.float(), ref.float(), atol=2e-2, rtol=2e-2)
 
 
 def _run(path, **kw):
-    cfg = EngineConfig(model_path=str(path), sid_vocab_file=str(path / "catalog.json"), device="cuda",
-                       beam_width=16, cuda_graph_max_bs=128, batch_slots=256, **kw)
+    cfg = EngineConfig(
+        model_path=str(path),
+        sid_vocab_file=str(path / "catalog.json"),
+        device="cuda",
+        beam_width=16,
+        cuda_graph_max_bs=128,
+        batch_slots=256,
+        **kw,
+    )
     eng = Engine(cfg)
-    reqs = [eng.new_request(eng.build_prompt(messages=p), n=n) for p in PROMPTS for n in (1, 4, 16, 64)]
+    reqs = [
+        eng.new_request(eng.build_prompt(messages=p), n=n) for p in PROMPTS for n in (1, 4, 16, 64)
+    ]
     return eng.generate(reqs)
 
 
@@ -64,8 +81,20 @@ def _same(a, b, tol):
 
 
 def test_triton_backend_equals_torch_backend(tiny_model):
-    a = _run(tiny_model, dtype="float32", quantization="none", attention_backend="torch", disable_cuda_graph=True)
-    b = _run(tiny_model, dtype="float32", quantization="none", attention_backend="triton", disable_cuda_graph=True)
+    a = _run(
+        tiny_model,
+        dtype="float32",
+        quantization="none",
+        attention_backend="torch",
+        disable_cuda_graph=True,
+    )
+    b = _run(
+        tiny_model,
+        dtype="float32",
+        quantization="none",
+        attention_backend="triton",
+        disable_cuda_graph=True,
+    )
     _same(a, b, 1e-3)
 
 
@@ -87,7 +116,9 @@ def test_fp8_within_tolerance_of_bf16(tiny_model):
         sb = {tuple(bb.token_ids) for bb in y.beams[:16]}
         overlap.append(len(sa & sb) / len(sa))
         diff.append(abs(x.beams[0].sequence_score - y.beams[0].sequence_score))
-    print(f"fp8 vs bf16: overlap {sum(overlap) / len(overlap):.3f}, |d top1| {sum(diff) / len(diff):.3f}")
+    print(
+        f"fp8 vs bf16: overlap {sum(overlap) / len(overlap):.3f}, |d top1| {sum(diff) / len(diff):.3f}"
+    )
     assert sum(overlap) / len(overlap) >= 0.5
     assert sum(diff) / len(diff) <= 1.0
 
@@ -103,5 +134,8 @@ def test_hf_parity_on_gpu_float32(tiny_model):
         for n in (1, 4, 16, 64):
             want = ref.generate(ids, n)
             assert [b.token_ids for b in res[i].beams] == [w.token_ids for w in want]
-            assert max(abs(b.sequence_score - w.sequence_score) for b, w in zip(res[i].beams, want)) <= 1e-3
+            assert (
+                max(abs(b.sequence_score - w.sequence_score) for b, w in zip(res[i].beams, want))
+                <= 1e-3
+            )
             i += 1
