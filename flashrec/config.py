@@ -36,7 +36,8 @@ class ModelConfig:
     rope_theta: float
     max_position_embeddings: int
     tie_word_embeddings: bool
-    attention_bias: bool = False
+    qkv_bias: bool = False
+    o_bias: bool = False
     qk_norm: bool = True
     hidden_act: str = "silu"
     torch_dtype: str = "bfloat16"
@@ -70,6 +71,10 @@ class ModelConfig:
         if rope_theta is None:
             rp = cfg.get("rope_parameters") or {}
             rope_theta = rp.get("rope_theta", 10000.0)
+        if cfg.get("mlp_bias"):
+            raise ValueError("mlp_bias=true is not supported (no dense GenRec backbone uses it)")
+        if str(cfg.get("hidden_act", "silu")) != "silu":
+            raise ValueError(f"hidden_act {cfg.get('hidden_act')!r} is not supported (SwiGLU/silu only)")
         scaling = cfg.get("rope_scaling")
         if scaling and scaling.get("rope_type", scaling.get("type")) not in (None, "default"):
             raise ValueError(f"rope_scaling {scaling!r} is not supported")
@@ -86,7 +91,10 @@ class ModelConfig:
             rope_theta=float(rope_theta),
             max_position_embeddings=int(cfg.get("max_position_embeddings", 32768)),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            attention_bias=bool(cfg.get("attention_bias", False)),
+            # Qwen2 always has q/k/v biases and never an o_proj bias; Llama / Qwen3 put one on
+            # all four projections when attention_bias is set
+            qkv_bias=archs[0] == "Qwen2ForCausalLM" or bool(cfg.get("attention_bias", False)),
+            o_bias=archs[0] != "Qwen2ForCausalLM" and bool(cfg.get("attention_bias", False)),
             qk_norm=archs[0] == "Qwen3ForCausalLM",
             hidden_act=str(cfg.get("hidden_act", "silu")),
             torch_dtype=str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16"),

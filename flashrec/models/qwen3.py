@@ -1,8 +1,10 @@
 """Qwen3 dense decoder, declarative. Fused ``qkv_proj`` / ``gate_up_proj`` (merged by the
 loader), per-head q/k RMSNorm before NeoX RoPE, residual dual stream, FP8 dual path.
 
-The same class serves Llama / Qwen2 shapes (no q/k norm; optional q/k/v bias) through
-``ModelConfig.qk_norm`` and ``attention_bias``: the differences are config, not code paths.
+The same module serves Llama and Qwen2 (registered as thin subclasses): no q/k norm, and
+Qwen2's q/k/v biases, come from ``ModelConfig.qk_norm`` / ``qkv_bias`` / ``o_bias``. Without
+q/k norm the fused kernel is called with no norm weights (it skips the norm) and the eager
+path skips it too; no weight is ever substituted.
 """
 
 from __future__ import annotations
@@ -18,12 +20,12 @@ from flashrec.profiler import trace_range
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer_id: int, qkv_bias: bool) -> None:
+    def __init__(self, cfg: ModelConfig, layer_id: int) -> None:
         super().__init__()
         self.layer_id = layer_id
         self.hq, self.hkv, self.d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-        self.qkv_proj = Linear(cfg.hidden_size, cfg.q_size + 2 * cfg.kv_size, bias=qkv_bias)
-        self.o_proj = Linear(cfg.q_size, cfg.hidden_size)
+        self.qkv_proj = Linear(cfg.hidden_size, cfg.q_size + 2 * cfg.kv_size, bias=cfg.qkv_bias)
+        self.o_proj = Linear(cfg.q_size, cfg.hidden_size, bias=cfg.o_bias)
         self.q_norm = RMSNorm(self.d, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(self.d, cfg.rms_norm_eps) if cfg.qk_norm else None
 
@@ -75,7 +77,7 @@ class MLP(nn.Module):
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_id: int) -> None:
         super().__init__()
-        self.self_attn = Attention(cfg, layer_id, qkv_bias=cfg.attention_bias)
+        self.self_attn = Attention(cfg, layer_id)
         self.mlp = MLP(cfg)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
@@ -130,3 +132,11 @@ class Qwen3ForCausalLM(nn.Module):
             x, residual = x[select], residual[select]
         x, _ = self.norm(x, residual)
         return x
+
+
+class LlamaForCausalLM(Qwen3ForCausalLM):
+    """Llama dense decoder: no q/k norm (from the config), otherwise the same modules."""
+
+
+class Qwen2ForCausalLM(Qwen3ForCausalLM):
+    """Qwen2 dense decoder: q/k/v biases, no q/k norm (from the config)."""

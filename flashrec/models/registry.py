@@ -8,6 +8,8 @@ from flashrec.config import ModelConfig
 
 MODEL_REGISTRY: dict[str, str] = {
     "Qwen3ForCausalLM": "flashrec.models.qwen3:Qwen3ForCausalLM",
+    "LlamaForCausalLM": "flashrec.models.qwen3:LlamaForCausalLM",
+    "Qwen2ForCausalLM": "flashrec.models.qwen3:Qwen2ForCausalLM",
 }
 
 

@@ -73,6 +73,20 @@ def test_parity_with_catalog(synth_model, scope, shape):
 
 
 @pytest.mark.parametrize("scope", ["level", "sid", "full"])
+@pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen2"])
+def test_parity_other_backbones(synth_model, preset, scope):
+    """Llama (no q/k norm, untied) and Qwen2 (q/k/v biases) through the same registry/engine."""
+    path = synth_model(preset, catalog_size=2000)
+    cat = str(path / "catalog.json")
+    engine = Engine(
+        EngineConfig(model_path=str(path), sid_vocab_file=cat, logprob_scope=scope, batch_slots=512)
+    )
+    arch = {"tiny-llama": "LlamaForCausalLM", "tiny-qwen2": "Qwen2ForCausalLM"}[preset]
+    assert engine.model_config.architecture == arch
+    _compare(engine, HFReference(str(path), cat, logprob_scope=scope), prompts=PROMPTS[:2])
+
+
+@pytest.mark.parametrize("scope", ["level", "sid", "full"])
 def test_parity_catalog_smaller_than_n(synth_model, scope):
     path = synth_model("tiny", catalog_size=40, seed=1)
     cat = str(path / "catalog.json")

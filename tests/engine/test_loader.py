@@ -120,3 +120,27 @@ def test_unknown_architecture_lists_supported(tiny_model, tmp_path):
     (d / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ValueError, match="Qwen3ForCausalLM"):
         _engine(d)
+
+
+def test_qwen2_biases_and_llama_without_qk_norm(synth_model):
+    q2 = synth_model("tiny-qwen2", catalog_size=200)
+    eng = _engine(q2)
+    raw = load_file(str(q2 / "model.safetensors"))
+    attn = eng.runner.model.layers[0].self_attn
+    want = torch.cat([raw[f"model.layers.0.self_attn.{p}_proj.bias"] for p in "qkv"])
+    assert torch.equal(attn.qkv_proj.bias, want)
+    assert attn.o_proj.bias is None and attn.q_norm is None
+    ll = _engine(synth_model("tiny-llama", catalog_size=200))
+    a = ll.runner.model.layers[1].self_attn
+    assert a.q_norm is None and a.k_norm is None and a.qkv_proj.bias is None
+    assert ll.runner.model.lm_head_weight is not None  # untied
+
+
+def test_other_1_5b_presets_have_their_shapes():
+    from flashrec.synth import PRESETS
+    from flashrec.synth.checkpoint import config_dict, num_parameters
+
+    for name, arch in (("qwen2-1.5b", "Qwen2ForCausalLM"), ("llama-1.5b", "LlamaForCausalLM")):
+        cfg = config_dict(PRESETS[name])
+        assert cfg["architectures"] == [arch]
+        assert 1.4e9 < num_parameters(PRESETS[name]) < 1.7e9
