@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
+
+from flashrec.sid.catalog import load_catalog
+from flashrec.sid.catalog import write_catalog_json as write_catalog
 
 _DENSE = 4  # below this many candidates per wanted SID, sample a permutation instead
 
@@ -40,15 +42,15 @@ def synth_catalog(
 
 
 def write_catalog_json(codes: np.ndarray | list, path: str | Path) -> Path:
-    """Write ``{"12,7,301": {"pid": i}, ...}`` (i = row index) and return the path."""
-    path = Path(path)
-    table = {",".join(str(int(c)) for c in row): {"pid": i} for i, row in enumerate(codes)}
-    path.write_text(json.dumps(table, separators=(",", ":")) + "\n")
-    return path
+    """Write ``{"12,7,301": {"pid": i}, ...}`` (i = row index) through the engine's own
+    catalog writer and return the path."""
+    codes = np.asarray(codes, dtype=np.int64)
+    write_catalog(codes, path, values=[{"pid": i} for i in range(len(codes))])
+    return Path(path)
 
 
 def read_catalog_json(path: str | Path) -> np.ndarray:
     """Inverse of ``write_catalog_json``: the SIDs as an int64 array in pid order."""
-    table = json.loads(Path(path).read_text())
-    ordered = sorted(table.items(), key=lambda kv: kv[1]["pid"])
-    return np.array([[int(c) for c in key.split(",")] for key, _ in ordered], dtype=np.int64)
+    cat = load_catalog(path, keep_pids=True)
+    order = np.argsort([p["pid"] for p in cat.pids], kind="stable")
+    return cat.codes[order]

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import math
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -35,7 +34,8 @@ def test_paired_tests_match_scipy():
         assert math.isclose(paired_t(d), stats.ttest_1samp(d, 0).pvalue, rel_tol=1e-9)
         assert math.isclose(wilcoxon(d), stats.wilcoxon(d).pvalue, rel_tol=2e-2)
     tied = np.round(rng.normal(0.3, 1.0, 15), 1)
-    assert math.isclose(wilcoxon(tied), stats.wilcoxon(tied).pvalue, rel_tol=1e-6)
+    expected = stats.wilcoxon(tied, correction=True, method="approx").pvalue
+    assert math.isclose(wilcoxon(tied), expected, rel_tol=1e-6)
     assert paired_t(np.zeros(5)) == 1.0 and wilcoxon(np.zeros(5)) == 1.0
 
 
@@ -53,7 +53,9 @@ def test_paired_verdicts_aa_and_10pct(test):
     trials, alarms, caught = 300, 0, 0
     for _ in range(trials):
         a, b = _pairs(rng, 40, 0.0)
-        alarms += paired_metric("latency_p50_ms", a, b, 0.05, test, 2.0)["verdict"] != "within_noise"
+        alarms += (
+            paired_metric("latency_p50_ms", a, b, 0.05, test, 2.0)["verdict"] != "within_noise"
+        )
         a, b = _pairs(rng, 40, 0.10)
         r = paired_metric("latency_p50_ms", a, b, 0.05, test, 2.0)
         caught += r["verdict"] == "regressed"
@@ -68,7 +70,7 @@ def test_paired_metric_details():
     a = np.array([10.0, 11, 9, 10, 12, 10])
     r = paired_metric("qps", a, a * 0.8, 0.05, "paired_t", 2.0)
     assert r["verdict"] == "regressed" and math.isclose(r["delta_pct"], -20.0)
-    assert r["band_pct"] == 0.0 and r["pairs"] == 6
+    assert r["band_pct"] < 1e-9 and r["pairs"] == 6
     assert paired_metric("qps", a[:2], a[:2], 0.05, "paired_t", 2.0)["verdict"] == "n/a"
     zeros = np.zeros(6)
     r = paired_metric("error_rate", zeros, zeros, 0.05, "paired_t", 2.0)
@@ -237,9 +239,7 @@ def test_gate_aa_passes_and_slowed_candidate_fails(tmp_path, monkeypatch, marker
     regressed = {(r["cell"], r["metric"]) for r in res["regressions"]}
     assert ("fake,concurrency=1", "latency_p50_ms") in regressed
     assert not processes_with(marker), "no server outlives the gate"
-    assert "out" not in _git(repo, "worktree", "list") and len(
-        _git(repo, "worktree", "list").splitlines()
-    ) == 1, "the baseline worktree is removed"
+    assert len(_git(repo, "worktree", "list").splitlines()) == 1, "baseline worktree removed"
 
 
 def test_gate_without_usable_baseline(tmp_path, monkeypatch, marker):
@@ -301,4 +301,3 @@ def test_planted_step_delay_fails_the_gate_on_flashrec(tmp_path, monkeypatch):
     r = res["cells"][0]["metrics"]["latency_p50_ms"]
     assert r["verdict"] == "regressed" and r["delta_pct"] > 30
     assert res["ab"]["candidate_env"] == ["FLASHREC_TEST_STEP_DELAY_MS=4"]
-    assert sys.executable  # the servers ran under this interpreter (harness.server)
