@@ -111,11 +111,12 @@ def paired_metric(
         band = math.expm1(band_k * float(d.std(ddof=1)) / math.sqrt(d.size))
     else:  # zeros (error / invalid rates): differences relative to the baseline's mean
         d = b - a
-        scale = abs(float(a.mean()))
-        if scale == 0:
-            scale = 1.0 if (d == 0).all() else float("inf")
-        delta = float(center(d)) / scale if (d != 0).any() else 0.0
-        band = band_k * float(d.std(ddof=1)) / math.sqrt(d.size) / scale
+        scale, spread = abs(float(a.mean())), band_k * float(d.std(ddof=1)) / math.sqrt(d.size)
+        if scale > 0:
+            delta, band = float(center(d)) / scale, spread / scale
+        else:  # a baseline of zeros: any change is infinitely large, relative to it
+            delta = math.copysign(math.inf, float(center(d))) if center(d) != 0 else 0.0
+            band = 0.0 if spread == 0 else math.inf
     p = wilcoxon(d) if test == "wilcoxon" else paired_t(d)
     out.update(delta_pct=100 * delta, band_pct=100 * band, p_value=p)
     significant = _finite(p) and p < alpha

@@ -7,6 +7,7 @@ when the pool needs room. Slots are owned by the cache once inserted.
 
 from __future__ import annotations
 
+import heapq
 import itertools
 from dataclasses import dataclass, field
 
@@ -27,6 +28,7 @@ class RadixCache:
         self.root.ref = 1  # never evicted
         self._clock = itertools.count(1)
         self.cached_tokens = 0
+        self._unreferenced = 0  # tokens in nodes with ref == 0 (evictable), kept incrementally
 
     def match(self, tokens: list[int]) -> tuple[list[int], Node]:
         """Longest cached prefix of ``tokens``: its slots and the node that ends it."""
@@ -55,6 +57,7 @@ class RadixCache:
                 new = Node(list(tokens[i:]), list(slots[i:]), node, tick=tick)
                 node.children[tokens[i]] = new
                 self.cached_tokens += len(new.key)
+                self._unreferenced += len(new.key)
                 return new, dup
             n = _common(child.key, tokens[i:])
             if n < len(child.key):
@@ -66,9 +69,14 @@ class RadixCache:
 
     def lock(self, node: Node, delta: int = 1) -> None:
         while node is not None:
+            before = node.ref
             node.ref += delta
             if node.ref < 0:
                 raise RuntimeError("radix node unlocked more often than locked")
+            if before == 0 and node.ref > 0:
+                self._unreferenced -= len(node.key)
+            elif before > 0 and node.ref == 0:
+                self._unreferenced += len(node.key)
             node = node.parent
 
     def unlock(self, node: Node) -> None:
@@ -76,24 +84,24 @@ class RadixCache:
 
     @property
     def evictable_tokens(self) -> int:
-        return sum(len(n.key) for n in self._nodes() if n.ref == 0)
+        return self._unreferenced
 
     def evict(self, num_tokens: int) -> list[int]:
         """Free at least ``num_tokens`` slots from unreferenced leaves (LRU first) if possible."""
         freed: list[int] = []
-        while len(freed) < num_tokens:
-            leaves = [
-                n for n in self._nodes() if not n.children and n.ref == 0 and n is not self.root
-            ]
-            if not leaves:
-                break
-            leaves.sort(key=lambda n: n.tick)
-            for leaf in leaves:
-                freed.extend(leaf.slots)
-                self._remove(leaf)
-                if len(freed) >= num_tokens:
-                    break
+        heap = [(n.tick, id(n), n) for n in self._nodes() if self._evictable_leaf(n)]
+        heapq.heapify(heap)
+        while heap and len(freed) < num_tokens:
+            _, _, leaf = heapq.heappop(heap)
+            parent = leaf.parent
+            freed.extend(leaf.slots)
+            self._remove(leaf)
+            if self._evictable_leaf(parent):
+                heapq.heappush(heap, (parent.tick, id(parent), parent))
         return freed
+
+    def _evictable_leaf(self, n: Node) -> bool:
+        return n is not self.root and not n.children and n.ref == 0
 
     def flush(self) -> list[int]:
         """Drop every unreferenced node; returns their slots."""
@@ -102,6 +110,7 @@ class RadixCache:
     def _remove(self, leaf: Node) -> None:
         del leaf.parent.children[leaf.key[0]]
         self.cached_tokens -= len(leaf.key)
+        self._unreferenced -= len(leaf.key)
 
     def _split(self, child: Node, n: int) -> Node:
         """Split ``child`` after n tokens; returns the new upper node."""
