@@ -180,15 +180,16 @@ def main(argv: list[str]) -> int:
             rep["environment"]["git"] = git_info(str(side.tree))
             rep["_path"] = str(out / side.name / "report.json")
             reports[side.name] = rep
-    return _verdict(args, spec, out, commit, results, reports)
+    return _verdict(args, spec, out, (ref, commit), results, reports)
 
 
-def _verdict(args, spec, out: Path, commit: str, results: dict, reports: dict) -> int:
+def _verdict(args, spec, out: Path, baseline: tuple[str, str], results: dict, reports: dict) -> int:
+    ref, commit = baseline
     base, cand = reports["baseline"], reports["candidate"]
     failed = {n: [c["id"] for c in r["cells"] if c["status"] != "ok"] for n, r in reports.items()}
     comparison = compare_paired(base, cand)
     comparison["ab"] = {
-        "baseline_ref": args.baseline_ref,
+        "baseline_ref": ref,
         "baseline_commit": commit,
         "pairs": args.pairs or spec.load.rounds,
         "order": "A/B on even pairs, B/A on odd pairs",

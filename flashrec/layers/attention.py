@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 
 from flashrec.engine.kv import KVCache
 
@@ -89,8 +90,77 @@ class AttentionBackend:
 
     needs_packed = False  # whether decode reads ``DecodeMeta.packed``
 
-    def prefill(self, q, k, v, layer_id: int, meta: PrefillMeta) -> torch.Tensor:
-        raise NotImplementedError
+    def prefill(self, q, k, v, layer_id, meta: PrefillMeta):
+        """Causal attention of each prompt's new tokens over its cached prefix + itself, no
+        padding. Sequences without a cached prefix and of equal length go through one batched
+        SDPA call; others one call each. Inputs are made contiguous [B, H, L, D] (SDPA's fast
+        cuDNN / flash kernels want that layout) and kv heads are repeated for GQA."""
+        kp, vp = self.kv.k[layer_id], self.kv.v[layer_id]
+        if self.kv.dtype != q.dtype:
+            # quantized KV (fp8): attend to the stored values, exactly what a later request
+            # that hits this prompt in the radix cache will read (cold == warm)
+            k, v = kp[meta.out_loc].to(q.dtype), vp[meta.out_loc].to(q.dtype)
+        out = torch.empty(q.shape[0], self.hq * self.d, dtype=q.dtype, device=q.device)
+        offs, off = [], 0
+        for n_new in meta.new_lens:
+            offs.append(off)
+            off += n_new
+        plain: dict[int, list[int]] = {}
+        for i, (n_new, n_pre) in enumerate(zip(meta.new_lens, meta.prefix_lens)):
+            if n_pre == 0:
+                plain.setdefault(n_new, []).append(i)
+                continue
+            o = self._one(q, k, v, offs[i], n_new, meta.seq_slots[i][:n_pre], kp, vp)
+            out[offs[i] : offs[i] + n_new] = o
+        for n_new, idx in plain.items():
+            sel = (
+                torch.cat([torch.arange(offs[i], offs[i] + n_new, device=q.device) for i in idx])
+                if len(idx) > 1
+                else None
+            )
+            qs, ks, vs = (
+                x[sel] if sel is not None else x[offs[idx[0]] : offs[idx[0]] + n_new]
+                for x in (q, k, v)
+            )
+            b = len(idx)
+            o = self._sdpa(
+                qs.view(b, n_new, self.hq, self.d),
+                ks.view(b, n_new, self.hkv, self.d),
+                vs.view(b, n_new, self.hkv, self.d),
+                None,
+            )
+            o = o.reshape(b * n_new, -1)
+            if sel is None:
+                out[offs[idx[0]] : offs[idx[0]] + n_new] = o
+            else:
+                out[sel] = o
+        return out
+
+    def _one(self, q, k, v, off, n_new, prefix_slots, kp, vp):
+        n_pre = prefix_slots.shape[0]
+        ks = torch.cat([kp[prefix_slots].to(q.dtype), k[off : off + n_new]], 0)
+        vs = torch.cat([vp[prefix_slots].to(q.dtype), v[off : off + n_new]], 0)
+        total = n_pre + n_new
+        qpos = torch.arange(n_pre, total, device=q.device)
+        mask = torch.arange(total, device=q.device)[None, :] <= qpos[:, None]
+        o = self._sdpa(q[off : off + n_new][None], ks[None], vs[None], mask)
+        return o.reshape(n_new, -1)
+
+    def _sdpa(self, q, k, v, mask):
+        """q [B, Lq, Hq, D], k/v [B, Lk, Hkv, D] -> [B, Lq, Hq, D]; causal (lower right)."""
+        g = self.hq // self.hkv
+        qh = q.transpose(1, 2).contiguous()
+        kh = k.transpose(1, 2)
+        vh = v.transpose(1, 2)
+        if g > 1:
+            kh = kh.repeat_interleave(g, dim=1)
+            vh = vh.repeat_interleave(g, dim=1)
+        kh, vh = kh.contiguous(), vh.contiguous()
+        if mask is None:
+            o = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, scale=self.scale)
+        else:
+            o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, scale=self.scale)
+        return o.transpose(1, 2)
 
     def decode(self, q, layer_id: int, meta: DecodeMeta) -> torch.Tensor:
         raise NotImplementedError
@@ -110,27 +180,14 @@ def _attend(
 
 
 class TorchAttention(AttentionBackend):
-    """Plain PyTorch reference (CPU path): loops over sequences / requests."""
+    """Plain PyTorch decode (CPU path and reference): loops over requests; prefill is the
+    base class's SDPA path (checked against ``prefill_reference``)."""
 
     def _split_q(self, q: torch.Tensor) -> torch.Tensor:
         # [M, Hq, D] -> [Hkv, G, M, D]; q head h uses kv head h // G (HF repeat_kv order)
         m = q.shape[0]
         g = self.hq // self.hkv
         return q.view(m, self.hkv, g, self.d).permute(1, 2, 0, 3)
-
-    def prefill(self, q, k, v, layer_id, meta: PrefillMeta):
-        kp, vp = self.kv.k[layer_id], self.kv.v[layer_id]
-        outs, off = [], 0
-        for slots, n_new, n_pre in zip(meta.seq_slots, meta.new_lens, meta.prefix_lens):
-            qs = self._split_q(q[off : off + n_new])
-            k = kp[slots].to(q.dtype).transpose(0, 1)  # [Hkv, L, D]
-            v = vp[slots].to(q.dtype).transpose(0, 1)
-            total = n_pre + n_new
-            qpos = torch.arange(n_pre, total, device=q.device)
-            mask = torch.arange(total, device=q.device)[None, :] <= qpos[:, None]
-            outs.append(_attend(qs, k, v, self.scale, mask))
-            off += n_new
-        return torch.cat(outs, dim=0)
 
     def decode(self, q, layer_id, meta: DecodeMeta):
         kp, vp = self.kv.k[layer_id], self.kv.v[layer_id]
@@ -160,6 +217,22 @@ class TorchAttention(AttentionBackend):
             )
             out[grp.start : grp.end] = o.permute(2, 0, 1, 3).reshape(n, g * self.hkv * self.d)
         return out
+
+
+def prefill_reference(backend: TorchAttention, q, layer_id: int, meta: PrefillMeta) -> torch.Tensor:
+    """Explicit-softmax prefill over the pool (the math every prefill path must equal)."""
+    kp, vp = backend.kv.k[layer_id], backend.kv.v[layer_id]
+    outs, off = [], 0
+    for slots, n_new, n_pre in zip(meta.seq_slots, meta.new_lens, meta.prefix_lens):
+        qs = backend._split_q(q[off : off + n_new])  # noqa: SLF001
+        k = kp[slots].to(q.dtype).transpose(0, 1)  # [Hkv, L, D]
+        v = vp[slots].to(q.dtype).transpose(0, 1)
+        total = n_pre + n_new
+        qpos = torch.arange(n_pre, total, device=q.device)
+        mask = torch.arange(total, device=q.device)[None, :] <= qpos[:, None]
+        outs.append(_attend(qs, k, v, backend.scale, mask))
+        off += n_new
+    return torch.cat(outs, dim=0)
 
 
 ATTENTION_BACKENDS: dict[str, str] = {
