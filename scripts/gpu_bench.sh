@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Reproducible GPU run: install carried wheels, build the synthetic onerec-1.7b model + 1.5M-SID
+# catalog, run `pytest -m gpu`, the offline benchmark campaign and (optionally) a matrix.
+#   OUT=reports/h200/<date> bash scripts/gpu_bench.sh [matrices/onerec_fp8.yaml]
+# Wheels: run scripts/gpu_wheels.sh where PyPI is reachable and carry .whl to the GPU machine.
+set -u
+cd "$(dirname "$0")/.."
+OUT=${OUT:-reports/gpu/$(date +%Y%m%d-%H%M%S)}; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/flashrec-site .whl/*.whl \
+    && export PYTHONPATH=$PYTHONPATH:/tmp/flashrec-site
+fi
+MODEL=${MODEL:-/tmp/onerec}
+python -m flashrec.check_env --require gpu,fp8,triton | tee "$OUT/check_env.txt"
+[ -f "$MODEL/synth_info.json" ] || python -m flashrec synth --preset onerec-1.7b --out "$MODEL" --catalog-size 1500000 > "$OUT/synth.log" 2>&1
+python -m pytest -q -p no:cacheprovider -m gpu tests 2>&1 | tee "$OUT/gpu_tests.log" | tail -3
+OUT=$OUT bash scripts/h200_bench.sh "$MODEL"
+if [ $# -ge 1 ]; then
+  MODEL_PATH=$MODEL SID_VOCAB_FILE=$MODEL/catalog.json flashrec-bench "$1" --out "$OUT/matrix" 2>&1 | tail -5 \
+    || python -m harness "$1" --out "$OUT/matrix" 2>&1 | tail -5
+fi
+echo "results in $OUT"
