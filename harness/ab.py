@@ -36,7 +36,7 @@ from harness.metrics import round_metrics
 from harness.model import ResolvedModel
 from harness.progress import Progress
 from harness.runner import RunOptions, _Campaign
-from harness.server import Server, ServerError
+from harness.server import LaunchedServer, Server, ServerError, group_members
 from harness.spec import EngineSpec, MatrixSpec
 
 DEFAULT_REF = "HEAD~1"
@@ -136,6 +136,29 @@ class Side:
         return out.stdout.strip() if out.returncode == 0 else f"<import failed: {out.stderr}>"
 
 
+# --------------------------------------------------------------------------- CPU pinning
+
+
+def cpu_split() -> tuple[set[int], set[int]] | None:
+    """(server CPUs, client CPUs): the last allowed CPU for the servers of both sides, the
+    others for the harness's client; None with fewer than 2 CPUs."""
+    cpus = sorted(os.sched_getaffinity(0))
+    return ({cpus[-1]}, set(cpus[:-1])) if len(cpus) >= 2 else None
+
+
+def pin_server(server: Server, cpus: set[int]) -> None:
+    """Pin every thread of a launched server's process group to ``cpus`` (threads it starts
+    later inherit the mask)."""
+    if not isinstance(server, LaunchedServer) or server.proc is None:
+        return
+    for pid in group_members(server.proc.pid):
+        for task in Path(f"/proc/{pid}/task").glob("*"):
+            try:
+                os.sched_setaffinity(int(task.name), cpus)
+            except OSError:  # the thread just exited
+                pass
+
+
 # --------------------------------------------------------------------------- the A/B run
 
 
@@ -165,8 +188,10 @@ class ABRun:
         out_dir: Path,
         model: ResolvedModel | None,
         log: Callable[[str], None] = print,
+        server_cpus: set[int] | None = None,
     ) -> None:
         self.spec, self.sides, self.pairs, self.log = spec, sides, pairs, log
+        self.server_cpus = server_cpus
         self.cells = {s.name: s.cells(cells) for s in sides}
         self.campaigns = {
             s.name: _Campaign(spec, RunOptions(out_dir / s.name, rounds=1), Progress(1), model)
@@ -186,6 +211,8 @@ class ABRun:
                 res.status, res.error = "failed", f"{side} server start failed: {exc}"
                 res.log_tail = exc.log_tail
             return None
+        if self.server_cpus:
+            pin_server(server, self.server_cpus)
         return server
 
     async def _visit(self, session, side: str, server: Server, cell: Cell, pair: int) -> dict:

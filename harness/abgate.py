@@ -18,10 +18,20 @@ import asyncio
 import dataclasses
 import datetime as dt
 import json
+import os
 import sys
 from pathlib import Path
 
-from harness.ab import DEFAULT_REF, PIN_FILE, ABRun, Side, pinned_ref, repo_root, resolve_commit
+from harness.ab import (
+    DEFAULT_REF,
+    PIN_FILE,
+    ABRun,
+    Side,
+    cpu_split,
+    pinned_ref,
+    repo_root,
+    resolve_commit,
+)
 from harness.ab import worktree as baseline_worktree
 from harness.cells import load_cells, select
 from harness.environment import git_info
@@ -55,6 +65,12 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="pass (exit 0, 'skipped') when the baseline is missing, predates the matrix or "
         "cannot serve it; for CI",
+    )
+    p.add_argument(
+        "--pin-cpus",
+        action="store_true",
+        help="pin the servers of both sides to one CPU (the last) and the client to the others, "
+        "so that both sides meet the same core and its other load (small CPU-only machines)",
     )
     for name in ("candidate", "baseline"):
         p.add_argument(
@@ -172,7 +188,11 @@ def main(argv: list[str]) -> int:
         except ModelError as exc:
             print(f"gate: {exc}", file=sys.stderr)
             return EXIT_USAGE
-        run = ABRun(spec, cells, sides, pairs, out, model, log)
+        split = cpu_split() if args.pin_cpus else None
+        if split:
+            os.sched_setaffinity(0, split[1])
+            log(f"gate: servers pinned to CPU {sorted(split[0])}, client to {sorted(split[1])}")
+        run = ABRun(spec, cells, sides, pairs, out, model, log, split[0] if split else None)
         results = asyncio.run(run.run())
         reports = {}
         for side in sides:

@@ -17,7 +17,7 @@ python -m flashrec.check_env --require gpu,fp8,triton | tee "$OUT/check_env.txt"
 python -m pytest -q -p no:cacheprovider -m gpu tests 2>&1 | tee "$OUT/gpu_tests.log" | tail -3
 OUT=$OUT bash scripts/h200_bench.sh "$MODEL"
 if [ $# -ge 1 ]; then
-  MODEL_PATH=$MODEL SID_VOCAB_FILE=$MODEL/catalog.json flashrec-bench "$1" --out "$OUT/matrix" 2>&1 | tail -5 \
-    || python -m harness "$1" --out "$OUT/matrix" 2>&1 | tail -5
+  bench="python -m harness"; command -v flashrec-bench >/dev/null && bench=flashrec-bench
+  MODEL_PATH=$MODEL SID_VOCAB_FILE=$MODEL/catalog.json $bench "$1" --out "$OUT/matrix" 2>&1 | tail -5
 fi
 echo "results in $OUT"
