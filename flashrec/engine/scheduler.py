@@ -27,7 +27,7 @@ from flashrec.sid.layout import SidLayout
 log = logging.getLogger("flashrec")
 
 # TEST ONLY: re-creates the historical drift bug (a host-side cache keyed by ``id(state)``,
-# whose addresses CPython reuses) so that harness/determinism.py can be shown to catch it.
+# whose addresses CPython reuses) so that harness/determinism/ can be shown to catch it.
 PLANT_ID_CACHE_ENV = "FLASHREC_TEST_PLANT_ID_CACHE"
 
 

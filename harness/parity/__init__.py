@@ -1,0 +1,108 @@
+"""Parity: the beams of a candidate server against a reference, per prompt, n and protocol.
+
+    reference URL ─┐                       ┌─ exact ranked match, top-1 agreement,
+                   ├─ same prompts, n ─────┤  beam-set overlap, Spearman on shared beams,
+    candidate URL ─┘  (chat | /generate)   └─ max |score diff| on shared beams -> thresholds
+
+Protocol-agnostic: each server's protocols come from ``/get_server_info`` (``protocols``) or a
+probe; ``SGLANG_BEAM_PROTOCOL=chat|generate`` forces one. Beams are identified by their token
+ids (``sglext.token_ids`` / ``beam_results[i].token_ids``), or by their text when a server
+returns no ids. Thresholds depend on the precision (:data:`THRESHOLDS`); a failure carries a
+per-prompt diff table (:func:`diff_table`). :func:`run_parity_stage` is the matrix stage.
+
+    compare.py  thresholds, per-case metrics, evaluation, diff tables (no network)
+    fetch.py    beam requests per protocol, protocol detection, prompts, the case loop
+    stage.py    launched or given servers, the matrix stage, parity.json
+
+NOTE: :func:`run_stage` (the runner adapter) lives here, not in stage.py, so that it finds
+:func:`run_parity_stage` in this namespace, where tests replace it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from harness.parity.compare import (
+    PRECISION_ARGS,
+    THRESHOLDS,
+    Beam,
+    Case,
+    Thresholds,
+    compare_beams,
+    diff_table,
+    evaluate,
+    failure_text,
+    parity_result,
+    precision_args,
+    spearman,
+    summarise,
+    thresholds_for,
+)
+from harness.parity.fetch import (
+    FETCH_ERRORS,
+    PROTOCOL_ENV,
+    PROTOCOLS,
+    ParityPrompt,
+    body_for,
+    builtin_text,
+    compare_servers,
+    default_max_tokens,
+    detect_protocols,
+    fetch_beams,
+    make_prompts,
+    parse_beams,
+    post,
+    request_for,
+)
+from harness.parity.stage import compact, engine_device, run_parity_stage, serving
+
+__all__ = [
+    "FETCH_ERRORS",
+    "PRECISION_ARGS",
+    "PROTOCOLS",
+    "PROTOCOL_ENV",
+    "THRESHOLDS",
+    "Beam",
+    "Case",
+    "ParityPrompt",
+    "Thresholds",
+    "body_for",
+    "builtin_text",
+    "compact",
+    "compare_beams",
+    "compare_servers",
+    "default_max_tokens",
+    "detect_protocols",
+    "diff_table",
+    "engine_device",
+    "evaluate",
+    "failure_text",
+    "fetch_beams",
+    "make_prompts",
+    "parity_result",
+    "parse_beams",
+    "post",
+    "precision_args",
+    "request_for",
+    "run_parity_stage",
+    "run_stage",
+    "serving",
+    "spearman",
+    "summarise",
+    "thresholds_for",
+]
+
+
+def run_stage(section: Any, ctx: Any) -> dict:
+    """Runner adapter (``harness.runner.STAGES``): the ``parity:`` section + StageContext;
+    returns :func:`compact` of the result with ``details`` naming the full ``parity.json``."""
+    spec = section.model_dump() if hasattr(section, "model_dump") else dict(section)
+    spec.pop("enabled", None)
+    spec.setdefault("device", engine_device(ctx))
+    model = ctx.model
+    out = Path(ctx.out_dir) / "parity"
+    result = run_parity_stage(
+        spec, model.path if model else None, model.catalog if model else None, out
+    )
+    return {**compact(result), "details": str(out / "parity.json")}

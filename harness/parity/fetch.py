@@ -1,0 +1,205 @@
+"""Parity requests: beam requests in either protocol (chat | /generate), answer parsing,
+protocol detection, the synthetic prompts, and the case loop over two servers."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from harness.client import Request, chat_body, generate_body
+from harness.parity.compare import Beam, Case, compare_beams
+from harness.server import fetch_info
+from harness.workload import Prompt, PromptRenderer, load_tokenizer
+
+PROTOCOLS = ("chat", "generate")
+PROTOCOL_ENV = "SGLANG_BEAM_PROTOCOL"
+# what a failed or malformed beam request raises (a case error, never a crash)
+FETCH_ERRORS = (
+    aiohttp.ClientError,
+    asyncio.TimeoutError,
+    RuntimeError,
+    ValueError,
+    KeyError,
+    TypeError,
+)
+
+
+def parse_beams(protocol: str, data: Any) -> list[Beam]:
+    """Beams (best first) of a chat or /generate response."""
+    if protocol == "chat":
+        out = []
+        for ch in data["choices"]:
+            ext = ch.get("sglext") or {}
+            score = ext.get("sequence_score")
+            if score is None:
+                raise ValueError("chat choice without sglext.sequence_score (not a beam server?)")
+            out.append(
+                Beam(
+                    tuple(ext.get("token_ids") or ()),
+                    float(score),
+                    (ch.get("message") or {}).get("content") or "",
+                )
+            )
+        return out
+    if isinstance(data, list):
+        data = data[0]
+    beams = (data.get("meta_info") or {}).get("beam_results")
+    if beams is None:
+        raise ValueError("/generate answer without meta_info.beam_results (not a beam server?)")
+    return [
+        Beam(
+            tuple(b.get("token_ids") or ()),
+            float((b.get("meta_info") or {})["sequence_score"]),
+            b.get("text") or "",
+        )
+        for b in beams
+    ]
+
+
+async def post(session: aiohttp.ClientSession, url: str, body: dict, timeout_s: float) -> Any:
+    """POST JSON; the parsed answer, or RuntimeError with the status and body head."""
+    timeout = aiohttp.ClientTimeout(total=timeout_s)
+    async with session.post(url, json=body, timeout=timeout) as r:
+        raw = await r.read()
+    if r.status != 200:
+        raise RuntimeError(f"HTTP {r.status} from {url}: {raw[:300].decode(errors='replace')}")
+    return json.loads(raw)
+
+
+def request_for(
+    messages: list[dict], text: str | None, n: int, max_tokens: int, index: int = 0
+) -> Request:
+    """A temperature-0 harness request."""
+    return Request(Prompt(index, messages), n, max_tokens, 0.0, text=text)
+
+
+def body_for(protocol: str, req: Request) -> tuple[str, dict]:
+    """(path, JSON body) of a request in ``protocol`` (the harness client's bodies)."""
+    return (
+        ("/v1/chat/completions", chat_body(req))
+        if protocol == "chat"
+        else ("/generate", generate_body(req))
+    )
+
+
+async def fetch_beams(
+    session: aiohttp.ClientSession,
+    base_url: str,
+    protocol: str,
+    req: Request,
+    timeout_s: float = 300.0,
+) -> list[Beam]:
+    """Send one request and parse its beams."""
+    path, body = body_for(protocol, req)
+    return parse_beams(protocol, await post(session, base_url.rstrip("/") + path, body, timeout_s))
+
+
+async def detect_protocols(session: aiohttp.ClientSession, base_url: str) -> list[str]:
+    """The beam protocols a server speaks: ``SGLANG_BEAM_PROTOCOL`` if set, else its
+    ``/get_server_info`` ``protocols``, else FlashRec's (both), else a probe of each."""
+    forced = os.environ.get(PROTOCOL_ENV, "").strip().lower()
+    if forced:
+        if forced not in PROTOCOLS:
+            raise ValueError(f"{PROTOCOL_ENV}={forced!r}; expected one of {PROTOCOLS}")
+        return [forced]
+    info = await fetch_info(session, base_url)
+    declared = info.get("protocols")
+    if isinstance(declared, list):
+        return [p for p in PROTOCOLS if p in declared]
+    if "sid_layout" in info and "limits" in info:  # a FlashRec server
+        return list(PROTOCOLS)
+    found = []
+    msgs = [{"role": "user", "content": "parity probe"}]
+    probe = request_for(msgs, builtin_text(msgs), 2, 8)
+    for protocol in PROTOCOLS:
+        try:
+            if await fetch_beams(session, base_url, protocol, probe, timeout_s=60):
+                found.append(protocol)
+        except FETCH_ERRORS:
+            continue
+    return found
+
+
+def builtin_text(messages: list[dict]) -> str:
+    """/generate text without a tokenizer: built-in ChatML + ``<|sid_begin|>``."""
+    return PromptRenderer(None).render(messages)
+
+
+@dataclass(frozen=True)
+class ParityPrompt:
+    """A prompt in both forms: chat messages and /generate text."""
+
+    index: int
+    messages: list[dict]
+    text: str
+
+
+def make_prompts(
+    num: int = 8,
+    median_tokens: int = 96,
+    seed: int = 0,
+    system_prompt_tokens: int = 32,
+    model_path: str | None = None,
+) -> list[ParityPrompt]:
+    """Synthetic chat prompts (``flashrec.synth``); /generate text rendered with the model's
+    tokenizer when ``model_path`` is given (else built-in ChatML)."""
+    from flashrec.synth import synth_prompts
+
+    tok = load_tokenizer(model_path) if model_path else None
+    chats = synth_prompts(
+        num,
+        median_tokens=median_tokens,
+        spread=0.5,
+        seed=seed,
+        system_prompt_tokens=system_prompt_tokens,
+        tokenizer=tok,
+    )
+    render = PromptRenderer(tok)
+    return [ParityPrompt(i, m, render.render(m)) for i, m in enumerate(chats)]
+
+
+async def compare_servers(
+    session: aiohttp.ClientSession,
+    ref_url: str,
+    cand_url: str,
+    prompts: list[ParityPrompt],
+    ns: list[int],
+    protocols: list[str],
+    max_tokens: int = 4,
+    timeout_s: float = 300.0,
+    on_case: Any = None,
+) -> list[Case]:
+    """Every (protocol, prompt, n) case; both servers are asked at the same time."""
+    cases = []
+    for protocol in protocols:
+        for p in prompts:
+            for n in ns:
+                req = request_for(p.messages, p.text, n, max_tokens, p.index)
+                case = Case(protocol, p.index, n)
+                try:
+                    case.ref, case.cand = await asyncio.gather(
+                        fetch_beams(session, ref_url, protocol, req, timeout_s),
+                        fetch_beams(session, cand_url, protocol, req, timeout_s),
+                    )
+                    case.metrics = compare_beams(case.ref, case.cand)
+                except FETCH_ERRORS as exc:
+                    case.error = f"{type(exc).__name__}: {exc}"[:300]
+                cases.append(case)
+                if on_case:
+                    on_case(case)
+    return cases
+
+
+async def default_max_tokens(session: aiohttp.ClientSession, *base_urls: str) -> int:
+    """SID depth + 1 (the end token) from the first server whose info says; else 4."""
+    for url in base_urls:
+        info = await fetch_info(session, url)
+        depth = info.get("depth") or ((info.get("engine") or {}).get("catalog") or {}).get("depth")
+        if depth:
+            return int(depth) + 1
+    return 4

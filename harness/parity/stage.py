@@ -1,0 +1,188 @@
+"""Parity servers and the matrix stage: the given URLs or a launched HF reference + FlashRec
+pair (:func:`serving`), and :func:`run_parity_stage`, which compares them and writes
+``parity.json``."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from harness.parity.compare import failure_text, parity_result, precision_args, thresholds_for
+from harness.parity.fetch import (
+    compare_servers,
+    default_max_tokens,
+    detect_protocols,
+    make_prompts,
+)
+from harness.server import fetch_info
+
+
+def _engines(device: str | None) -> dict[str, Any]:
+    from harness.spec import EngineSpec
+
+    return {
+        "reference": EngineSpec(
+            name="hf-reference",
+            kind="command",
+            command=["python", "-m", "harness.reference_server"],
+            device=device,
+            startup_timeout_s=600,
+        ),
+        "candidate": EngineSpec(
+            name="flashrec", kind="flashrec", device=device, startup_timeout_s=600
+        ),
+    }
+
+
+async def _wait_all(servers: list) -> None:
+    async with aiohttp.ClientSession() as session:
+        await asyncio.gather(*(s.wait_healthy(session) for s in servers))
+        for s in servers:
+            s.info = await fetch_info(session, s.base_url)
+
+
+@contextlib.contextmanager
+def serving(
+    model_path: str | None,
+    catalog: str | None,
+    log_dir: str | Path,
+    reference_url: str | None = None,
+    candidate_url: str | None = None,
+    device: str | None = None,
+    server_args: dict | None = None,
+    reference_args: dict | None = None,
+) -> Iterator[dict[str, str]]:
+    """``{"reference": URL, "candidate": URL}``: the given URLs, else an HF reference server
+    and a FlashRec server launched side by side on ``model_path`` (ephemeral ports on
+    127.0.0.1, process groups stopped on exit, logs in ``log_dir``)."""
+    from harness.model import ResolvedModel
+    from harness.server import LaunchedServer
+
+    urls = {"reference": reference_url, "candidate": candidate_url}
+    model = ResolvedModel(model_path, catalog, "-", "path", 0) if model_path else None
+    args = {"reference": dict(reference_args or {}), "candidate": dict(server_args or {})}
+    engines = _engines(device)
+    launched: list[LaunchedServer] = []
+    try:
+        for role in ("reference", "candidate"):
+            if urls[role]:
+                continue
+            if model is None:
+                raise ValueError(f"parity: no {role} URL and no model path to launch one on")
+            srv = LaunchedServer(engines[role], args[role], model, Path(log_dir) / f"{role}.log")
+            launched.append(srv)
+            srv.launch()
+            urls[role] = srv.base_url
+        if launched:
+            asyncio.run(_wait_all(launched))
+        yield {k: str(v) for k, v in urls.items()}
+    finally:
+        for srv in launched:
+            srv.stop()
+
+
+# --------------------------------------------------------------------------- matrix stage
+
+
+async def _compare_stage(spec: dict, urls: dict[str, str], model_path: str | None) -> dict:
+    async with aiohttp.ClientSession() as session:
+        protocols = spec.get("protocols") or "auto"
+        if protocols == "auto":
+            a = await detect_protocols(session, urls["reference"])
+            b = await detect_protocols(session, urls["candidate"])
+            protocols = [p for p in a if p in b]
+        if not protocols:
+            raise ValueError("the reference and the candidate share no beam protocol")
+        max_tokens = spec.get("max_tokens") or await default_max_tokens(
+            session, urls["candidate"], urls["reference"]
+        )
+        prompts = make_prompts(
+            int(spec.get("prompts", 8)),
+            int(spec.get("median_tokens", 96)),
+            int(spec.get("seed", 0)),
+            int(spec.get("system_prompt_tokens", 32)),
+            model_path,
+        )
+        cases = await compare_servers(
+            session,
+            urls["reference"],
+            urls["candidate"],
+            prompts,
+            [int(n) for n in spec.get("ns", [1, 4, 16, 64])],
+            list(protocols),
+            int(max_tokens),
+            float(spec.get("timeout_s", 300.0)),
+        )
+    precision = str(spec.get("precision", "float32"))
+    th = thresholds_for(precision, spec.get("thresholds"))
+    return parity_result(cases, th, precision, list(protocols))
+
+
+def run_parity_stage(
+    spec: dict,
+    model_path: str | None = None,
+    sid_vocab_file: str | None = None,
+    out_dir: str | Path = "parity",
+    log: Any = print,
+) -> dict:
+    """The ``parity:`` matrix stage.
+
+    ``spec`` keys (all optional): ``reference_url`` / ``candidate_url`` (else an HF reference
+    server and a FlashRec server are launched on ``model_path``), ``server_args`` (FlashRec
+    flags), ``reference_args`` (reference-server flags: ``dtype``, ``logprob_scope``, ...),
+    ``device``, ``ns`` ([1, 4, 16, 64]), ``prompts`` (8), ``median_tokens``,
+    ``system_prompt_tokens``, ``seed``, ``protocols`` ("auto" or a list), ``max_tokens``
+    (SID depth + 1), ``precision`` (float32 | bfloat16 | fp8: the thresholds, and the
+    launched servers' dtype / quantization flags, :data:`PRECISION_ARGS`), ``thresholds``
+    (field overrides of :class:`Thresholds`). Returns the :func:`parity_result` dict (``status``
+    "error" with ``error`` when the stage could not run), also written to
+    ``out_dir/parity.json``.
+    """
+    out = Path(out_dir)
+    t0 = time.monotonic()
+    try:
+        cand_args, ref_args = precision_args(str(spec.get("precision", "float32")))
+        with serving(
+            model_path,
+            sid_vocab_file,
+            out / "servers",
+            spec.get("reference_url"),
+            spec.get("candidate_url"),
+            spec.get("device"),
+            {**cand_args, **(spec.get("server_args") or {})},
+            {**ref_args, **(spec.get("reference_args") or {})},
+        ) as urls:
+            result = asyncio.run(_compare_stage(spec, urls, model_path))
+            result["servers"] = urls
+    except Exception as exc:  # noqa: BLE001 - a stage reports, it does not abort the report
+        result = {"status": "error", "passed": False, "error": f"{type(exc).__name__}: {exc}"}
+        if getattr(exc, "log_tail", ""):
+            result["log_tail"] = exc.log_tail
+    result["duration_s"] = round(time.monotonic() - t0, 2)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "parity.json").write_text(json.dumps(result, indent=1, default=str))
+    if result["status"] == "fail":
+        log(failure_text(result))
+    return result
+
+
+def engine_device(ctx: Any) -> str | None:
+    """The matrix's first engine's device (the stage's default)."""
+    engines = getattr(getattr(ctx, "spec", None), "engine_list", None) or []
+    return engines[0].device if engines else None
+
+
+def compact(result: dict, tables: int = 3) -> dict:
+    """The result for report.json: without per-case rows, at most ``tables`` diff tables
+    (the full result stays in ``parity.json``)."""
+    out = {k: v for k, v in result.items() if k != "cases"}
+    if "diff_tables" in out:
+        out["diff_tables"] = out["diff_tables"][:tables]
+    return out
