@@ -74,7 +74,9 @@ class ModelConfig:
         if cfg.get("mlp_bias"):
             raise ValueError("mlp_bias=true is not supported (no dense GenRec backbone uses it)")
         if str(cfg.get("hidden_act", "silu")) != "silu":
-            raise ValueError(f"hidden_act {cfg.get('hidden_act')!r} is not supported (SwiGLU/silu only)")
+            raise ValueError(
+                f"hidden_act {cfg.get('hidden_act')!r} is not supported (SwiGLU/silu only)"
+            )
         scaling = cfg.get("rope_scaling")
         if scaling and scaling.get("rope_type", scaling.get("type")) not in (None, "default"):
             raise ValueError(f"rope_scaling {scaling!r} is not supported")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from flashrec.config import EngineConfig, ModelConfig
@@ -195,21 +196,28 @@ class ModelRunner:
             return out
 
 
+def host_to_device(arrays: list, device, dtype=np.int64) -> list[torch.Tensor]:
+    """Many small integer host arrays -> device views through ONE copy (pinned on CUDA, so
+    the copy is asynchronous: no per-array launches, no sync)."""
+    sizes = [len(a) for a in arrays]
+    host = torch.from_numpy(np.concatenate([np.asarray(a, dtype=dtype) for a in arrays]))
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        buf = host.pin_memory().to(dev, non_blocking=True)
+    else:
+        buf = host
+    return list(torch.split(buf, sizes))
+
+
 def make_prefill_meta(seqs, device) -> PrefillMeta:
-    """seqs: list of (prefix_len, new_slots list, all_slots list)."""
-    positions, out_loc, seq_slots, new_lens, prefix_lens, last = [], [], [], [], [], []
-    off = 0
-    for prefix_len, new_slots, all_slots in seqs:
-        n = len(new_slots)
-        positions.extend(range(prefix_len, prefix_len + n))
-        out_loc.extend(new_slots)
-        seq_slots.append(torch.tensor(all_slots, dtype=torch.long, device=device))
-        new_lens.append(n)
-        prefix_lens.append(prefix_len)
-        off += n
-        last.append(off - 1)
-    t = lambda x: torch.tensor(x, dtype=torch.long, device=device)  # noqa: E731
-    return PrefillMeta(t(positions), t(out_loc), seq_slots, new_lens, prefix_lens, t(last))
+    """seqs: list of (prefix_len, new_slots, all_slots) with slot lists or arrays."""
+    new_lens = [len(new) for _, new, _ in seqs]
+    prefix_lens = [pre for pre, _, _ in seqs]
+    positions = np.concatenate([np.arange(p, p + n) for p, n in zip(prefix_lens, new_lens)])
+    out_loc = np.concatenate([np.asarray(new, dtype=np.int64) for _, new, _ in seqs])
+    last = np.cumsum(new_lens) - 1
+    parts = host_to_device([positions, out_loc, last] + [np.asarray(a) for _, _, a in seqs], device)
+    return PrefillMeta(parts[0], parts[1], parts[3:], new_lens, prefix_lens, parts[2])
 
 
 BLOCK_M = 64  # query rows per program of the beam-decode kernel
@@ -218,43 +226,26 @@ BLOCK_M = 64  # query rows per program of the beam-decode kernel
 def make_decode_meta(
     groups_in, depth: int, device, packed: bool = False, group_size: int = 1
 ) -> DecodeMeta:
-    """groups_in: list of (rows tensor [n], prompt_slots tensor, step, position)."""
-    rows, positions, out_loc, groups = [], [], [], []
-    start = 0
-    for r, prompt_slots, step, pos in groups_in:
-        n = r.shape[0]
-        rows.append(r)
-        positions.append(torch.full((n,), pos, dtype=torch.long, device=device))
-        out_loc.append(r * depth + step)
-        groups.append(DecodeGroup(start, start + n, prompt_slots, step))
-        start += n
-    meta = DecodeMeta(torch.cat(positions), torch.cat(rows), torch.cat(out_loc), groups)
-    if packed:
-        meta.packed = pack_decode(groups, group_size, device)
+    """groups_in: per request (rows_np, slots_np, slots_t, step, position); one host->device
+    copy carries positions, rows, out_loc and (``packed``) the fused kernel's metadata."""
+    ns = [len(g[0]) for g in groups_in]
+    rows = np.concatenate([g[0] for g in groups_in])
+    steps = np.repeat([g[3] for g in groups_in], ns)
+    positions = np.repeat([g[4] for g in groups_in], ns)
+    arrays = [positions, rows, rows * depth + steps]
+    starts = np.concatenate([[0], np.cumsum(ns)[:-1]]).astype(np.int64)
+    dev = host_to_device(arrays, device)
+    groups = [DecodeGroup(int(a), int(a) + n, g[2], g[3]) for a, n, g in zip(starts, ns, groups_in)]
+    meta = DecodeMeta(dev[0], dev[1], dev[2], groups)
+    if packed:  # int32, as the kernel and the graph's static buffers take it
+        lens = [len(g[1]) for g in groups_in]
+        slot_start = np.concatenate([[0], np.cumsum(lens)[:-1]])
+        blocks = [(group_size * n + BLOCK_M - 1) // BLOCK_M for n in ns]
+        work = [(i, b) for i, k in enumerate(blocks) for b in range(k)]
+        pk = host_to_device(
+            [np.concatenate([g[1] for g in groups_in]), starts, ns, slot_start, lens,
+             [g[3] for g in groups_in], np.asarray(work).reshape(-1)],
+            device, np.int32,
+        )  # fmt: skip
+        meta.packed = PackedDecode(*pk[:6], pk[6].view(-1, 2))
     return meta
-
-
-def pack_decode(
-    groups: list[DecodeGroup], group_size: int, device, num_work: int | None = None
-) -> PackedDecode:
-    """Kernel metadata: one int32 host buffer, one copy to the device, then views."""
-    b = len(groups)
-    slots = torch.cat([g.prompt_slots for g in groups]).to(torch.int32)
-    lens = [g.prompt_slots.shape[0] for g in groups]
-    head = torch.empty(5, b, dtype=torch.int32)
-    acc = 0
-    work = []
-    for i, g in enumerate(groups):
-        n = g.end - g.start
-        head[:, i] = torch.tensor([g.start, n, acc, lens[i], g.step], dtype=torch.int32)
-        acc += lens[i]
-        work.extend((i, blk) for blk in range((group_size * n + BLOCK_M - 1) // BLOCK_M))
-    if num_work is not None:
-        work.extend([(-1, 0)] * (num_work - len(work)))
-    work_t = torch.tensor(work, dtype=torch.int32).reshape(-1, 2)
-    host = torch.cat([head.reshape(-1), work_t.reshape(-1)])
-    dev = host.to(device, non_blocking=False)
-    hd = dev[: 5 * b].view(5, b)
-    return PackedDecode(
-        slots.to(device), hd[0], hd[1], hd[2], hd[3], hd[4], dev[5 * b :].view(-1, 2)
-    )

@@ -13,6 +13,7 @@ import random
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from flashrec.beam.search import expand, sequence_scores, unconstrained_candidates
@@ -45,6 +46,8 @@ class ReqState:
     nodes: torch.Tensor | None = None
     generator: torch.Generator | None = None
     prompt_slots_t: torch.Tensor | None = None
+    prompt_slots_np: np.ndarray | None = None
+    rows_np: np.ndarray | None = None
     step_inputs: tuple[str, str] | None = None  # debug step hash: (inputs, raw kv) of this step
 
     @property
@@ -173,7 +176,8 @@ class Scheduler:
             st.cached_tokens = len(slots)
             st.private_slots = self.kv.tokens.alloc(need)
             st.prompt_slots = list(slots) + st.private_slots
-            st.rows = torch.tensor(self.kv.rows.alloc(req.n), dtype=torch.long, device=self.device)
+            st.rows_np = np.asarray(self.kv.rows.alloc(req.n), dtype=np.int64)
+            st.rows = torch.from_numpy(st.rows_np).to(self.device)
             seed = req.seed if req.seed is not None else random.getrandbits(62)
             st.generator = torch.Generator(device=self.device).manual_seed(seed)
             budget -= need
@@ -196,7 +200,8 @@ class Scheduler:
             items = []
             for i, st in enumerate(batch):
                 self._publish_prompt(st)
-                slots_t = torch.tensor(st.prompt_slots, dtype=torch.long, device=self.device)
+                slots_t = meta.seq_slots[i]  # the prompt's slots, already on the device
+                st.prompt_slots_np = np.asarray(st.prompt_slots, dtype=np.int64)
                 if self._planted is not None:  # TEST ONLY (PLANT_ID_CACHE_ENV): stale on id reuse
                     slots_t = self._planted.setdefault(id(st), slots_t)
                 st.prompt_slots_t = slots_t
@@ -230,7 +235,10 @@ class Scheduler:
                 self._append_end(st)
                 continue
             step = g - 1
-            groups.append((st.rows, st.prompt_slots_t, step, st.req.prompt_len + step))
+            slots_np = st.prompt_slots_np
+            if self._planted is not None:  # the planted stale tensor must reach the kernels too
+                slots_np = st.prompt_slots_t.cpu().numpy()
+            groups.append((st.rows_np, slots_np, st.prompt_slots_t, step, st.req.prompt_len + step))
             batch.append(st)
         if not batch:
             return []
@@ -362,8 +370,8 @@ class Scheduler:
 
     def _release(self, st: ReqState) -> None:
         if st.rows is not None:
-            self.kv.rows.free(st.rows.tolist())
-            st.rows = None
+            self.kv.rows.free(st.rows_np.tolist())
+            st.rows = st.rows_np = None
         if st.private_slots:
             self.kv.tokens.free(st.private_slots)
             st.private_slots = []

@@ -1,0 +1,39 @@
+"""Decode metadata built on the host and shipped in one copy equals the per-request layout."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from flashrec.engine.runner import BLOCK_M, make_decode_meta, make_prefill_meta
+
+
+def test_decode_meta_layout_and_packed_kernel_metadata():
+    depth = 4
+    reqs = [  # rows, prompt slots, step, position
+        (np.array([5, 2, 9]), np.array([10, 11, 12, 13]), 0, 4),
+        (np.array([0]), np.array([20, 21]), 2, 4),
+        (np.arange(70, 70 + 40), np.arange(100, 107), 1, 8),
+    ]
+    groups_in = [(r, s, torch.from_numpy(s), st, p) for r, s, st, p in reqs]
+    meta = make_decode_meta(groups_in, depth, "cpu", packed=True, group_size=2)
+    assert meta.positions.tolist() == [4] * 3 + [4] + [8] * 40
+    assert meta.rows.tolist() == [5, 2, 9, 0] + list(range(70, 110))
+    assert meta.out_loc.tolist() == [5 * 4, 2 * 4, 9 * 4, 0 * 4 + 2] + [r * 4 + 1 for r in range(70, 110)]
+    assert [(g.start, g.end, g.step) for g in meta.groups] == [(0, 3, 0), (3, 4, 2), (4, 44, 1)]
+    pk = meta.packed
+    assert pk.slots.dtype == torch.int32
+    assert pk.slots.tolist() == [10, 11, 12, 13, 20, 21] + list(range(100, 107))
+    assert pk.row_start.tolist() == [0, 3, 4] and pk.n.tolist() == [3, 1, 40]
+    assert pk.slot_start.tolist() == [0, 4, 6] and pk.length.tolist() == [4, 2, 7]
+    assert pk.step.tolist() == [0, 2, 1]
+    blocks = [(2 * n + BLOCK_M - 1) // BLOCK_M for n in (3, 1, 40)]
+    assert pk.work.tolist() == [[i, b] for i, k in enumerate(blocks) for b in range(k)]
+
+
+def test_prefill_meta():
+    meta = make_prefill_meta([(0, [7, 8, 9], [7, 8, 9]), (2, [3], [1, 2, 3])], "cpu")
+    assert meta.positions.tolist() == [0, 1, 2, 2]
+    assert meta.out_loc.tolist() == [7, 8, 9, 3]
+    assert meta.last_index.tolist() == [2, 3]
+    assert [s.tolist() for s in meta.seq_slots] == [[7, 8, 9], [1, 2, 3]]
