@@ -180,6 +180,9 @@ def main(argv: list[str]) -> int:
         for side in sides:
             for e in engines.values():
                 origin = side.flashrec_origin(e)
+                if side.name == "baseline" and origin.startswith("<import failed"):
+                    reason = f"baseline {commit[:12]} cannot import flashrec: {origin[-200:]}"
+                    return _skip(args, out, reason, EXIT_CELLS)
                 if not origin.startswith(str(side.tree)):
                     print(f"gate: {side.name} imports flashrec from {origin}", file=sys.stderr)
                     return EXIT_USAGE

@@ -1,13 +1,14 @@
 """Measure the A/B gate itself: its false-alarm rate (A/A) and the slowdowns it catches.
 
-    python scripts/gate_calibration.py --aa 20 --delays 0.1,0.2,0.3 --reps 5 --out DIR
+    python scripts/gate_calibration.py --aa 20 --delays 0.005,0.05,0.15 --reps 5 \\
+        --gate-arg=--pin-cpus --out DIR
 
 Every repetition is one full ``flashrec-bench gate MATRIX --baseline-ref HEAD`` run: the
 baseline is HEAD in a worktree, the candidate this checkout (the same engine code when only
 harness or docs files differ). A/A runs must pass; a run with ``--candidate-env
 FLASHREC_TEST_STEP_DELAY_MS=D`` (a sleep after every engine step of the candidate only) should
-fail. Writes ``DIR/calibration.json`` and prints a summary table. Takes about 75 s a run on 2
-cores with the CI matrix; not a unit test.
+fail. Writes ``DIR/calibration.json`` and prints a summary table. Takes about 2 minutes a run on
+2 cores with the CI matrix; not a unit test.
 """
 
 from __future__ import annotations
@@ -22,9 +23,9 @@ import time
 from pathlib import Path
 
 
-def run_gate(matrix: str, out: Path, delay_ms: float, pairs: int | None) -> dict:
+def run_gate(matrix: str, out: Path, delay_ms: float, pairs: int | None, extra: list[str]) -> dict:
     argv = [sys.executable, "-m", "harness", "gate", matrix, "--baseline-ref", "HEAD"]
-    argv += ["--out", str(out)]
+    argv += ["--out", str(out), *extra]
     if pairs:
         argv += ["--pairs", str(pairs)]
     if delay_ms:
@@ -62,6 +63,7 @@ def main() -> int:
     p.add_argument("--reps", type=int, default=5, help="repetitions per delay")
     p.add_argument("--pairs", type=int, help="override the matrix's rounds (pairs)")
     p.add_argument("--out", type=Path, default=Path("reports/gate-calibration"))
+    p.add_argument("--gate-arg", action="append", default=[], help="extra gate flag (repeat)")
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True)
@@ -79,16 +81,23 @@ def main() -> int:
         delays += ([0.0] if i < args.aa else []) + (planted if i < args.reps else [])
     runs = []
     for i, delay in enumerate(delays):
-        res = run_gate(args.matrix, args.out / f"run{i:03d}-d{delay:g}", delay, args.pairs)
+        res = run_gate(
+            args.matrix, args.out / f"run{i:03d}-d{delay:g}", delay, args.pairs, args.gate_arg
+        )
         runs.append(res)
         print(json.dumps(res), flush=True)
         (args.out / "calibration.json").write_text(json.dumps({**meta, "runs": runs}, indent=1))
-    print("\ndelay_ms  runs  gate_failed  seconds/run")
+    print("\ndelay_ms  runs  gate_failed  s/run  measured slowdown per metric: median [min, max] %")
     for delay in sorted({r["delay_ms"] for r in runs}):
         rs = [r for r in runs if r["delay_ms"] == delay]
         failed = sum(r["gate"] == "fail" for r in rs)
         secs = sum(r["seconds"] for r in rs) / len(rs)
-        print(f"{delay:8g}  {len(rs):4d}  {failed:11d}  {secs:11.0f}")
+        parts = []
+        for key in sorted({k for r in rs for k in r["metrics"]}):
+            d = sorted(r["metrics"][key]["delta_pct"] for r in rs if key in r["metrics"])
+            name = key.rsplit(",", 1)[-1]
+            parts.append(f"{name} {d[len(d) // 2]:+.1f} [{d[0]:+.1f}, {d[-1]:+.1f}]")
+        print(f"{delay:8g}  {len(rs):4d}  {failed:11d}  {secs:5.0f}  " + "; ".join(parts))
     return 0
 
 
