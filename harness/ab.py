@@ -3,15 +3,17 @@
 ::
 
     REF --git worktree add--> TMP/baseline                (removed afterwards)
-    per server group: start the baseline server (cwd and PYTHONPATH = TMP/baseline) and the
-                      candidate server (cwd and PYTHONPATH = this checkout); both stay up
-      pair i = 0..K-1, for each cell: visit A, visit B    (A/B, then B/A: order alternates)
+    per server group, per session s = 0..S-1 (fresh servers for each):
+      start the baseline server (cwd and PYTHONPATH = TMP/baseline) and the candidate server
+      (cwd and PYTHONPATH = this checkout); both stay up for the session
+      pair i of the session, for each cell: visit A, visit B   (A/B, then B/A: alternating)
         visit = warm-up, radix preparation, one measured round numbered i
     -> OUT/baseline/, OUT/candidate/   full reports of each side
     -> paired comparison (harness.paired) -> the matrix's gates -> OUT/compare.json, compare.md
 
 Both servers answer the same requests within seconds of each other, so drift and the load of
-other processes on the machine hit both sides of a pair alike and cancel in its ratio.
+other processes on the machine hit both sides of a pair alike and cancel in its ratio. Fresh
+servers per session turn each process's lasting offset into noise the statistics can see.
 """
 
 from __future__ import annotations
@@ -189,9 +191,11 @@ class ABRun:
         model: ResolvedModel | None,
         log: Callable[[str], None] = print,
         server_cpus: set[int] | None = None,
+        sessions: int = 1,
     ) -> None:
         self.spec, self.sides, self.pairs, self.log = spec, sides, pairs, log
         self.server_cpus = server_cpus
+        self.session_of = {p: p * sessions // pairs for p in range(pairs)}  # consecutive, even
         self.cells = {s.name: s.cells(cells) for s in sides}
         self.campaigns = {
             s.name: _Campaign(spec, RunOptions(out_dir / s.name, rounds=1), Progress(1), model)
@@ -228,13 +232,14 @@ class ABRun:
             return {}
         return round_metrics([r for r in visit.records if r.phase == "measure"])
 
-    async def _group(self, session, index: int) -> None:
+    async def _group(self, session, index: int, pairs: list[int]) -> None:
+        """One session of one server group: fresh servers for both sides, then ``pairs``."""
         names = [s.name for s in self.sides]
         groups = {n: group_by_server(self.cells[n])[index] for n in names}
         started = await asyncio.gather(*(self._start(session, n, groups[n][0]) for n in names))
         servers = dict(zip(names, started))
         try:
-            for pair in range(self.pairs):
+            for pair in pairs:
                 order = names if pair % 2 == 0 else names[::-1]
                 line = []
                 for j, cell in enumerate(groups[names[0]]):
@@ -258,5 +263,10 @@ class ABRun:
         first = self.sides[0].name
         async with aiohttp.ClientSession(connector=connector) as session:
             for i in range(len(group_by_server(self.cells[first]))):
-                await self._group(session, i)
+                last = max(self.session_of.values())
+                for s in range(last + 1):
+                    if last:
+                        self.log(f"session {s + 1}/{last + 1}: fresh servers")
+                    pairs = [p for p, of in self.session_of.items() if of == s]
+                    await self._group(session, i, pairs)
         return {n: list(r.values()) for n, r in self.results.items()}

@@ -59,6 +59,12 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--out", type=Path, help="output dir (default reports/<time>-gate-<name>/)")
     p.add_argument("--pairs", type=int, help="A/B pairs of rounds (default: load.rounds)")
+    p.add_argument(
+        "--sessions",
+        type=int,
+        help="restart both servers this many times, splitting the pairs evenly; with >= 3 the "
+        "statistics use the sessions as units (default: pairs // 10, between 1 and 6)",
+    )
     p.add_argument("--only", action="append", metavar="FILTER", help="run only matching cells")
     p.add_argument(
         "--allow-no-baseline",
@@ -108,9 +114,12 @@ def _finish(out: Path, comparison: dict, status: str, reason: str, code: int) ->
             "",
             f"- {reason}",
             f"- baseline {ab.get('baseline_ref')} = `{ab.get('baseline_commit')}` (worktree), "
-            f"candidate = this checkout; {ab.get('pairs')} pairs, {ab.get('order')}",
-            f"- paired {comparison.get('test')}: delta = geometric mean of candidate/baseline "
-            f"per pair - 1; band = {comparison.get('band_k')} x its standard error",
+            f"candidate = this checkout; {ab.get('pairs')} pairs in {ab.get('sessions')} "
+            f"session(s) of fresh servers, {ab.get('order')}",
+            f"- {comparison.get('test')} over "
+            f"{'sessions' if comparison.get('sessions', 1) >= 3 else 'pairs'}: delta = geometric "
+            f"mean of candidate/baseline - 1; band = {comparison.get('band_k')} x its standard "
+            "error",
         ]
         md.write_text(md.read_text() + "\n".join(lines) + "\n")
     print(f"gate: {status.upper()}: {reason}", file=sys.stderr)
@@ -146,18 +155,19 @@ def main(argv: list[str]) -> int:
     pairs = args.pairs or spec.load.rounds
     cells = select(spec, cells, args.only)
     external = sorted({c.engine.name for c in cells if not c.engine.launched})
-    if root is None or pairs < 3 or not cells or external:
-        why = (
-            "not inside a git checkout"
-            if root is None
-            else f"--pairs must be >= 3 (got {pairs})"
-            if pairs < 3
-            else "no cell matches --only"
-            if not cells
-            else f"engines {external} are external: the gate launches both sides itself"
-        )
-        print(f"gate: {why}", file=sys.stderr)
-        return EXIT_USAGE
+    sessions = args.sessions or max(1, min(6, pairs // 10))
+    problems = [
+        (root is None, "not inside a git checkout"),
+        (pairs < 3, f"--pairs must be >= 3 (got {pairs})"),
+        (not 1 <= sessions <= pairs, f"--sessions must be in 1..pairs (got {sessions})"),
+        (not cells, "no cell matches --only"),
+        (bool(external), f"engines {external} are external: the gate launches both sides"),
+    ]
+    for bad, why in problems:
+        if bad:
+            print(f"gate: {why}", file=sys.stderr)
+            return EXIT_USAGE
+    assert root is not None
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     out = args.out or Path("reports") / f"{stamp}-gate-{spec.name or Path(args.matrix).stem}"
     ref = args.baseline_ref or pinned_ref(root) or DEFAULT_REF
@@ -166,7 +176,10 @@ def main(argv: list[str]) -> int:
         return _skip(args, out, f"no baseline: {ref!r} names no commit", EXIT_USAGE)
     install_signal_handlers()
     log = lambda text: print(text, file=sys.stderr, flush=True)  # noqa: E731
-    log(f"gate: baseline {ref} = {commit[:12]}, candidate = {root} (this checkout), {pairs} pairs")
+    log(
+        f"gate: baseline {ref} = {commit[:12]}, candidate = {root} (this checkout); "
+        f"{pairs} pairs in {sessions} session(s)"
+    )
     with baseline_worktree(root, commit) as tree:
         matrix = Path(args.matrix).resolve()
         if matrix.is_relative_to(root) and not (tree / matrix.relative_to(root)).is_file():
@@ -192,29 +205,43 @@ def main(argv: list[str]) -> int:
             print(f"gate: {exc}", file=sys.stderr)
             return EXIT_USAGE
         split = cpu_split() if args.pin_cpus else None
+        before = os.sched_getaffinity(0)
         if split:
             os.sched_setaffinity(0, split[1])
             log(f"gate: servers pinned to CPU {sorted(split[0])}, client to {sorted(split[1])}")
-        run = ABRun(spec, cells, sides, pairs, out, model, log, split[0] if split else None)
-        results = asyncio.run(run.run())
+        try:
+            cpus = split[0] if split else None
+            run = ABRun(spec, cells, sides, pairs, out, model, log, cpus, sessions)
+            results = asyncio.run(run.run())
+        finally:
+            os.sched_setaffinity(0, before)
         reports = {}
         for side in sides:
             rep = build_report(spec, results[side.name], {}, model, f"{out.name}-{side.name}")
             rep["environment"]["git"] = git_info(str(side.tree))
             rep["_path"] = str(out / side.name / "report.json")
             reports[side.name] = rep
-    return _verdict(args, spec, out, (ref, commit), results, reports)
+    return _verdict(args, spec, out, (ref, commit), results, reports, run.session_of)
 
 
-def _verdict(args, spec, out: Path, baseline: tuple[str, str], results: dict, reports: dict) -> int:
+def _verdict(
+    args,
+    spec,
+    out: Path,
+    baseline: tuple[str, str],
+    results: dict,
+    reports: dict,
+    session_of: dict[int, int],
+) -> int:
     ref, commit = baseline
     base, cand = reports["baseline"], reports["candidate"]
     failed = {n: [c["id"] for c in r["cells"] if c["status"] != "ok"] for n, r in reports.items()}
-    comparison = compare_paired(base, cand)
+    comparison = compare_paired(base, cand, sessions=session_of)
     comparison["ab"] = {
         "baseline_ref": ref,
         "baseline_commit": commit,
-        "pairs": args.pairs or spec.load.rounds,
+        "pairs": len(session_of),
+        "sessions": max(session_of.values()) + 1,
         "order": "A/B on even pairs, B/A on odd pairs",
         "candidate_env": args.candidate_env,
         "baseline_env": args.baseline_env,

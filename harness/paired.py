@@ -4,10 +4,15 @@ Round ``i`` of the baseline and round ``i`` of the candidate ran back to back on
 machine, so machine drift and load from other processes hit both alike; the pair's ratio
 ``b_i / a_i`` cancels them. Per cell and metric::
 
-    d_i    = ln(b_i / a_i)                (a - b and |mean a| when a value is <= 0)
-    delta  = exp(mean d) - 1              (``wilcoxon``: exp(median d) - 1)
-    p      = paired t-test on d           (``wilcoxon``: Wilcoxon signed-rank, exact when small)
-    band   = exp(band_k * sd(d) / sqrt(K)) - 1   the noise band of delta itself
+    d_i    = ln(b_i / a_i)                (b - a over |mean a| when a value is <= 0)
+    units  = the d_i, or with sessions the mean d of each session (>= 3 sessions)
+    delta  = exp(mean units) - 1          (``wilcoxon``: exp(median units) - 1)
+    p      = t-test of mean units == 0    (``wilcoxon``: Wilcoxon signed-rank, exact when small)
+    band   = exp(band_k * sd(units) / sqrt(#units)) - 1   the noise band of delta itself
+
+Sessions: the A/B run restarts both servers between sessions. Two processes of the same code
+can differ by a few percent for their whole life (memory layout, hash seeds); pairs inside one
+session share that offset, so only sessions are independent units.
 
 A metric *regressed* (or *improved*) when ``p < alpha`` and ``|delta| > band``, in the metric's
 bad (good) direction. The result has :func:`harness.gate.compare_reports`' shape, so
@@ -81,12 +86,21 @@ def wilcoxon(d: np.ndarray) -> float:
     return min(1.0, math.erfc(max(z, 0.0) / math.sqrt(2.0)))
 
 
-def _aligned(base_cell: dict, new_cell: dict, name: str) -> tuple[np.ndarray, np.ndarray]:
-    """The metric's values of the rounds both runs have, in round order."""
+def _aligned(
+    base_cell: dict, new_cell: dict, name: str
+) -> tuple[list[int], np.ndarray, np.ndarray]:
+    """The rounds both runs have (in order) and the metric's values there."""
     b = {r["round"]: r.get(name) for r in base_cell.get("round_metrics", [])}
     n = {r["round"]: r.get(name) for r in new_cell.get("round_metrics", [])}
     keys = sorted(k for k in b.keys() & n.keys() if _finite(b[k]) and _finite(n[k]))
-    return np.array([b[k] for k in keys], float), np.array([n[k] for k in keys], float)
+    return keys, np.array([b[k] for k in keys], float), np.array([n[k] for k in keys], float)
+
+
+def _units(d: np.ndarray, groups: np.ndarray | None) -> np.ndarray:
+    """The independent units: the pairs, or the mean of each group (session) of pairs."""
+    if groups is None or len(set(groups.tolist())) < 3:
+        return d
+    return np.array([d[groups == g].mean() for g in sorted(set(groups.tolist()))])
 
 
 def _finite(x: Any) -> bool:
@@ -94,9 +108,16 @@ def _finite(x: Any) -> bool:
 
 
 def paired_metric(
-    name: str, a: np.ndarray, b: np.ndarray, alpha: float, test: str, band_k: float
+    name: str,
+    a: np.ndarray,
+    b: np.ndarray,
+    alpha: float,
+    test: str,
+    band_k: float,
+    groups: np.ndarray | None = None,
 ) -> dict:
-    """Verdict for one metric from its paired rounds (baseline ``a``, candidate ``b``)."""
+    """Verdict for one metric from its paired rounds (baseline ``a``, candidate ``b``);
+    ``groups[i]`` is pair i's session (None: every pair is independent)."""
     out: dict[str, Any] = {
         "base": float(np.median(a)) if a.size else None,
         "new": float(np.median(b)) if b.size else None,
@@ -106,11 +127,11 @@ def paired_metric(
         return {**out, "verdict": "n/a", "reason": f"{a.size} pair(s); need >= 3"}
     center = np.median if test == "wilcoxon" else np.mean
     if (a > 0).all() and (b > 0).all():
-        d = np.log(b / a)
+        d = _units(np.log(b / a), groups)
         delta = math.expm1(float(center(d)))
         band = math.expm1(band_k * float(d.std(ddof=1)) / math.sqrt(d.size))
     else:  # zeros (error / invalid rates): differences relative to the baseline's mean
-        d = b - a
+        d = _units(b - a, groups)
         scale, spread = abs(float(a.mean())), band_k * float(d.std(ddof=1)) / math.sqrt(d.size)
         if scale > 0:
             delta, band = float(center(d)) / scale, spread / scale
@@ -118,7 +139,7 @@ def paired_metric(
             delta = math.copysign(math.inf, float(center(d))) if center(d) != 0 else 0.0
             band = 0.0 if spread == 0 else math.inf
     p = wilcoxon(d) if test == "wilcoxon" else paired_t(d)
-    out.update(delta_pct=100 * delta, band_pct=100 * band, p_value=p)
+    out.update(delta_pct=100 * delta, band_pct=100 * band, p_value=p, units=int(d.size))
     significant = _finite(p) and p < alpha
     if not (significant and abs(delta) > band):
         reason = "not significant" if not significant else "inside the noise band"
@@ -135,8 +156,10 @@ def compare_paired(
     metrics: list[str] | None = None,
     alpha: float | None = None,
     test: str | None = None,
+    sessions: dict[int, int] | None = None,
 ) -> dict:
-    """Cell-by-cell paired comparison of two reports of one interleaved A/B run."""
+    """Cell-by-cell paired comparison of two reports of one interleaved A/B run;
+    ``sessions`` maps a round (pair) number to its session."""
     stats = new.get("matrix", {}).get("stats", {})
     alpha = alpha if alpha is not None else stats.get("alpha", 0.05)
     test = test or PAIRED_TESTS.get(stats.get("test", "welch"), "paired_t")
@@ -152,8 +175,9 @@ def compare_paired(
         names = metrics or [m for m in n.get("metrics", {}) if direction(m) != 0]
         res = {}
         for m in names:
-            a_vals, b_vals = _aligned(b, n, m)
-            res[m] = paired_metric(m, a_vals, b_vals, alpha, test, band_k)
+            keys, a_vals, b_vals = _aligned(b, n, m)
+            groups = np.array([sessions.get(k, -1) for k in keys]) if sessions else None
+            res[m] = paired_metric(m, a_vals, b_vals, alpha, test, band_k, groups)
             if res[m]["verdict"] == "regressed":
                 regressions.append({"cell": n["id"], "metric": m, **res[m]})
             elif res[m]["verdict"] == "improved":
@@ -179,6 +203,7 @@ def compare_paired(
         "alpha": alpha,
         "test": test,
         "band_k": band_k,
+        "sessions": len(set(sessions.values())) if sessions else 1,
         "cells": cells_out,
         "regressions": regressions,
         "improvements": improvements,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 from pathlib import Path
 
@@ -18,9 +19,10 @@ import numpy as np
 import pytest
 from bench_helpers import FAKE, REPO, processes_with, run_cli, write_matrix
 
-from harness.ab import Side, pinned_ref, resolve_commit, worktree
+from harness.ab import Side, cpu_split, pin_server, pinned_ref, resolve_commit, worktree
 from harness.gate import evaluate_gates
 from harness.paired import compare_paired, paired_metric, paired_t, wilcoxon
+from harness.server import LaunchedServer
 from harness.spec import EngineSpec, GateSpec
 
 # --------------------------------------------------------------------------- statistics
@@ -64,6 +66,29 @@ def test_paired_verdicts_aa_and_10pct(test):
     # drift alone, which an unpaired test mistakes for a change, cancels in the pairs
     a, b = _pairs(np.random.default_rng(1), 40, 0.0)
     assert paired_metric("qps", a, b, 0.05, test, 2.0)["verdict"] == "within_noise"
+
+
+def test_sessions_are_the_units_when_processes_differ():
+    """Each session's fresh processes carry their own lasting offset (sd 4%): pairs of one
+    session are not independent, sessions are."""
+    rng = np.random.default_rng(2)
+    groups = np.repeat(np.arange(6), 10)
+    alarms = {"pairs": 0, "sessions": 0}
+    caught = 0
+    for _ in range(300):
+        offset = np.repeat(rng.normal(0, 0.04, 6), 10)
+        a = 10 * np.exp(rng.normal(0, 0.1, 60))
+        b = 10 * np.exp(offset + rng.normal(0, 0.1, 60))
+        alarms["pairs"] += paired_metric("qps", a, b, 0.05, "paired_t", 2.0)["verdict"] != (
+            "within_noise"
+        )
+        r = paired_metric("qps", a, b, 0.05, "paired_t", 2.0, groups)
+        alarms["sessions"] += r["verdict"] != "within_noise"
+        assert r["units"] == 6 and r["pairs"] == 60
+        slow = paired_metric("qps", a, b * 0.85, 0.05, "paired_t", 2.0, groups)
+        caught += slow["verdict"] == "regressed"
+    assert alarms["sessions"] <= 20 < alarms["pairs"], alarms
+    assert caught >= 270, caught
 
 
 def test_paired_metric_details():
@@ -179,6 +204,22 @@ def test_side_points_the_engine_at_its_tree(tmp_path):
         assert origin == str(REPO / "flashrec" / "__init__.py")
 
 
+@pytest.mark.skipif(cpu_split() is None, reason="needs >= 2 CPUs")
+def test_pin_server_pins_every_thread(tmp_path, marker):
+    servers, client = cpu_split()
+    assert servers and client and not servers & client
+    engine = EngineSpec(kind="command", command=["python", FAKE, "--marker", marker])
+    server = LaunchedServer(engine, {}, None, tmp_path / "s.log")
+    server.launch()
+    try:
+        pin_server(server, servers)
+        tasks = list(Path(f"/proc/{server.proc.pid}/task").iterdir())
+        assert tasks and all(os.sched_getaffinity(int(t.name)) == servers for t in tasks)
+    finally:
+        server.stop()
+    assert not processes_with(marker)
+
+
 # --------------------------------------------------------------------------- whole gate runs
 
 
@@ -219,19 +260,22 @@ def _commit_matrix(repo: Path, tmp_path: Path, marker: str, pairs: int = 8) -> N
 def test_gate_aa_passes_and_slowed_candidate_fails(tmp_path, monkeypatch, marker):
     repo = _repo(tmp_path)
     _commit_matrix(repo, tmp_path, marker)
-    code, res = _gate(repo, monkeypatch, "--baseline-ref", "HEAD")
+    affinity = os.sched_getaffinity(0)
+    code, res = _gate(repo, monkeypatch, "--baseline-ref", "HEAD", "--pin-cpus", "--sessions", "3")
     assert code == 0, res["gate"]
     assert res["gate"]["status"] == "pass" and res["paired"]
+    assert os.sched_getaffinity(0) == affinity, "the client's CPU mask is restored"
+    assert res["sessions"] == res["ab"]["sessions"] == 3 and res["ab"]["pairs"] == 8
     assert res["ab"]["baseline_commit"] == _git(repo, "rev-parse", "HEAD")
-    cell = res["cells"][0]
-    assert cell["status"] == "compared" and cell["metrics"]["latency_p50_ms"]["pairs"] == 8
+    r = res["cells"][0]["metrics"]["latency_p50_ms"]
+    assert res["cells"][0]["status"] == "compared" and (r["pairs"], r["units"]) == (8, 3)
     out = repo.parent / "out"
     for side in ("baseline", "candidate"):
         rep = json.loads((out / side / "report.json").read_text())
         assert [c["rounds"] for c in rep["cells"]] == [8, 8]
+        logs = sorted(p.name for p in (out / side / "servers").iterdir())
+        assert logs == ["fake-1.log", "fake-2.log", "fake-3.log"], "fresh servers per session"
     assert (out / "compare.md").read_text().count("## A/B gate: pass") == 1
-    logs = sorted(p.name for p in (out / "baseline" / "servers").iterdir())
-    assert logs == ["fake-1.log"], "one server per side for the whole run"
 
     _write_server(repo, 8.0)  # the working tree (candidate) is now twice as slow
     code, res = _gate(repo, monkeypatch, "--baseline-ref", "HEAD")
@@ -270,6 +314,7 @@ def test_gate_usage_errors(tmp_path, monkeypatch, marker):
     _matrix(tmp_path, repo, marker)
     monkeypatch.chdir(repo)
     assert run_cli("gate", "gate.yaml", "--pairs", "2") == 2
+    assert run_cli("gate", "gate.yaml", "--sessions", "9") == 2  # 8 pairs
     assert run_cli("gate", "gate.yaml", "--candidate-env", "NOVALUE") == 2
     assert run_cli("gate", "missing.yaml") == 2
     monkeypatch.chdir(tmp_path)  # not a git checkout
