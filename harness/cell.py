@@ -92,9 +92,13 @@ async def _check_server(ctx: CellContext, records: list[Record], timeout_s: floa
         raise CellFailure(f"server exited with code {code}")
     failed = [r for r in records if not r.ok]
     if failed and not await healthy(ctx.session, ctx.server.base_url, timeout_s):
-        code = ctx.server.exit_code()
-        if code is not None:
-            raise CellFailure(f"server exited with code {code}")
+        # a crashing server drops its connections a moment before the process is gone: give
+        # it a little time so the cell reports the exit code rather than a generic failure
+        for _ in range(20):
+            code = ctx.server.exit_code()
+            if code is not None:
+                raise CellFailure(f"server exited with code {code}")
+            await asyncio.sleep(0.1)
         raise CellFailure(
             f"server not answering /health after {len(failed)} failed request(s) "
             f"(first: {failed[0].status}: {failed[0].error[:120]})"
