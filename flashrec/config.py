@@ -157,8 +157,8 @@ class EngineConfig:
     )
     attention_backend: str | None = _opt(
         None,
-        "attention backend: torch (reference, CPU) or triton (GPU: SDPA prefill + shared-prompt Triton beam decode); default by device",
-        ("torch", "triton"),
+        "attention backend: torch (reference, CPU), triton (GPU: SDPA prefill + shared-prompt Triton beam decode) or flashinfer (GPU: FlashInfer ragged prefill + the Triton beam decode); default: flashinfer on a GPU where it is installed and supports the model (bf16/fp16, head_dim 64/128/256), else triton; torch on CPU",
+        ("torch", "triton", "flashinfer"),
     )
     max_seq_len: int = _opt(
         8192, "longest accepted prompt (tokens); longer prompts are rejected with 400"
@@ -218,7 +218,11 @@ class EngineConfig:
     def resolved_attention_backend(self) -> str:
         if self.attention_backend:
             return self.attention_backend
-        return "triton" if self.resolved_device == "cuda" else "torch"
+        if self.resolved_device != "cuda":
+            return "torch"
+        import importlib.util
+
+        return "flashinfer" if importlib.util.find_spec("flashinfer") else "triton"
 
     @property
     def resolved_batch_slots(self) -> int:

@@ -180,7 +180,10 @@ def main() -> int:
     }
     print(json.dumps(out), flush=True)  # engine numbers first: the HF baseline may fail
     if args.hf_requests:
+        import gc
+
         del eng
+        gc.collect()
         torch.cuda.empty_cache()
         out.update(
             hf_baseline(

@@ -165,7 +165,7 @@ class Engine:
             "kv_cache_dtype": str(self.runner.kv.dtype),
             "kv_pool_tokens": self.runner.kv.pool_tokens,
             "batch_slots": self.max_beam_rows,
-            "attention_backend": self.config.resolved_attention_backend,
+            "attention_backend": self.runner.attention_backend,
             "versions": {"torch": torch.__version__, "python": platform.python_version()},
         }
         if torch.cuda.is_available():

@@ -16,7 +16,10 @@ from flashrec.config import ModelConfig
 
 
 class TokenAllocator:
-    """Free list of integer slots, handed out lowest first so runs are reproducible."""
+    """Free list of integer slots. Deterministic (the same sequence of calls hands out the same
+    slots) and O(k) per call of k slots: freed slots go back on top of the stack and are reused
+    first, lowest first within one free. (It used to re-sort the whole free list on every free:
+    ~7 ms per finished request with a 600k-token pool, which left the GPU idle.)"""
 
     def __init__(self, size: int) -> None:
         self.size = size
@@ -33,14 +36,17 @@ class TokenAllocator:
     def alloc(self, n: int) -> list[int]:
         if n > len(self._free):
             raise MemoryError(f"need {n} slots, {len(self._free)} free")
-        out = [self._free.pop() for _ in range(n)]
+        if n == 0:
+            return []
+        out = self._free[-n:]
+        del self._free[-n:]
+        out.reverse()
         return out
 
-    def free(self, slots: list[int]) -> None:
-        self._free.extend(sorted(slots, reverse=True))
-        if len(self._free) > self.size:
+    def free(self, slots) -> None:
+        if len(self._free) + len(slots) > self.size:
             raise RuntimeError("double free in TokenAllocator")
-        self._free.sort(reverse=True)
+        self._free.extend(sorted(slots, reverse=True))
 
 
 class KVCache:

@@ -76,8 +76,9 @@ class ModelRunner:
         self.kv = KVCache(
             model_config, pool, config.resolved_batch_slots, max(depth, 1), kv_dtype, self.device
         )
+        self.attention_backend = self._pick_backend()
         self.attn = create_backend(
-            config.resolved_attention_backend,
+            self.attention_backend,
             self.kv,
             model_config.num_attention_heads,
             model_config.num_key_value_heads,
@@ -115,6 +116,23 @@ class ModelRunner:
             kv_dtype,
             config.resolved_batch_slots,
         )
+
+    def _pick_backend(self) -> str:
+        name = self.config.resolved_attention_backend
+        if name != "flashinfer":
+            return name
+        from flashrec.layers.attention_flashinfer import unsupported_reason
+
+        why = unsupported_reason(self.device, self.dtype, self.model_config.head_dim)
+        if why is None:
+            return name
+        if self.config.attention_backend == "flashinfer":  # asked for explicitly: refuse
+            raise ValueError(
+                f"--attention-backend flashinfer cannot run here: {why}. "
+                "Use --attention-backend triton (GPU) or torch."
+            )
+        log.info("attention backend: triton (flashinfer not used: %s)", why)
+        return "triton"
 
     def _fused_qk_rope_kv(self, attn, qkv, positions, meta):
         """q/k norm + RoPE + KV write in one kernel; returns (q, k, v, stored=True)."""

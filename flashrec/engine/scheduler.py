@@ -131,10 +131,13 @@ class Scheduler:
         if admitted:
             out.extend(self._prefill(admitted))
         out.extend(self._decode())
-        for st in [s for s in self.running if s.done]:
-            self.running.remove(st)
-            out.append((st.req, self._result(st)))
-            self._release(st)
+        done = [s for s in self.running if s.done]
+        if done:
+            with trace_range("flashrec.results"):
+                for st, res in zip(done, self._results(done)):
+                    self.running.remove(st)
+                    out.append((st.req, res))
+                    self._release(st)
         self.stats.steps_total += 1
         if self.step_delay_s:
             time.sleep(self.step_delay_s)
@@ -340,23 +343,34 @@ class Scheduler:
         st.tokens = torch.cat([st.tokens, end], dim=1)
 
     # ---- results / cleanup --------------------------------------------------------------
-    def _result(self, st: ReqState) -> GenResult:
-        g = st.generated
-        scores = sequence_scores(st.cum, g, self.cfg.length_penalty)
-        alive = torch.isfinite(st.cum)
-        order = torch.sort(
-            scores.masked_fill(~alive, float("-inf")), descending=True, stable=True
-        ).indices
-        n_alive = int(alive.sum())
-        toks = st.tokens[order[:n_alive]].tolist()
-        cums = st.cum[order[:n_alive]].tolist()
-        scs = scores[order[:n_alive]].tolist()
-        beams = []
-        for t, c, s in zip(toks, cums, scs):
-            reason = "stop" if t and t[-1] == self.layout.sid_end else "length"
-            text = self._text(t)
-            beams.append(BeamResult(t, c, s, reason, text))
-        return GenResult(st.req.rid, beams, st.req.prompt_len, st.cached_tokens)
+    def _results(self, states: list[ReqState]) -> list[GenResult]:
+        """Ranked beams of finished requests. The ranking runs on the device; every request's
+        tokens, cumulative logprobs and scores come back in ONE device-to-host copy (one sync
+        per step, whatever the number of finished requests)."""
+        blocks = []
+        for st in states:
+            scores = sequence_scores(st.cum, st.generated, self.cfg.length_penalty)
+            alive = torch.isfinite(st.cum)
+            order = torch.sort(
+                scores.masked_fill(~alive, float("-inf")), descending=True, stable=True
+            ).indices
+            cols = [st.tokens[order].double(), st.cum[order, None].double()]
+            cols += [scores[order, None].double(), alive[order, None].double()]
+            blocks.append(torch.cat(cols, dim=1).reshape(-1))  # int64 ids < 2^53: exact
+        host = torch.cat(blocks).cpu().numpy()
+        out, off = [], 0
+        for st in states:
+            n, g = st.tokens.shape
+            blk = host[off : off + n * (g + 3)].reshape(n, g + 3)
+            off += n * (g + 3)
+            blk = blk[blk[:, g + 2] > 0]  # alive beams, already ranked
+            toks = blk[:, :g].astype(np.int64).tolist()
+            beams = []
+            for t, c, s in zip(toks, blk[:, g].tolist(), blk[:, g + 1].tolist()):
+                reason = "stop" if t and t[-1] == self.layout.sid_end else "length"
+                beams.append(BeamResult(t, c, s, reason, self._text(t)))
+            out.append(GenResult(st.req.rid, beams, st.req.prompt_len, st.cached_tokens))
+        return out
 
     def _text(self, tokens: list[int]) -> str:
         table = self._token_text

@@ -238,6 +238,7 @@ def prefill_reference(backend: TorchAttention, q, layer_id: int, meta: PrefillMe
 ATTENTION_BACKENDS: dict[str, str] = {
     "torch": "flashrec.layers.attention:TorchAttention",
     "triton": "flashrec.layers.attention_gpu:TritonAttention",
+    "flashinfer": "flashrec.layers.attention_flashinfer:FlashInferAttention",
 }
 
 

@@ -1,0 +1,109 @@
+"""FlashInfer attention backend (GPU): prefill through FlashInfer's ragged-KV batch prefill
+kernel (``BatchPrefillWithRaggedKVCacheWrapper``; the ``fa3`` kernels on Hopper, ``fa2``
+elsewhere), decode through FlashRec's shared-prompt Triton beam kernel (inherited from
+``TritonAttention``).
+
+Why this split (measured, ``../shared/gpu/README.md`` and ``docs/baselines.md``):
+- prefill: the ragged kernel takes every prompt of a batch in ONE call without padding,
+  handles GQA natively (no repeated K/V copies) and, on the H200, runs at the cuDNN SDPA rate
+  (0.37 ms for 8 x 2,465 tokens per layer); the SDPA path of the base class needs one call per
+  distinct prompt length plus the GQA copies.
+- decode: the prompt part of beam decode is a dense (beams x prompt) product per request;
+  FlashInfer's cascade wrapper measured 4.5x slower than the dense form there, which the
+  Triton kernel implements with the per-beam suffix merged in the same online softmax.
+
+Prompts with a cached prefix (radix hits) attend to the prefix + their new tokens: the K/V of
+those sequences are gathered from the pool (the prefix is already there, the new tokens were
+just stored), and FlashInfer's causal mask is aligned to the bottom right, so query i of a
+sequence with P cached tokens sees keys 0..P+i. With an FP8 KV cache every sequence reads the
+stored (quantized) K/V, dequantized to the activation dtype: a warm radix hit and a cold
+prefill attend to the same values.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import torch
+
+from flashrec.layers.attention import PrefillMeta
+from flashrec.layers.attention_gpu import TritonAttention
+
+log = logging.getLogger("flashrec")
+
+SUPPORTED_HEAD_DIMS = (64, 128, 256)
+SUPPORTED_DTYPES = (torch.bfloat16, torch.float16)
+WORKSPACE_BYTES = 256 << 20
+
+
+def unsupported_reason(device: torch.device, dtype: torch.dtype, head_dim: int) -> str | None:
+    """Why the FlashInfer backend cannot run this model here (None: it can)."""
+    if device.type != "cuda":
+        return "it needs a CUDA device"
+    try:
+        import flashinfer  # noqa: F401
+    except Exception as exc:  # noqa: BLE001 - ImportError or a broken install
+        return f"flashinfer is not importable ({type(exc).__name__}: {exc})"
+    if dtype not in SUPPORTED_DTYPES:
+        return f"its kernels take bfloat16 / float16 activations, not {dtype}"
+    if head_dim not in SUPPORTED_HEAD_DIMS:
+        return f"head_dim {head_dim} is not one of {SUPPORTED_HEAD_DIMS}"
+    return None
+
+
+class FlashInferAttention(TritonAttention):
+    def __init__(self, kv, num_q_heads: int, num_kv_heads: int, head_dim: int) -> None:
+        super().__init__(kv, num_q_heads, num_kv_heads, head_dim)
+        import flashinfer
+
+        dev = kv.k[0].device
+        major, _ = torch.cuda.get_device_capability(dev)
+        self.kernel = "fa3" if major == 9 else "fa2"
+        self._workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=dev)
+        self._wrapper = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(
+            self._workspace, "NHD", backend=self.kernel
+        )
+        self._planned: PrefillMeta | None = None  # the forward the wrapper is planned for
+        self._gather: torch.Tensor | None = None
+        log.info("flashinfer attention: ragged prefill (%s), Triton beam decode", self.kernel)
+
+    def _plan(self, meta: PrefillMeta, dtype: torch.dtype) -> None:
+        """Once per forward (not per layer): indptr arrays on the host, as the wrapper wants."""
+        if self._planned is meta:
+            return
+        new = np.asarray(meta.new_lens, dtype=np.int64)
+        total = new + np.asarray(meta.prefix_lens, dtype=np.int64)
+        qo = torch.from_numpy(np.concatenate([[0], np.cumsum(new)]).astype(np.int32))
+        kvp = torch.from_numpy(np.concatenate([[0], np.cumsum(total)]).astype(np.int32))
+        self._wrapper.plan(
+            qo,
+            kvp,
+            self.hq,
+            self.hkv,
+            self.d,
+            causal=True,
+            sm_scale=self.scale,
+            q_data_type=dtype,
+            kv_data_type=dtype,
+            o_data_type=dtype,
+        )
+        # sequences with a cached prefix read their K/V from the pool: one gather index for
+        # every sequence's slots (prefix + new), in the ragged kv order
+        self._gather = torch.cat(meta.seq_slots) if any(meta.prefix_lens) else None
+        self._planned = meta
+
+    def prefill(self, q, k, v, layer_id, meta: PrefillMeta):
+        self._plan(meta, q.dtype)
+        kp, vp = self.kv.k[layer_id], self.kv.v[layer_id]
+        if self._gather is not None:
+            k, v = kp[self._gather], vp[self._gather]
+        elif self.kv.dtype != q.dtype:
+            k, v = kp[meta.out_loc], vp[meta.out_loc]
+        if k.dtype != q.dtype:
+            k, v = k.to(q.dtype), v.to(q.dtype)
+        # row-strided views (q/k/v slices of the fused QKV output) go in as they are: the
+        # kernel takes per-token and per-head strides (tests/gpu checks strided inputs)
+        q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
+        out = self._wrapper.run(q, k, v)
+        return out.view(q.shape[0], self.hq * self.d)
