@@ -182,10 +182,12 @@ class EngineConfig:
     )
     max_queue_len: int = _opt(4096, "waiting requests accepted before 503")
     enable_fused_rms_fp8: bool = _opt(
-        True, "fused RMSNorm(+residual) -> per-token FP8 quant kernel (GPU, FP8)"
+        True,
+        "fused RMSNorm(+residual) -> per-token FP8 quant kernel (GPU, FP8); bf16/fp16 layers use the same kernel without the quant",
     )
     enable_fused_silu_fp8: bool = _opt(
-        True, "fused SiLU(gate)*up -> per-token FP8 quant kernel (GPU, FP8)"
+        True,
+        "fused SiLU(gate)*up -> per-token FP8 quant kernel (GPU, FP8); bf16/fp16 layers use the same kernel without the quant",
     )
     enable_fused_qk_rope_kv: bool = _opt(True, "fused q/k RMSNorm + RoPE + KV write kernel (GPU)")
 

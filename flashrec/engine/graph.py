@@ -12,6 +12,7 @@ import logging
 
 import torch
 
+from flashrec.kernels.beam_attention import MAX_SPLITS, SPLIT_MAX_ROWS
 from flashrec.layers.attention import DecodeMeta, PackedDecode
 from flashrec.profiler import trace_range
 
@@ -41,19 +42,29 @@ class DecodeGraphRunner:
         self.out_loc = self.rows * runner.kv.depth
         self.slots = torch.zeros(runner.kv.pool_tokens, dtype=torch.int32, device=dev)
         self.head = torch.zeros(5, r, dtype=torch.int32, device=dev)
-        self.work = torch.full((self._num_work(r), 2), -1, dtype=torch.int32, device=dev)
+        self.work = torch.full((self._num_work(r), 3), -1, dtype=torch.int32, device=dev)
+        self.ctrl = torch.tensor([1, 0], dtype=torch.int32, device=dev)  # (splits, items)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
         self.pool = None
 
     def _num_work(self, r: int) -> int:
-        return (r * self.group + self.block_m - 1) // self.block_m + r
+        """Work-list capacity of a bucket of r rows: blocks of r rows (+1 per request for
+        rounding, <= r requests), times the prompt splits a bucket of that size may use."""
+        blocks = (r * self.group + self.block_m - 1) // self.block_m + r
+        return blocks * (MAX_SPLITS if r <= SPLIT_MAX_ROWS else 1)
+
+    def bucket(self, rows: int) -> int:
+        """The captured size a batch of ``rows`` rows replays at."""
+        return next(s for s in self.sizes if s >= rows)
 
     def _meta(self, r: int) -> DecodeMeta:
         h = self.head
+        splits = None if r <= SPLIT_MAX_ROWS else 1  # 1: no split, no merge kernel captured
         packed = PackedDecode(
-            self.slots, h[0], h[1], h[2], h[3], h[4], self.work[: self._num_work(r)]
-        )
+            self.slots, h[0], h[1], h[2], h[3], h[4], self.work[: self._num_work(r)],
+            self.ctrl, splits,
+        )  # fmt: skip
         return DecodeMeta(self.positions[:r], self.rows[:r], self.out_loc[:r], [], packed)
 
     def capture(self) -> None:
@@ -84,7 +95,7 @@ class DecodeGraphRunner:
 
     def run(self, input_ids: torch.Tensor, meta: DecodeMeta) -> torch.Tensor:
         r = input_ids.shape[0]
-        size = next(s for s in self.sizes if s >= r)
+        size = self.bucket(r)
         with trace_range("flashrec.graph_inputs"):
             self.input_ids[:r].copy_(input_ids)
             self.positions[:r].copy_(meta.positions)
@@ -102,7 +113,9 @@ class DecodeGraphRunner:
                 torch.stack([pk.row_start, pk.n, pk.slot_start, pk.length, pk.step])
             )
             w = pk.work.shape[0]
-            self.work[:w].copy_(pk.work)
-            self.work[w : self._num_work(size)].fill_(-1)
+            if w > self._num_work(size) or (pk.splits != 1 and size > SPLIT_MAX_ROWS):
+                raise RuntimeError(f"decode work list ({w} items) does not fit bucket {size}")
+            self.work[:w].copy_(pk.work)  # the kernel walks ctrl[1] items: no -1 fill
+            self.ctrl.copy_(pk.ctrl)
         self.graphs[size].replay()
         return self.outputs[size][:r]

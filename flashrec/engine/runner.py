@@ -11,6 +11,7 @@ import torch
 
 from flashrec.config import EngineConfig, ModelConfig
 from flashrec.engine.kv import KVCache
+from flashrec.kernels.beam_attention import choose_splits
 from flashrec.layers.attention import (
     DecodeGroup,
     DecodeMeta,
@@ -38,6 +39,9 @@ class ForwardContext:
     cos_sin: torch.Tensor
     fused_rms_fp8: bool = False
     fused_silu_fp8: bool = False
+    # the same Triton kernels without the quant epilogue, for layers that run in bf16/fp16
+    fused_rms: bool = False
+    fused_silu: bool = False
     fused_qk_rope_kv: object | None = None
 
 
@@ -91,11 +95,14 @@ class ModelRunner:
             device=self.device,
         )
         on_gpu = self.device.type == "cuda"
+        half = on_gpu and self.dtype in (torch.bfloat16, torch.float16)
         self.ctx = ForwardContext(
             self.attn,
             cos_sin,
             fused_rms_fp8=on_gpu and self.use_fp8 and config.enable_fused_rms_fp8,
             fused_silu_fp8=on_gpu and self.use_fp8 and config.enable_fused_silu_fp8,
+            fused_rms=half and config.enable_fused_rms_fp8,
+            fused_silu=half and config.enable_fused_silu_fp8,
         )
         if on_gpu and config.enable_fused_qk_rope_kv:
             self.ctx.fused_qk_rope_kv = self._fused_qk_rope_kv
@@ -161,13 +168,25 @@ class ModelRunner:
 
     def decode_meta(self, groups_in) -> DecodeMeta:
         mc = self.model_config
+        rows = sum(len(g[0]) for g in groups_in)
+        if self.graphs is not None and self.graphs.fits(rows):
+            rows = self.graphs.bucket(rows)  # the replayed size decides whether it may split
         return make_decode_meta(
             groups_in,
             self.kv.depth,
             self.device,
             packed=self.attn.needs_packed,
             group_size=mc.num_attention_heads // mc.num_key_value_heads,
+            num_kv_heads=mc.num_key_value_heads,
+            sms=self.num_sms,
+            split_rows=rows,
         )
+
+    @property
+    def num_sms(self) -> int:
+        if self.device.type != "cuda":
+            return 1
+        return torch.cuda.get_device_properties(self.device).multi_processor_count
 
     def _resolve_fp8(self, mc: ModelConfig) -> bool:
         q = self.config.quantization
@@ -242,10 +261,19 @@ BLOCK_M = 64  # query rows per program of the beam-decode kernel
 
 
 def make_decode_meta(
-    groups_in, depth: int, device, packed: bool = False, group_size: int = 1
+    groups_in,
+    depth: int,
+    device,
+    packed: bool = False,
+    group_size: int = 1,
+    num_kv_heads: int = 1,
+    sms: int = 1,
+    split_rows: int | None = None,
 ) -> DecodeMeta:
     """groups_in: per request (rows_np, slots_np, slots_t, step, position); one host->device
-    copy carries positions, rows, out_loc and (``packed``) the fused kernel's metadata."""
+    copy carries positions, rows, out_loc and (``packed``) the fused kernel's metadata,
+    including the prompt split count (``choose_splits`` over ``split_rows`` rows, default the
+    batch's rows: a graph replay passes its padded size)."""
     ns = [len(g[0]) for g in groups_in]
     rows = np.concatenate([g[0] for g in groups_in])
     steps = np.repeat([g[3] for g in groups_in], ns)
@@ -259,11 +287,13 @@ def make_decode_meta(
         lens = [len(g[1]) for g in groups_in]
         slot_start = np.concatenate([[0], np.cumsum(lens)[:-1]])
         blocks = [(group_size * n + BLOCK_M - 1) // BLOCK_M for n in ns]
-        work = [(i, b) for i, k in enumerate(blocks) for b in range(k)]
+        rows_total = split_rows if split_rows is not None else int(sum(ns))
+        splits = choose_splits(sum(blocks), num_kv_heads, rows_total, min(lens), sms)
+        work = [(i, b, sp) for i, k in enumerate(blocks) for b in range(k) for sp in range(splits)]
         pk = host_to_device(
             [np.concatenate([g[1] for g in groups_in]), starts, ns, slot_start, lens,
-             [g[3] for g in groups_in], np.asarray(work).reshape(-1)],
+             [g[3] for g in groups_in], np.asarray(work).reshape(-1), [splits, len(work)]],
             device, np.int32,
         )  # fmt: skip
-        meta.packed = PackedDecode(*pk[:6], pk[6].view(-1, 2))
+        meta.packed = PackedDecode(*pk[:6], pk[6].view(-1, 3), pk[7], splits)
     return meta

@@ -9,6 +9,17 @@ keys, by decode-buffer row) with the same online softmax: an exact merge, no pad
 prompts to the longest. All metadata lives in tensors, so the launch is CUDA-graph safe:
 unused work items carry r = -1 and exit at once.
 
+Split-K: when a batch has too few (request, block, kv head) programs to fill the GPU (one
+request with a few hundred beams), each work item also carries a split index and the prompt
+is cut into ``splits`` chunks; the programs of one block write unnormalised partial results
+(acc, running max, running sum) and a second kernel merges them with a log-sum-exp rescale.
+Split 0 also folds in the per-beam decode KV.
+
+Launch: a fixed grid of (programs, kv heads) walks the work list in a strided loop up to the
+item count, so a captured graph's launch size does not grow with the work list's capacity.
+The split count and the item count of a forward live in a device pair ``ctrl`` = (splits,
+items), so a captured graph replays with any count up to its capacity.
+
 The reference (``beam_decode_attention_ref``) is the math the torch backend implements.
 """
 
@@ -18,14 +29,39 @@ import torch
 
 from flashrec.kernels.backend import next_pow2
 
+MAX_SPLITS = 8
+SPLIT_MAX_ROWS = 1024  # batches wider than this never split (they fill the GPU anyway)
+MIN_SPLIT_TOKENS = 128  # a split covers at least this many prompt tokens
 
-def build_work(req_n: list[int], group: int, block_m: int) -> list[tuple[int, int]]:
-    """(request, block) pairs covering every request's G*n query rows."""
+
+def build_work(
+    req_n: list[int], group: int, block_m: int, splits: int = 1
+) -> list[tuple[int, int, int]]:
+    """(request, block, split) triples covering every request's G*n query rows."""
     out = []
     for r, n in enumerate(req_n):
         for b in range((group * n + block_m - 1) // block_m):
-            out.append((r, b))
+            for sp in range(splits):
+                out.append((r, b, sp))
     return out
+
+
+PROGRAMS_PER_SM = 8  # resident programs per SM the grid aims at (per kv head: / Hkv)
+
+
+def grid_programs(items: int, num_kv_heads: int, sms: int) -> int:
+    """Programs per kv head of a launch over a work list of ``items`` entries (capacity)."""
+    return max(1, min(items, -(-PROGRAMS_PER_SM * sms // num_kv_heads)))
+
+
+def choose_splits(blocks: int, num_kv_heads: int, rows: int, min_len: int, sms: int) -> int:
+    """Prompt splits for a forward: enough programs for ~2 waves over ``sms`` multiprocessors,
+    each split at least ``MIN_SPLIT_TOKENS`` long; 1 for wide batches."""
+    if rows > SPLIT_MAX_ROWS or blocks == 0:
+        return 1
+    programs = blocks * num_kv_heads
+    want = -(-2 * sms // programs)
+    return max(1, min(MAX_SPLITS, want, min_len // MIN_SPLIT_TOKENS))
 
 
 def beam_decode_attention_ref(
@@ -80,101 +116,145 @@ def _kernel():
     import triton.language as tl
 
     @triton.jit
-    def kernel(
-        q_ptr,
-        kp_ptr,
-        vp_ptr,
-        slots_ptr,
-        work_ptr,
-        row_start_ptr,
-        n_ptr,
-        slot_start_ptr,
-        len_ptr,
-        step_ptr,
-        dk_ptr,
-        dv_ptr,
-        rows_ptr,
-        out_ptr,
-        scale,
-        s_qr,
-        s_qh,
-        s_kp,
-        s_kh,
-        s_dk,
-        s_dh,
-        s_or,
-        s_oh,
-        G: tl.constexpr,
-        D: tl.constexpr,
-        DEPTH: tl.constexpr,
-        BLOCK_M: tl.constexpr,
-        BLOCK_N: tl.constexpr,
-        PREC: tl.constexpr,
-    ):
-        w = tl.program_id(0)
-        kvh = tl.program_id(1)
-        r = tl.load(work_ptr + 2 * w)
-        if r < 0:
-            return
-        blk = tl.load(work_ptr + 2 * w + 1)
-        nr = tl.load(n_ptr + r)
-        row0 = tl.load(row_start_ptr + r)
-        L = tl.load(len_ptr + r)
-        s0 = tl.load(slot_start_ptr + r)
-        step = tl.load(step_ptr + r)
-        offs_m = blk * BLOCK_M + tl.arange(0, BLOCK_M)
-        m_mask = offs_m < G * nr
-        beam = offs_m // G
-        head = kvh * G + offs_m % G
-        offs_d = tl.arange(0, D)
-        qrow = (row0 + beam).to(tl.int64)
-        q = tl.load(
-            q_ptr + qrow[:, None] * s_qr + head[:, None] * s_qh + offs_d[None, :],
-            mask=m_mask[:, None],
-            other=0.0,
-        )
-        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-        l_i = tl.zeros([BLOCK_M], tl.float32)
-        acc = tl.zeros([BLOCK_M, D], tl.float32)
-        for start in range(0, L, BLOCK_N):
-            offs_n = start + tl.arange(0, BLOCK_N)
-            n_mask = offs_n < L
-            slot = tl.load(slots_ptr + s0 + offs_n, mask=n_mask, other=0).to(tl.int64)
-            kv_off = slot[:, None] * s_kp + kvh * s_kh + offs_d[None, :]
-            k = tl.load(kp_ptr + kv_off, mask=n_mask[:, None], other=0.0).to(q.dtype)
-            s = tl.dot(q, tl.trans(k), input_precision=PREC) * scale
-            s = tl.where(n_mask[None, :], s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            alpha = tl.exp(m_i - m_new)
-            p = tl.exp(s - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(p, 1)
-            v = tl.load(vp_ptr + kv_off, mask=n_mask[:, None], other=0.0).to(q.dtype)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
-            m_i = m_new
-        drow = tl.load(rows_ptr + row0 + beam, mask=m_mask, other=0).to(tl.int64)
-        qf = q.to(tl.float32)
-        for j in tl.static_range(DEPTH):
-            ok = m_mask & (j <= step)
-            d_off = (drow * DEPTH + j)[:, None] * s_dk + kvh * s_dh + offs_d[None, :]
-            kj = tl.load(dk_ptr + d_off, mask=ok[:, None], other=0.0).to(tl.float32)
-            sj = tl.sum(qf * kj, 1) * scale
-            sj = tl.where(ok, sj, float("-inf"))
-            m_new = tl.maximum(m_i, sj)
-            alpha = tl.exp(m_i - m_new)
-            pj = tl.where(ok, tl.exp(sj - m_new), 0.0)
-            l_i = l_i * alpha + pj
-            vj = tl.load(dv_ptr + d_off, mask=ok[:, None], other=0.0).to(tl.float32)
-            acc = acc * alpha[:, None] + pj[:, None] * vj
-            m_i = m_new
-        o = acc / l_i[:, None]
-        tl.store(
-            out_ptr + qrow[:, None] * s_or + head[:, None] * s_oh + offs_d[None, :],
-            o.to(out_ptr.dtype.element_ty),
-            mask=m_mask[:, None],
-        )
+    def one_item(
+        w, kvh, nsplit, q_ptr, kp_ptr, vp_ptr, slots_ptr, work_ptr, row_start_ptr, n_ptr,
+        slot_start_ptr, len_ptr, step_ptr, dk_ptr, dv_ptr, rows_ptr, out_ptr, part_o_ptr,
+        part_ml_ptr, part_rows, scale, s_qr, s_qh, s_kp, s_kh, s_dk, s_dh, s_or, s_oh,
+        G: tl.constexpr, HQ: tl.constexpr, D: tl.constexpr, DEPTH: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr,
+    ):  # fmt: skip
+        r = tl.load(work_ptr + 3 * w)
+        if r >= 0:
+            blk = tl.load(work_ptr + 3 * w + 1)
+            split = tl.load(work_ptr + 3 * w + 2)
+            nr = tl.load(n_ptr + r)
+            row0 = tl.load(row_start_ptr + r)
+            L = tl.load(len_ptr + r)
+            s0 = tl.load(slot_start_ptr + r)
+            step = tl.load(step_ptr + r)
+            offs_m = blk * BLOCK_M + tl.arange(0, BLOCK_M)
+            m_mask = offs_m < G * nr
+            beam = offs_m // G
+            head = kvh * G + offs_m % G
+            offs_d = tl.arange(0, D)
+            qrow = (row0 + beam).to(tl.int64)
+            q = tl.load(
+                q_ptr + qrow[:, None] * s_qr + head[:, None] * s_qh + offs_d[None, :],
+                mask=m_mask[:, None],
+                other=0.0,
+            )
+            m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+            l_i = tl.zeros([BLOCK_M], tl.float32)
+            acc = tl.zeros([BLOCK_M, D], tl.float32)
+            chunk = tl.cdiv(tl.cdiv(L, nsplit), BLOCK_N) * BLOCK_N
+            lo = split * chunk
+            hi = tl.minimum(L, lo + chunk)
+            for start in range(lo, hi, BLOCK_N):
+                offs_n = start + tl.arange(0, BLOCK_N)
+                n_mask = offs_n < hi
+                slot = tl.load(slots_ptr + s0 + offs_n, mask=n_mask, other=0).to(tl.int64)
+                kv_off = slot[:, None] * s_kp + kvh * s_kh + offs_d[None, :]
+                k = tl.load(kp_ptr + kv_off, mask=n_mask[:, None], other=0.0).to(q.dtype)
+                s = tl.dot(q, tl.trans(k), input_precision=PREC) * scale
+                s = tl.where(n_mask[None, :], s, float("-inf"))
+                m_new = tl.maximum(m_i, tl.max(s, 1))
+                alpha = tl.exp(m_i - m_new)
+                p = tl.exp(s - m_new[:, None])
+                l_i = l_i * alpha + tl.sum(p, 1)
+                v = tl.load(vp_ptr + kv_off, mask=n_mask[:, None], other=0.0).to(q.dtype)
+                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
+                m_i = m_new
+            drow = tl.load(rows_ptr + row0 + beam, mask=m_mask, other=0).to(tl.int64)
+            qf = q.to(tl.float32)
+            for j in tl.static_range(DEPTH):
+                ok = m_mask & (j <= step) & (split == 0)
+                d_off = (drow * DEPTH + j)[:, None] * s_dk + kvh * s_dh + offs_d[None, :]
+                kj = tl.load(dk_ptr + d_off, mask=ok[:, None], other=0.0).to(tl.float32)
+                sj = tl.sum(qf * kj, 1) * scale
+                sj = tl.where(ok, sj, float("-inf"))
+                m_new = tl.maximum(m_i, sj)
+                alpha = tl.where(m_new > float("-inf"), tl.exp(m_i - m_new), 1.0)
+                pj = tl.where(ok, tl.exp(sj - m_new), 0.0)
+                l_i = l_i * alpha + pj
+                vj = tl.load(dv_ptr + d_off, mask=ok[:, None], other=0.0).to(tl.float32)
+                acc = acc * alpha[:, None] + pj[:, None] * vj
+                m_i = m_new
+            if nsplit == 1:
+                o = acc / l_i[:, None]
+                tl.store(
+                    out_ptr + qrow[:, None] * s_or + head[:, None] * s_oh + offs_d[None, :],
+                    o.to(out_ptr.dtype.element_ty),
+                    mask=m_mask[:, None],
+                )
+            else:  # unnormalised partials; an empty split leaves m = -inf, l = 0, acc = 0
+                pidx = (split * part_rows + qrow) * HQ + head
+                tl.store(
+                    part_o_ptr + pidx[:, None] * D + offs_d[None, :], acc, mask=m_mask[:, None]
+                )
+                tl.store(part_ml_ptr + 2 * pidx, m_i, mask=m_mask)
+                tl.store(part_ml_ptr + 2 * pidx + 1, l_i, mask=m_mask)
 
-    _KERNEL = kernel
-    return kernel
+    @triton.jit
+    def kernel(
+        q_ptr, kp_ptr, vp_ptr, slots_ptr, work_ptr, row_start_ptr, n_ptr, slot_start_ptr,
+        len_ptr, step_ptr, dk_ptr, dv_ptr, rows_ptr, out_ptr, part_o_ptr, part_ml_ptr, ctrl_ptr,
+        part_rows, scale, s_qr, s_qh, s_kp, s_kh, s_dk, s_dh, s_or, s_oh,
+        G: tl.constexpr, HQ: tl.constexpr, D: tl.constexpr, DEPTH: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr,
+    ):  # fmt: skip
+        kvh = tl.program_id(1)
+        nsplit = tl.load(ctrl_ptr)
+        nwork = tl.load(ctrl_ptr + 1)
+        pid = tl.program_id(0)
+        nprog = tl.num_programs(0)
+        for it in range(0, tl.cdiv(nwork - pid, nprog)):  # items pid, pid + nprog, ...
+            w = pid + it * nprog
+            one_item(
+                w, kvh, nsplit, q_ptr, kp_ptr, vp_ptr, slots_ptr, work_ptr, row_start_ptr,
+                n_ptr, slot_start_ptr, len_ptr, step_ptr, dk_ptr, dv_ptr, rows_ptr, out_ptr,
+                part_o_ptr, part_ml_ptr, part_rows, scale, s_qr, s_qh, s_kp, s_kh, s_dk, s_dh,
+                s_or, s_oh, G, HQ, D, DEPTH, BLOCK_M, BLOCK_N, PREC,
+            )  # fmt: skip
+
+    @triton.jit
+    def merge(
+        part_o_ptr, part_ml_ptr, ctrl_ptr, out_ptr, part_rows, rows, s_or, s_oh,
+        HQ: tl.constexpr, D: tl.constexpr, MAX_S: tl.constexpr,
+    ):  # fmt: skip
+        """One program per (row, q head): out = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s."""
+        row = tl.program_id(0)
+        head = tl.program_id(1)
+        nsplit = tl.load(ctrl_ptr)
+        if nsplit > 1 and row < rows:
+            offs_d = tl.arange(0, D)
+            sp = tl.arange(0, MAX_S)
+            ok = sp < nsplit
+            pidx = (sp * part_rows + row) * HQ + head
+            m = tl.load(part_ml_ptr + 2 * pidx, mask=ok, other=float("-inf"))
+            lsum = tl.load(part_ml_ptr + 2 * pidx + 1, mask=ok, other=0.0)
+            m_max = tl.max(m, 0)
+            wgt = tl.where(ok & (m > float("-inf")), tl.exp(m - m_max), 0.0)
+            acc = tl.load(
+                part_o_ptr + pidx[:, None] * D + offs_d[None, :], mask=ok[:, None], other=0.0
+            )
+            o = tl.sum(acc * wgt[:, None], 0) / tl.sum(lsum * wgt, 0)
+            tl.store(
+                out_ptr + row.to(tl.int64) * s_or + head * s_oh + offs_d,
+                o.to(out_ptr.dtype.element_ty),
+            )
+
+    _KERNEL = (kernel, merge)
+    return _KERNEL
+
+
+def alloc_partials(rows: int, hq: int, d: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Split-K scratch for up to ``rows`` query rows (capped at ``SPLIT_MAX_ROWS``: wider
+    batches never split). Contents need no initialisation."""
+    rows = max(1, min(rows, SPLIT_MAX_ROWS))
+    return (
+        torch.empty(MAX_SPLITS * rows * hq * d, dtype=torch.float32, device=device),
+        torch.empty(MAX_SPLITS * rows * hq * 2, dtype=torch.float32, device=device),
+    )
 
 
 def beam_decode_attention_triton(
@@ -196,45 +276,45 @@ def beam_decode_attention_triton(
     out=None,
     block_m: int = 64,
     block_n: int = 64,
+    ctrl: torch.Tensor | None = None,
+    partials: tuple[torch.Tensor, torch.Tensor] | None = None,
+    sms: int | None = None,
+    splits: int | None = None,
 ):
-    """Triton launch. ``work`` is an int32 [W, 2] tensor of (request, block) (-1 = unused)."""
+    """Triton launch. ``work``: int32 [W, 3] of (request, block, split) (request -1 = unused
+    entry). ``ctrl``: int32 device pair (splits, items); None = (1, W). With splits > 1 the
+    caller guarantees R <= SPLIT_MAX_ROWS; ``partials`` (from :func:`alloc_partials`) is
+    allocated here when None. ``splits``: the host's copy of ctrl[0]; 1 skips the merge
+    launch, None (a graph capture) launches it (it exits when the replayed count is 1)."""
     R, hq, d = q.shape
     hkv = k_pool.shape[1]
     assert d == next_pow2(d), "head_dim must be a power of two"
     if out is None:
         out = torch.empty_like(q)
-    grid = (work.shape[0], hkv)
-    _kernel()[grid](
-        q,
-        k_pool,
-        v_pool,
-        slots,
-        work,
-        req_row_start,
-        req_n,
-        req_slot_start,
-        req_len,
-        req_step,
-        dk,
-        dv,
-        rows,
-        out,
-        scale,
-        q.stride(0),
-        q.stride(1),
-        k_pool.stride(0),
-        k_pool.stride(1),
-        dk.stride(0),
-        dk.stride(1),
-        out.stride(0),
-        out.stride(1),
-        G=hq // hkv,
-        D=d,
-        DEPTH=depth,
-        BLOCK_M=block_m,
-        BLOCK_N=block_n,
+    if ctrl is None:
+        ctrl = torch.tensor([1, work.shape[0]], dtype=torch.int32, device=q.device)
+        splits = 1
+    if partials is None:
+        partials = alloc_partials(R, hq, d, q.device)
+    part_o, part_ml = partials
+    part_rows = part_o.numel() // (MAX_SPLITS * hq * d)
+    if sms is None:
+        sms = torch.cuda.get_device_properties(q.device).multi_processor_count
+    kernel, merge = _kernel()
+    grid = (grid_programs(work.shape[0], hkv, sms), hkv)
+    kernel[grid](
+        q, k_pool, v_pool, slots, work, req_row_start, req_n, req_slot_start, req_len,
+        req_step, dk, dv, rows, out, part_o, part_ml, ctrl, part_rows, scale,
+        q.stride(0), q.stride(1), k_pool.stride(0), k_pool.stride(1), dk.stride(0),
+        dk.stride(1), out.stride(0), out.stride(1),
+        G=hq // hkv, HQ=hq, D=d, DEPTH=depth, BLOCK_M=block_m, BLOCK_N=block_n,
         PREC="ieee" if q.dtype == torch.float32 else "tf32",  # fp32 models: no TF32 shortcut
-        num_warps=4,
-        num_stages=2,
-    )
+        num_warps=4, num_stages=2,
+    )  # fmt: skip
+    m_rows = min(R, part_rows)
+    if m_rows > 0 and splits != 1:
+        merge[(m_rows, hq)](
+            part_o, part_ml, ctrl, out, part_rows, m_rows, out.stride(0), out.stride(1),
+            HQ=hq, D=d, MAX_S=MAX_SPLITS, num_warps=1,
+        )  # fmt: skip
     return out

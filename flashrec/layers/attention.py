@@ -51,7 +51,9 @@ class PackedDecode:
     slot_start: torch.Tensor  # [B] offset of each request's slots in ``slots``
     length: torch.Tensor  # [B] prompt length
     step: torch.Tensor  # [B] decode position written this forward
-    work: torch.Tensor  # [W, 2] (request, query block); request -1 = idle
+    work: torch.Tensor  # [W, 3] (request, query block, prompt split); request -1 = idle
+    ctrl: torch.Tensor  # [2] (prompt splits, work items) of this forward
+    splits: int | None = 1  # host copy of ctrl[0]; None = unknown (inside a graph capture)
 
 
 @dataclass

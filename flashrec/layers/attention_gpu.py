@@ -6,15 +6,26 @@ softmax.
 
 from __future__ import annotations
 
-from flashrec.kernels.beam_attention import beam_decode_attention_triton
+import torch
+
+from flashrec.kernels.beam_attention import (
+    SPLIT_MAX_ROWS,
+    alloc_partials,
+    beam_decode_attention_triton,
+)
 from flashrec.layers.attention import AttentionBackend, DecodeMeta
 
 
 class TritonAttention(AttentionBackend):
     needs_packed = True
+    _partials = None
+    _sms = None
 
     def decode(self, q, layer_id, meta: DecodeMeta):
         pk = meta.packed
+        if self._partials is None:  # split-K scratch, shared by every layer and forward
+            self._partials = alloc_partials(SPLIT_MAX_ROWS, self.hq, self.d, q.device)
+            self._sms = torch.cuda.get_device_properties(q.device).multi_processor_count
         out = beam_decode_attention_triton(
             q,
             self.kv.k[layer_id],
@@ -31,5 +42,9 @@ class TritonAttention(AttentionBackend):
             meta.rows,
             self.kv.depth,
             self.scale,
+            ctrl=pk.ctrl,
+            partials=self._partials,
+            sms=self._sms,
+            splits=pk.splits,
         )
         return out.view(q.shape[0], self.hq * self.d)

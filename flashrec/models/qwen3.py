@@ -70,6 +70,10 @@ class MLP(nn.Module):
 
             y8, s = silu_mul_quant_fp8(gu)
             return self.down_proj.forward_fp8(y8, s, x.dtype)
+        if ctx.fused_silu:
+            from flashrec.kernels.silu_fp8 import silu_mul_triton
+
+            return self.down_proj(silu_mul_triton(gu))
         gate, up = gu[:, : self.inter], gu[:, self.inter :]
         return self.down_proj(nn.functional.silu(gate) * up)
 
@@ -92,13 +96,14 @@ class DecoderLayer(nn.Module):
             h = self.self_attn(residual, positions, meta, ctx, x8, s)
             x8, s, residual = self.post_attention_layernorm.quant_fp8(h, residual)
             return self.mlp(h, ctx, x8, s), residual
+        f = ctx.fused_rms
         if residual is None:
             residual = x
-            x = self.input_layernorm(x)
+            x = self.input_layernorm(x, fused=f)
         else:
-            x, residual = self.input_layernorm(x, residual)
+            x, residual = self.input_layernorm(x, residual, fused=f)
         h = self.self_attn(x, positions, meta, ctx)
-        h, residual = self.post_attention_layernorm(h, residual)
+        h, residual = self.post_attention_layernorm(h, residual, fused=f)
         return self.mlp(h, ctx), residual
 
 
@@ -130,7 +135,7 @@ class Qwen3ForCausalLM(nn.Module):
                 x, residual = layer(x, residual, positions, meta, ctx)
         if select is not None:
             x, residual = x[select], residual[select]
-        x, _ = self.norm(x, residual)
+        x, _ = self.norm(x, residual, fused=ctx.fused_rms)
         return x
 
 

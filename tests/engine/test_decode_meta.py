@@ -19,7 +19,9 @@ def test_decode_meta_layout_and_packed_kernel_metadata():
     meta = make_decode_meta(groups_in, depth, "cpu", packed=True, group_size=2)
     assert meta.positions.tolist() == [4] * 3 + [4] + [8] * 40
     assert meta.rows.tolist() == [5, 2, 9, 0] + list(range(70, 110))
-    assert meta.out_loc.tolist() == [5 * 4, 2 * 4, 9 * 4, 0 * 4 + 2] + [r * 4 + 1 for r in range(70, 110)]
+    assert meta.out_loc.tolist() == [5 * 4, 2 * 4, 9 * 4, 0 * 4 + 2] + [
+        r * 4 + 1 for r in range(70, 110)
+    ]
     assert [(g.start, g.end, g.step) for g in meta.groups] == [(0, 3, 0), (3, 4, 2), (4, 44, 1)]
     pk = meta.packed
     assert pk.slots.dtype == torch.int32
@@ -28,7 +30,30 @@ def test_decode_meta_layout_and_packed_kernel_metadata():
     assert pk.slot_start.tolist() == [0, 4, 6] and pk.length.tolist() == [4, 2, 7]
     assert pk.step.tolist() == [0, 2, 1]
     blocks = [(2 * n + BLOCK_M - 1) // BLOCK_M for n in (3, 1, 40)]
-    assert pk.work.tolist() == [[i, b] for i, k in enumerate(blocks) for b in range(k)]
+    assert pk.work.tolist() == [[i, b, 0] for i, k in enumerate(blocks) for b in range(k)]
+    assert pk.splits == 1 and pk.ctrl.tolist() == [1, len(blocks) + 1]
+
+
+def test_decode_meta_splits_the_prompt_when_the_batch_is_narrow():
+    """One request, few blocks, long prompt, many SMs: the work list carries every block once
+    per split; wide batches (> SPLIT_MAX_ROWS rows, e.g. a padded graph bucket) never split."""
+    from flashrec.kernels.beam_attention import MAX_SPLITS, SPLIT_MAX_ROWS
+
+    slots = np.arange(1000)
+    g = [(np.arange(256), slots, torch.from_numpy(slots), 0, 1000)]
+    meta = make_decode_meta(g, 4, "cpu", packed=True, group_size=2, num_kv_heads=8, sms=132)
+    pk = meta.packed
+    blocks = (2 * 256) // BLOCK_M  # 8 blocks x 8 kv heads = 64 programs for 132 SMs
+    assert pk.splits == min(MAX_SPLITS, -(-264 // 64), 1000 // 128) == 5
+    assert pk.work.tolist() == [[0, b, s] for b in range(blocks) for s in range(5)]
+    assert pk.ctrl.tolist() == [5, blocks * 5]
+    wide = make_decode_meta(
+        g, 4, "cpu", packed=True, group_size=2, num_kv_heads=8, sms=132,
+        split_rows=SPLIT_MAX_ROWS + 1,
+    )  # fmt: skip
+    assert wide.packed.splits == 1 and wide.packed.work.shape[0] == blocks
+    short = [(np.arange(256), slots[:200], torch.from_numpy(slots[:200]), 0, 200)]
+    assert make_decode_meta(short, 4, "cpu", True, 2, 8, 132).packed.splits == 1  # 200 // 128
 
 
 def test_prefill_meta():

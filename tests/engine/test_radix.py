@@ -42,8 +42,10 @@ def test_locked_paths_are_not_evicted_and_lru_order():
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=8), min_size=1, max_size=25),
-       st.integers(0, 10**6))
+@given(
+    st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=8), min_size=1, max_size=25),
+    st.integers(0, 10**6),
+)
 def test_accounting_matches_a_full_walk(prompts, seed):
     rng = random.Random(seed)
     c = RadixCache()

@@ -49,14 +49,19 @@ def test_beam_attention_kernel_matches_reference(kv_dtype, hq, hkv, d):
         torch.tensor(steps, device=dev).int(),
     )
     ref = beam_decode_attention_ref(q, kp, vp, slots, starts, *args, dk, dv, rows, depth, d**-0.5)
-    work = torch.tensor(build_work(req_n, hq // hkv, 64) + [(-1, 0)] * 5, device=dev).int()
-    out = beam_decode_attention_triton(
-        q, kp, vp, slots, work, starts, *args, dk, dv, rows, depth, d**-0.5
-    )
-    torch.testing.assert_close(out.float(), ref.float(), atol=2e-2, rtol=2e-2)
+    for splits in (1, 3, 8):  # 8: the 5-token prompt leaves splits empty
+        items = build_work(req_n, hq // hkv, 64, splits)
+        work = torch.tensor(items + [(-1, 0, 0)] * 5, device=dev).int()
+        ctrl = torch.tensor([splits, len(items) + 5], device=dev).int()
+        for sms in (132, 2):  # 2: few programs, each walks many work items
+            out = beam_decode_attention_triton(
+                q, kp, vp, slots, work, starts, *args, dk, dv, rows, depth, d**-0.5,
+                ctrl=ctrl, sms=sms, splits=splits,
+            )  # fmt: skip
+            torch.testing.assert_close(out.float(), ref.float(), atol=2e-2, rtol=2e-2)
 
 
-def _run(path, **kw):
+def _run(path, prompts=None, **kw):
     cfg = EngineConfig(
         model_path=str(path),
         sid_vocab_file=str(path / "catalog.json"),
@@ -68,7 +73,9 @@ def _run(path, **kw):
     )
     eng = Engine(cfg)
     reqs = [
-        eng.new_request(eng.build_prompt(messages=p), n=n) for p in PROMPTS for n in (1, 4, 16, 64)
+        eng.new_request(eng.build_prompt(messages=p), n=n)
+        for p in prompts or PROMPTS
+        for n in (1, 4, 16, 64)
     ]
     return eng.generate(reqs)
 
@@ -246,3 +253,32 @@ def test_flashinfer_refuses_unsupported_model(tiny_model):
     _flashinfer_or_skip()
     with pytest.raises(ValueError, match="flashinfer cannot run here"):
         _run(tiny_model, dtype="float32", quantization="none", attention_backend="flashinfer")
+
+
+@pytest.mark.parametrize("preset", ["tiny", "tiny-llama", "tiny-qwen2"])
+def test_bf16_fused_kernels_equal_unfused(synth_model, preset):
+    """bf16 layers through the fused RMSNorm / SiLU Triton kernels (no quant) vs the plain
+    torch ops: same rounding points, so the ranked beams agree."""
+    path = synth_model(preset, catalog_size=2000)
+    kw = dict(dtype="bfloat16", quantization="none", disable_cuda_graph=True)
+    a = _run(path, enable_fused_rms_fp8=False, enable_fused_silu_fp8=False, **kw)
+    b = _run(path, **kw)
+    _similar(a, b)
+
+
+LONG_PROMPTS = [
+    [{"role": "user", "content": "history: " + " ".join(str(i) for i in range(400))}],
+    [{"role": "user", "content": "z" * 1500}],
+]
+
+
+def test_split_prompt_decode_equals_torch_backend(tiny_model):
+    """Long prompts and narrow batches: the Triton decode splits each prompt across programs
+    (split-K + log-sum-exp merge), in graph replays and eagerly; float32, so it must match the
+    torch backend as tightly as the unsplit kernel does."""
+    a = _run(tiny_model, LONG_PROMPTS, dtype="float32", quantization="none",
+             attention_backend="torch", disable_cuda_graph=True)  # fmt: skip
+    for graphs in (False, True):
+        b = _run(tiny_model, LONG_PROMPTS, dtype="float32", quantization="none",
+                 attention_backend="triton", disable_cuda_graph=not graphs)  # fmt: skip
+        _same(a, b, 1e-3)

@@ -36,8 +36,9 @@ def test_quant_variant_is_silu_then_quant() -> None:
     torch.testing.assert_close(scale.reshape(6, 1), s_ref, rtol=0, atol=0)
 
 
-# (M, I): I = 5000 and 6144 take several 4096-wide tiles; 100 is not a power of two.
-SHAPES = [(1, 64), (7, 100), (3, 5000), (17, 6144), (300, 3072)]
+# (M, I): up to 16384 one tile (one pass); I = 20000 takes two tiles (two passes when quantizing);
+# 100 is not a power of two.
+SHAPES = [(1, 64), (7, 100), (3, 5000), (17, 6144), (300, 3072), (2, 20000)]
 
 
 @pytest.mark.parametrize("m,inter", SHAPES)
