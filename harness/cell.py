@@ -57,6 +57,8 @@ class CellResult:
     notes: list[str] = field(default_factory=list)
     server: dict = field(default_factory=dict)
     duration_s: float = 0.0
+    baseline: dict = field(default_factory=dict)  # {"hf": {...}} (harness.hf_baseline)
+    mfu: dict | None = None  # what MFU needs (harness.flops.mfu_info)
 
 
 @dataclass

@@ -198,6 +198,25 @@ def matches(cell_id: str, params: dict[str, Scalar], filt: str) -> bool:
 # --------------------------------------------------------------------------- expansion
 
 
+def param_names(spec: MatrixSpec) -> list[str]:
+    """The swept parameter names: the axes, or every key of the explicit ``cells:`` list."""
+    names = list(spec.axes)
+    for entry in spec.cells or []:
+        names += [k for k in entry if k not in names]
+    return names
+
+
+def _combos(spec: MatrixSpec) -> list[tuple[list[str], dict[str, Scalar]]]:
+    """(shown parameter names, values) of every point: the axes' product or the cell list."""
+    if spec.cells is not None:
+        return [(list(entry), dict(entry)) for entry in spec.cells]
+    names = list(spec.axes)
+    return [
+        (names, dict(zip(names, combo)))
+        for combo in itertools.product(*(spec.axes[a] for a in names))
+    ]
+
+
 def _excluded(spec: MatrixSpec, params: dict[str, Scalar]) -> bool:
     for i, rule in enumerate(spec.exclude):
         if isinstance(rule, str):
@@ -208,7 +227,7 @@ def _excluded(spec: MatrixSpec, params: dict[str, Scalar]) -> bool:
                 raise SpecError("", 0, f"exclude.{i}", str(exc)) from None
             continue
         for key in rule:
-            if key not in spec.axes and key not in spec.link and key != "engine":
+            if key not in param_names(spec) and key not in spec.link and key != "engine":
                 raise SpecError("", 0, f"exclude.{i}.{key}", "not an axis or link name")
         hit = all(
             key in params
@@ -248,13 +267,13 @@ def _client(spec: MatrixSpec, params: dict[str, Scalar]) -> ClientSettings:
 
 def _check_scopes(spec: MatrixSpec) -> None:
     for name, scope in spec.axis_scope.items():
-        if name not in spec.axes and name not in spec.link:
+        if name not in param_names(spec) and name not in spec.link:
             raise SpecError("", 0, f"axis_scope.{name}", "not an axis or link name")
         if scope in ("client", "both") and name not in CLIENT_KEYS and name not in BOTH_KEYS:
             known = ", ".join(sorted({*CLIENT_KEYS, *BOTH_KEYS}))
             raise SpecError("", 0, f"axis_scope.{name}", f"not a client setting (known: {known})")
     for name in spec.link:
-        if name in spec.axes or name == "engine":
+        if name in param_names(spec) or name == "engine":
             raise SpecError("", 0, f"link.{name}", "a link cannot redefine an axis")
 
 
@@ -272,15 +291,17 @@ def _traced(spec: MatrixSpec, cell_id: str, params: dict[str, Scalar], first: bo
 def expand_cells(spec: MatrixSpec) -> list[Cell]:
     """All cells of the matrix, ordered so that cells sharing a server run back to back.
 
+    The points are the product of ``axes``, or the explicit ``cells:`` list (heterogeneous
+    cells: each entry names its own parameters, which also make its id).
+
     Raises :class:`SpecError` (with the field, and line 0) for bad link / exclude rules.
     """
     _check_scopes(spec)
-    axis_names = list(spec.axes)
     cells: list[Cell] = []
     seen: set[str] = set()
     for engine in spec.engine_list:
-        for combo in itertools.product(*(spec.axes[a] for a in axis_names)):
-            params: dict[str, Scalar] = {"engine": engine.name, **dict(zip(axis_names, combo))}
+        for axis_names, values in _combos(spec):
+            params: dict[str, Scalar] = {"engine": engine.name, **values}
             for name, rule in spec.link.items():
                 if isinstance(rule, str):
                     try:

@@ -1,6 +1,7 @@
 """``flashrec-bench``: run a matrix, or compare two reports. Thin: it only wires modules.
 
-Exit codes: 0 ok; 1 a gate failed or ``--fail-on-regression`` found a regression; 2 usage or
+Exit codes: 0 ok; 1 a gate failed, a ``fail_run`` target was missed or
+``--fail-on-regression`` found a regression; 2 usage or
 matrix error; 3 one or more cells failed (report still written); 130 interrupted.
 """
 
@@ -63,6 +64,7 @@ def run_main(argv: list[str]) -> int:
     from harness.report import build_report, write_report
     from harness.runner import ResumeError, RunOptions, plan, run_matrix
     from harness.server import install_signal_handlers
+    from harness.targets import evaluate_targets
 
     args = run_parser().parse_args(argv)
     try:
@@ -101,14 +103,15 @@ def run_main(argv: list[str]) -> int:
         return EXIT_USAGE
     report = build_report(spec, results, stages, model, out.name, args.matrix)
     report["gates"] = evaluate_gates(spec.gates, report)
+    report["targets"] = evaluate_targets(spec.targets, report)
     write_report(report, results, out)
     s = report["summary"]
     print(
         f"report: {out}/REPORT.md ({s['ok']} ok, {s['failed']} failed of {s['cells']} cells; "
-        f"gates {report['gates']['status']})",
+        f"gates {report['gates']['status']}; targets {report['targets']['status']})",
         file=sys.stderr,
     )
-    if report["gates"]["status"] == "fail":
+    if report["gates"]["status"] == "fail" or report["targets"]["fail_run"]:
         return EXIT_GATE
     return EXIT_CELLS if s["failed"] else 0
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Callable
 
 import numpy as np
 
@@ -30,6 +31,12 @@ DIRECTIONS: dict[str, int] = {
     "beams_mean": 1,
     "cached_frac": 0,
     "prompt_tokens_mean": 0,
+    # derived (harness.flops): with an ``mfu:`` section / an HF baseline
+    "tflop_per_request": 0,
+    "achieved_tflops": 1,
+    "mfu": 1,
+    "speedup_vs_hf": 1,
+    "hf_latency_ratio": 1,
 }
 QUALITY_PREFIXES = ("hit@", "recall@", "ndcg@", "mrr@")
 KEY_METRICS = (
@@ -58,8 +65,12 @@ def _ratio(num: float, den: float) -> float:
     return num / den if den else NAN
 
 
-def round_metrics(records: list[Record]) -> dict[str, float]:
-    """The metrics of one round from its counted records."""
+# extra(ok records of a round, the round's metrics so far) -> more metrics of that round
+Extra = Callable[[list[Record], dict[str, float]], dict[str, float]]
+
+
+def round_metrics(records: list[Record], extra: Extra | None = None) -> dict[str, float]:
+    """The metrics of one round from its counted records (plus ``extra``'s derived ones)."""
     used = counted(records)
     if not used:
         return {}
@@ -91,6 +102,8 @@ def round_metrics(records: list[Record]) -> dict[str, float]:
         for k, v in r.quality.items():
             sums[k].append(v)
     out.update({k: float(np.mean(v)) for k, v in sums.items()})
+    if extra is not None:
+        out.update(extra(ok, out))
     return out
 
 
@@ -103,9 +116,11 @@ def by_round(records: list[Record]) -> dict[int, list[Record]]:
     return dict(sorted(rounds.items()))
 
 
-def cell_metrics(records: list[Record], stats: StatsSpec) -> dict[str, dict]:
+def cell_metrics(
+    records: list[Record], stats: StatsSpec, extra: Extra | None = None
+) -> dict[str, dict]:
     """Each metric's summary over the measured rounds (see :func:`harness.stats.summarize`)."""
-    per_round = [round_metrics(recs) for recs in by_round(records).values()]
+    per_round = [round_metrics(recs, extra) for recs in by_round(records).values()]
     per_round = [m for m in per_round if m]
     names: list[str] = []
     for m in per_round:

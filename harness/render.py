@@ -54,11 +54,15 @@ def cells_table(report: dict) -> Table:
         "errors",
         "invalid SIDs",
         "excluded",
+        "HF ms/req",
+        "vs HF (QPS)",
+        "MFU",
         "notes",
     ]
     rows = []
     for c in report["cells"]:
         m = c["metrics"]
+        hf = (c.get("baseline") or {}).get("hf") or {}
         rows.append(
             [
                 c["id"],
@@ -71,10 +75,123 @@ def cells_table(report: dict) -> Table:
                 _pct((m.get("error_rate") or {}).get("median")),
                 _pct((m.get("invalid_rate") or {}).get("median")),
                 str(c["excluded_requests"]["count"]),
+                _hf_short(hf),
+                _ratio(hf.get("speedup")),
+                _pct((c.get("mfu") or {}).get("mfu")),
                 "; ".join(c["notes"]) or (c["error"] if c["status"] != "ok" else ""),
             ]
         )
     return head, rows
+
+
+def _ratio(x) -> str:
+    return "-" if x is None else f"{x:.1f}x"
+
+
+def _hf_short(hf: dict) -> str:
+    if not hf:
+        return "-"
+    if hf.get("status") == "ok":
+        return _num(hf.get("hf_ms_per_request"), ".1f")
+    return hf.get("status", "-")
+
+
+def baseline_table(report: dict) -> Table | None:
+    """HF baseline per cell: its timing, the ratios, or why it was skipped / failed."""
+    rows = []
+    for c in report["cells"]:
+        hf = (c.get("baseline") or {}).get("hf")
+        if not hf:
+            continue
+        lat = (c["metrics"].get("latency_mean_ms") or {}).get("median")
+        why = hf.get("hf_skipped") or hf.get("hf_error") or ""
+        rows.append(
+            [
+                c["id"],
+                hf.get("status", "-"),
+                f"{hf.get('hf_requests', '-')} x n={hf.get('beam_width', '-')}, "
+                f"{hf.get('dtype', '-')}, {hf.get('device') or '-'}",
+                _num(hf.get("prompt_tokens_max"), "d") if hf.get("prompt_tokens_max") else "-",
+                _num(hf.get("kv_gib_estimate"), ".3g"),
+                _num(hf.get("hf_ms_per_request"), ".1f"),
+                _num(hf.get("hf_qps"), ".3g"),
+                _med_ci(c["metrics"].get("qps")),
+                _num(lat, ".1f"),
+                _ratio(hf.get("speedup")),
+                _ratio(hf.get("latency_ratio")),
+                why.splitlines()[0][:300] if why else "",
+            ]
+        )
+    if not rows:
+        return None
+    head = [
+        "cell",
+        "HF status",
+        "HF requests",
+        "prompt tokens (max)",
+        "HF KV GiB (est.)",
+        "HF ms/request",
+        "HF QPS",
+        "FlashRec QPS",
+        "FlashRec mean ms",
+        "speedup (QPS)",
+        "latency ratio (HF / FlashRec)",
+        "skipped / error",
+    ]
+    return head, rows
+
+
+def mfu_table(report: dict) -> Table | None:
+    """FLOPs per request, achieved TFLOP/s and MFU per cell."""
+    rows = []
+    for c in report["cells"]:
+        f = c.get("mfu")
+        if not f:
+            continue
+        m = c["metrics"]
+        ceiling = f.get("ceiling_tflops")
+        key = f" ({f['by']}={f['ceiling_key']})" if f.get("ceiling_key") else ""
+        rows.append(
+            [
+                c["id"],
+                _num(f.get("linear_params", 0) / 1e9, ".4g") if "linear_params" in f else "-",
+                str(f.get("decode_rows", "-")),
+                _med_ci(m.get("tflop_per_request"), ".4g"),
+                _med_ci(m.get("achieved_tflops"), ".4g"),
+                ("-" if ceiling is None else f"{ceiling:g}") + key,
+                _med_ci(m.get("mfu"), ".3f"),
+                f.get("error", ""),
+            ]
+        )
+    if not rows:
+        return None
+    head = [
+        "cell",
+        "linear params (B)",
+        "decode rows / request",
+        "TFLOP / request",
+        "achieved TFLOP/s",
+        "ceiling TFLOP/s",
+        "MFU",
+        "note",
+    ]
+    return head, rows
+
+
+def targets_table(report: dict) -> Table | None:
+    """Every target x matching cell: met, or missed by how much."""
+    t = report.get("targets") or {}
+    rows = []
+    for r in t.get("results", []):
+        for c in r["checks"]:
+            rows.append([r["name"], c["cell"], "met" if c["met"] else "MISSED", c["text"]])
+        for cell in r["missing"]:
+            rows.append([r["name"], cell, "no data", "cell failed or metric missing"])
+        if not r["checks"] and not r["missing"]:
+            rows.append([r["name"], "-", "no data", "no cell matches"])
+    if not rows:
+        return None
+    return ["target", "cell", "status", "detail"], rows
 
 
 def quality_table(report: dict) -> Table | None:
@@ -160,6 +277,39 @@ def gates_table(report: dict) -> Table:
     return ["gate", "status", "failing"], rows
 
 
+BASELINE_NOTE = (
+    "HF = transformers generate(num_beams=n) with the same catalog constraint, on the cell's "
+    "first measured prompts, one request at a time, in its own process after the cell's server "
+    "stopped; HF QPS = 1000 / ms per request; speedup = FlashRec QPS median / HF QPS; latency "
+    "ratio = HF ms per request / FlashRec mean latency."
+)
+MFU_NOTE = (
+    "FLOPs per request = 2 x linear-layer parameters x (prefilled prompt tokens + decode rows), "
+    "decode rows = n x (min(max_tokens, SID levels) - 1); attention score FLOPs not counted. "
+    "Achieved TFLOP/s = FLOPs per request x QPS (per round); MFU = achieved / ceiling."
+)
+TARGETS_NOTE = (
+    "Targets are goals: a missed one is reported with the shortfall, the ratio actual / target "
+    "and the factor still needed; it changes the exit code only with fail_run: true."
+)
+
+
+def _extra_tables(report: dict) -> list[tuple[str, Table, str]]:
+    """(title, table, note) of the HF baseline, MFU and targets sections that have content."""
+    out = []
+    b = baseline_table(report)
+    if b:
+        out.append(("HF transformers baseline (same run)", b, BASELINE_NOTE))
+    m = mfu_table(report)
+    if m:
+        out.append(("Model-FLOP utilisation", m, MFU_NOTE))
+    t = targets_table(report)
+    if t:
+        status = (report.get("targets") or {}).get("status")
+        out.append((f"Targets: {status}", t, TARGETS_NOTE))
+    return out
+
+
 def _stage(report: dict, name: str) -> str:
     return json.dumps(report.get(name), indent=1, default=str)[:4000]
 
@@ -187,6 +337,8 @@ def write_markdown(report: dict, path: Path) -> None:
     q = quality_table(report)
     if q:
         lines += ["## Quality", ""] + _md_table(q)
+    for title, table, note in _extra_tables(report):
+        lines += [f"## {title}", "", note, ""] + _md_table(table)
     traces = trace_lines(report)
     lines += ["## Traces", ""] + (traces or ["no traced cells"]) + [""]
     for c in report["cells"]:
@@ -244,6 +396,8 @@ def write_html(report: dict, records: list[Record], path: Path) -> None:
     q = quality_table(report)
     if q:
         parts += ["<h2>Quality</h2>", _html_table(q)]
+    for title, table, note in _extra_tables(report):
+        parts += [f"<h2>{html.escape(title)}</h2><p>{html.escape(note)}</p>", _html_table(table)]
     plots = all_plots(report, records)
     parts.append(
         "<h2>Plots</h2>"

@@ -19,6 +19,7 @@ from harness import SCHEMA_VERSION
 from harness.cell import CellResult
 from harness.client import EPOCH_UNIX, Record
 from harness.environment import environment
+from harness.flops import derived_metrics
 from harness.metrics import KEY_METRICS, by_round, cell_metrics, notes, round_metrics
 from harness.model import ResolvedModel
 from harness.render import write_html, write_markdown
@@ -50,9 +51,11 @@ def cell_entry(res: CellResult, spec: MatrixSpec) -> dict:
     measured = [r for r in res.records if r.phase == "measure"]
     excluded = Counter(r.excluded for r in measured if r.excluded)
     warm = [r for r in res.records if r.phase == "warmup"]
-    metrics = cell_metrics(res.records, spec.stats) if res.status == "ok" else {}
+    hf = (res.baseline or {}).get("hf")
+    extra = derived_metrics(res.mfu, hf)
+    metrics = cell_metrics(res.records, spec.stats, extra) if res.status == "ok" else {}
     rounds = [
-        {"round": rnd, "requests": len(recs), **round_metrics(recs)}
+        {"round": rnd, "requests": len(recs), **round_metrics(recs, extra)}
         for rnd, recs in by_round(res.records).items()
     ]
     return {
@@ -75,7 +78,39 @@ def cell_entry(res: CellResult, spec: MatrixSpec) -> dict:
         },
         "server": res.server,
         "duration_s": res.duration_s,
+        "baseline": {"hf": _hf_entry(hf, metrics)} if hf else {},
+        "mfu": _mfu_entry(res.mfu, metrics),
     }
+
+
+def _median(metrics: dict, name: str) -> float | None:
+    m = metrics.get(name)
+    return m["median"] if m else None
+
+
+def _hf_entry(hf: dict, metrics: dict) -> dict:
+    """The HF baseline of a cell plus the ratios against FlashRec's medians."""
+    out = dict(hf)
+    out.setdefault("hf_skipped", None)
+    out.setdefault("hf_error", None)
+    qps, lat = _median(metrics, "qps"), _median(metrics, "latency_mean_ms")
+    ok = hf.get("status") == "ok"
+    out["speedup"] = qps / hf["hf_qps"] if ok and qps else None
+    out["latency_ratio"] = hf["hf_ms_per_request"] / lat if ok and lat else None
+    return out
+
+
+def _mfu_entry(info: dict | None, metrics: dict) -> dict | None:
+    """A cell's MFU inputs and results (medians over rounds)."""
+    if info is None:
+        return None
+    out = dict(info)
+    if "linear_params" in info:
+        out["flop_per_token"] = 2 * info["linear_params"]
+        out["decode_rows"] = info["beam_width"] * info["decode_forwards"]
+    for name in ("tflop_per_request", "achieved_tflops", "mfu"):
+        out[name] = _median(metrics, name)
+    return out
 
 
 def build_report(
@@ -109,6 +144,7 @@ def build_report(
             "parity": stages.get("parity", {"status": "not_configured"}),
             "determinism": stages.get("determinism", {"status": "not_configured"}),
             "gates": {"status": "none", "results": []},
+            "targets": {"status": "none", "results": []},
             "summary": {
                 "cells": len(cells),
                 "ok": sum(c["status"] == "ok" for c in cells),
@@ -146,9 +182,11 @@ def write_summary(report: dict, out_dir: Path) -> None:
     names = list(KEY_METRICS) + ["invalid_rate", "duplicate_rate", "beams_mean"]
     for c in report["cells"]:
         names += [m for m in c["metrics"] if m not in names]
+    hf_cols = ["hf_status", "hf_ms_per_request", "hf_qps", "hf_speedup", "hf_latency_ratio"]
     header = ["id", *params, "status", "rounds"]
     for m in names:
         header += [m, f"{m}_ci95_low", f"{m}_ci95_high", f"{m}_cv"]
+    header += hf_cols
     with open(out_dir / "summary.csv", "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(header)
@@ -157,6 +195,14 @@ def write_summary(report: dict, out_dir: Path) -> None:
             for m in names:
                 s = c["metrics"].get(m) or {}
                 row += [s.get("median"), s.get("ci95_low"), s.get("ci95_high"), s.get("cv")]
+            hf = (c.get("baseline") or {}).get("hf") or {}
+            row += [
+                hf.get("status"),
+                hf.get("hf_ms_per_request"),
+                hf.get("hf_qps"),
+                hf.get("speedup"),
+                hf.get("latency_ratio"),
+            ]
             w.writerow(["" if v is None else v for v in row])
 
 

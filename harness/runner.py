@@ -16,10 +16,12 @@ from typing import Any
 
 import aiohttp
 
+from harness import hf_baseline
 from harness.cell import CellContext, CellResult, run_cell, safe_name
 from harness.cells import Cell, group_by_server, select
 from harness.client import Record
 from harness.environment import content_hash
+from harness.flops import ceiling_for, mfu_info
 from harness.model import ModelError, ResolvedModel, resolve_model
 from harness.progress import Progress
 from harness.server import LaunchedServer, Server, ServerError, make_server
@@ -90,6 +92,7 @@ def plan(spec: MatrixSpec, cells: list[Cell], model: ResolvedModel | None) -> st
     """A readable plan: server groups, their launch commands and their cells."""
     lines = []
     groups = group_by_server(cells)
+    hf = spec.baseline.hf if spec.baseline else None
     if model is None and spec.model is not None:
         has_catalog = bool(
             (spec.catalog and (spec.catalog.path or spec.catalog.size)) or spec.model.catalog_size
@@ -109,12 +112,31 @@ def plan(spec: MatrixSpec, cells: list[Cell], model: ResolvedModel | None) -> st
                 if k.mode == "closed"
                 else f"{k.mode} {k.rate}/s for {k.duration_s or 'requests/rate'} s"
             )
+            extras = " +trace" if c.traced else ""
+            if hf_baseline.applies(hf, c):
+                assert hf is not None
+                max_tokens = k.max_tokens or (model.levels if model else 3) + 1
+                try:
+                    extras += f" +hf-baseline({hf_baseline.requests_for(hf, c, max_tokens)})"
+                except (ValueError, SyntaxError, TypeError, ZeroDivisionError) as exc:
+                    extras += f" +hf-baseline(bad requests: {exc})"
+            if spec.mfu is not None:
+                ceiling, key = ceiling_for(spec.mfu, c.params)
+                extras += f" mfu-ceiling={'?' if ceiling is None else f'{ceiling:g}'}"
             lines.append(
                 f"  {c.id}: n={k.beam_width} {load} requests={k.requests} "
-                f"warmup={k.warmup_requests} radix={k.radix}" + (" +trace" if c.traced else "")
+                f"warmup={k.warmup_requests} radix={k.radix} prompt~{k.median_tokens} "
+                f"max_tokens={k.max_tokens or 'depth+1'}" + extras
             )
     starts = sum(1 for g in groups if g[0].engine.launched)
     lines.append(f"{len(cells)} cell(s), {starts} server start(s), {spec.load.rounds} round(s)")
+    if hf is not None and hf.enabled:
+        lines.append(
+            f"HF baseline after each server group: dtype {hf.dtype}, max_kv_gib "
+            f"{hf.max_kv_gib if hf.max_kv_gib is not None else 'none'}, own process"
+        )
+    for t in spec.targets:
+        lines.append(f"target: {t.label}" + (f" on {t.cells}" if t.cells else ""))
     return "\n".join(lines)
 
 
@@ -196,9 +218,11 @@ class _Campaign:
                             )
                             res.server = self.server_meta(server)
                             self.finish(res, results)
-                        return
+                        break
                 res = await run_cell(self.context(session, server, cell), cell)
                 res.server.update(self.server_meta(server))
+                if self.spec.mfu is not None:
+                    res.mfu = self.mfu_info(cell)
                 self.finish(res, results)
                 if res.status == "failed" and isinstance(server, LaunchedServer):
                     server.stop()  # the next cell gets a fresh server
@@ -206,6 +230,69 @@ class _Campaign:
         finally:
             if server is not None:
                 server.stop()
+        # baselines run after the group's server is gone: their memory never meets its memory
+        self.run_baselines(group, results)
+
+    def max_tokens(self, cell: Cell) -> int:
+        return cell.client.max_tokens or self.checker.levels + 1
+
+    def mfu_info(self, cell: Cell) -> dict:
+        assert self.spec.mfu is not None
+        return mfu_info(
+            self.spec.mfu,
+            cell.params,
+            self.model.path if self.model else None,
+            cell.client.beam_width,
+            self.max_tokens(cell),
+            self.checker.levels,
+        )
+
+    def run_baselines(self, group: list[Cell], results: dict[str, CellResult]) -> None:
+        hf = self.spec.baseline.hf if self.spec.baseline else None
+        for cell in group:
+            res = results.get(cell.id)
+            if res is None or res.status != "ok" or not hf_baseline.applies(hf, cell):
+                continue
+            assert hf is not None
+            prompts = self.prompts(cell).measured
+            try:
+                k = hf_baseline.requests_for(hf, cell, self.max_tokens(cell))
+            except (ValueError, SyntaxError, TypeError, ZeroDivisionError) as exc:
+                res.baseline["hf"] = {
+                    "status": "failed",
+                    "hf_error": f"baseline.hf.requests: {exc}",
+                }
+                save_result(self.opts.out_dir, res)
+                continue
+            self.progress.message(
+                f"HF baseline for {cell.id}: {k} request(s), n={cell.client.beam_width}"
+            )
+            # synchronous on purpose: nothing else runs meanwhile, and Ctrl-C / SIGTERM reach
+            # run_baseline's cleanup (which kills the baseline's process group) at once
+            try:
+                res.baseline["hf"] = hf_baseline.run_baseline(
+                    hf,
+                    cell,
+                    prompts[:k],
+                    res.records,
+                    self.model.path if self.model else None,
+                    self.model.catalog if self.model else None,
+                    self.max_tokens(cell),
+                    self.opts.out_dir / "baselines" / safe_name(cell.id),
+                )
+            except (OSError, ValueError, KeyError) as exc:  # never let a baseline stop the run
+                res.baseline["hf"] = {
+                    "status": "failed",
+                    "hf_error": f"{type(exc).__name__}: {exc}",
+                }
+            got = res.baseline["hf"]
+            detail = (
+                got.get("hf_skipped")
+                or got.get("hf_error")
+                or (f"{got.get('hf_ms_per_request', 0):.1f} ms/request")
+            )
+            self.progress.message(f"HF baseline for {cell.id}: {got['status']}: {detail[:300]}")
+            save_result(self.opts.out_dir, res)
 
     def context(self, session, server: Server, cell: Cell) -> CellContext:
         return CellContext(
@@ -215,7 +302,7 @@ class _Campaign:
             prompts=self.prompts(cell),
             checker=self.checker,
             renderer=self.renderer(cell),
-            max_tokens=cell.client.max_tokens or self.checker.levels + 1,
+            max_tokens=self.max_tokens(cell),
             rounds=self.rounds,
             trace_dir=self.trace_dir(),
             on_request=self.progress.request_done,

@@ -237,6 +237,65 @@ class GateSpec(_Base):
         return f"{target} {self.op} {self.value:g}"
 
 
+class HFBaselineSpec(_Base):
+    """HF transformers ``generate(num_beams=n)`` timed after each cell, in its own process."""
+
+    enabled: bool = True
+    requests: Union[int, str] = 2  # or an expression over the cell's parameters
+    warmup: int = Field(1, ge=0)
+    dtype: Literal["bf16", "bfloat16", "float16", "fp16", "float32"] = "bf16"
+    device: str | None = None  # default: the engine's device, else cpu
+    max_kv_gib: float | None = Field(None, gt=0)
+    timeout_s: float = Field(1800.0, gt=0)
+    cells: str | list[str] | None = None  # filters; default every cell
+
+    @field_validator("requests")
+    @classmethod
+    def _positive(cls, v: Union[int, str]) -> Union[int, str]:
+        if isinstance(v, int) and v < 1:
+            raise ValueError("requests must be >= 1 (or an expression)")
+        return v
+
+
+class BaselineSpec(_Base):
+    """Baselines measured in the same run as the cells (``hf``: transformers generate)."""
+
+    hf: HFBaselineSpec | None = None
+
+
+class MfuSpec(_Base):
+    """Model-FLOP utilisation: achieved linear-layer FLOP/s over a ceiling per precision."""
+
+    ceiling_tflops: Union[float, dict[str, float]]
+    by: str = "quantization"  # the cell parameter whose value picks the ceiling
+    decode_forwards: int | None = Field(None, ge=0)  # default min(max_tokens, levels) - 1
+
+    @field_validator("ceiling_tflops")
+    @classmethod
+    def _positive(cls, v: Union[float, dict[str, float]]) -> Union[float, dict[str, float]]:
+        values = v.values() if isinstance(v, dict) else [v]
+        if not values or any(x <= 0 for x in values):
+            raise ValueError("ceilings must be > 0 TFLOP/s")
+        return v
+
+
+class TargetSpec(_Base):
+    """A goal on a cell metric: reported as met or missed by how much; fails nothing unless
+    ``fail_run``."""
+
+    name: str | None = None
+    metric: str
+    op: Literal["<", "<=", ">=", ">"]
+    value: float
+    cells: str | None = None
+    fail_run: bool = False
+
+    @property
+    def label(self) -> str:
+        """The target's display name."""
+        return self.name or f"{self.metric} {self.op} {self.value:g}"
+
+
 class MatrixSpec(_Base):
     """A whole campaign: servers, model, workload, axes and how to measure and judge them."""
 
@@ -248,6 +307,7 @@ class MatrixSpec(_Base):
     catalog: CatalogSpec | None = None
     workload: WorkloadSpec = WorkloadSpec()
     axes: dict[str, list[Scalar]] = {}
+    cells: list[dict[str, Scalar]] | None = None
     axis_scope: dict[str, Literal["server", "client", "both"]] = {}
     link: dict[str, Scalar] = {}
     exclude: list[Union[dict[str, Union[Scalar, list[Scalar]]], str]] = []
@@ -258,6 +318,9 @@ class MatrixSpec(_Base):
     parity: StageSpec | None = None
     determinism: StageSpec | None = None
     gates: list[GateSpec] = []
+    baseline: BaselineSpec | None = None
+    mfu: MfuSpec | None = None
+    targets: list[TargetSpec] = []
 
     @model_validator(mode="after")
     def _check(self) -> MatrixSpec:
@@ -269,6 +332,13 @@ class MatrixSpec(_Base):
         for axis, values in self.axes.items():
             if not values:
                 raise ValueError(f"axis '{axis}' has no values")
+        if self.cells is not None:
+            if self.axes:
+                raise ValueError("give 'axes' (a product) or 'cells' (an explicit list), not both")
+            if not self.cells:
+                raise ValueError("'cells' is empty")
+            if any("engine" in c for c in self.cells):
+                raise ValueError("'cells' entries cannot set 'engine' (use 'engines')")
         needs_model = [e.name for e in self.engine_list if e.kind == "flashrec"]
         if needs_model and self.model is None:
             raise ValueError(f"engine(s) {needs_model} launch FlashRec and need 'model'")
