@@ -40,7 +40,10 @@ class DecodeGraphRunner:
         self.positions = torch.zeros(r, dtype=torch.long, device=dev)
         self.rows = torch.full((r,), runner.kv.scratch_row, dtype=torch.long, device=dev)
         self.out_loc = self.rows * runner.kv.depth
-        self.slots = torch.zeros(runner.kv.pool_tokens, dtype=torch.int32, device=dev)
+        # every running request's prompt slots, concatenated: requests sharing a cached prefix
+        # repeat its slots, so the bound is (requests <= rows) x longest prompt, not the pool
+        cap = min(r, runner.kv.row_slots) * cfg.max_seq_len
+        self.slots = torch.zeros(cap, dtype=torch.int32, device=dev)
         self.head = torch.zeros(5, r, dtype=torch.int32, device=dev)
         self.work = torch.full((self._num_work(r), 3), -1, dtype=torch.int32, device=dev)
         self.ctrl = torch.tensor([1, 0], dtype=torch.int32, device=dev)  # (splits, items)
