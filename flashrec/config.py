@@ -152,6 +152,10 @@ class EngineConfig:
         None, "beam-row slot budget shared by all running requests (default: --cuda-graph-max-bs)"
     )
     cuda_graph_max_bs: int = _opt(800, "largest decode batch (beam rows) captured as a CUDA graph")
+    decode_max_splits: int = _opt(
+        8,
+        "most prompt splits (split-K) of the GPU beam-decode attention on narrow batches (1-8; 1 = never split)",
+    )
     disable_cuda_graph: bool = _opt(
         False, "run decode eagerly (never a silent fallback)", flag=True
     )
@@ -190,6 +194,10 @@ class EngineConfig:
         "fused SiLU(gate)*up -> per-token FP8 quant kernel (GPU, FP8); bf16/fp16 layers use the same kernel without the quant",
     )
     enable_fused_qk_rope_kv: bool = _opt(True, "fused q/k RMSNorm + RoPE + KV write kernel (GPU)")
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.decode_max_splits <= 8:
+            raise ValueError(f"--decode-max-splits must be in 1..8, got {self.decode_max_splits}")
 
     @property
     def resolved_device(self) -> str:

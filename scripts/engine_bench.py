@@ -128,7 +128,28 @@ def main() -> int:
     ap.add_argument(
         "--trace-dir", default=None, help="also run one traced round (excluded from the numbers)"
     )
+    ap.add_argument("--attention-backend", default=None, help="torch / triton / flashinfer")
+    ap.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="any other EngineConfig field (repeatable), e.g. enable_fused_rms_fp8=false",
+    )
     args = ap.parse_args()
+    extra = {}
+    for item in args.set:
+        key, _, raw = item.partition("=")
+        if key not in EngineConfig.__dataclass_fields__:
+            ap.error(f"--set {item}: EngineConfig has no field {key!r}")
+        low = raw.lower()
+        extra[key] = (
+            low in ("1", "true", "yes") if low in ("1", "0", "true", "false", "yes", "no")
+            else int(raw) if raw.lstrip("-").isdigit()
+            else raw
+        )  # fmt: skip
+    if args.attention_backend:
+        extra["attention_backend"] = args.attention_backend
     cfg = EngineConfig(
         model_path=args.model_path,
         sid_vocab_file=args.sid_vocab_file,
@@ -144,6 +165,7 @@ def main() -> int:
         enable_prefix_cache=not args.no_prefix_cache,
         max_seq_len=16384,
         kv_pool_tokens=args.kv_pool_tokens,
+        **extra,
     )
     t = time.perf_counter()
     eng = Engine(cfg)

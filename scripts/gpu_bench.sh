@@ -13,6 +13,10 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 fi
 MODEL=${MODEL:-/tmp/onerec}
 python -m flashrec.check_env --require gpu,fp8,triton | tee "$OUT/check_env.txt"
+# FlashInfer JIT builds once per machine (~80-200 s); never under a timeout (a build killed
+# half-way restarts from scratch in the next process). Kept across calls of a warm machine.
+export FLASHINFER_WORKSPACE_BASE=${FLASHINFER_WORKSPACE_BASE:-$PWD/.cache/flashinfer}
+python -c "import flashinfer" 2>/dev/null && python scripts/flashinfer_warmup.py --head-dims 128 64 | tee "$OUT/flashinfer_warmup.txt"
 [ -f "$MODEL/synth_info.json" ] || python -m flashrec synth --preset onerec-1.7b --out "$MODEL" --catalog-size 1500000 > "$OUT/synth.log" 2>&1
 python -m pytest -q -p no:cacheprovider -m gpu tests 2>&1 | tee "$OUT/gpu_tests.log" | tail -3
 OUT=$OUT bash scripts/h200_bench.sh "$MODEL"

@@ -180,6 +180,7 @@ class ModelRunner:
             num_kv_heads=mc.num_key_value_heads,
             sms=self.num_sms,
             split_rows=rows,
+            max_splits=self.config.decode_max_splits,
         )
 
     @property
@@ -269,6 +270,7 @@ def make_decode_meta(
     num_kv_heads: int = 1,
     sms: int = 1,
     split_rows: int | None = None,
+    max_splits: int = 8,
 ) -> DecodeMeta:
     """groups_in: per request (rows_np, slots_np, slots_t, step, position); one host->device
     copy carries positions, rows, out_loc and (``packed``) the fused kernel's metadata,
@@ -288,7 +290,7 @@ def make_decode_meta(
         slot_start = np.concatenate([[0], np.cumsum(lens)[:-1]])
         blocks = [(group_size * n + BLOCK_M - 1) // BLOCK_M for n in ns]
         rows_total = split_rows if split_rows is not None else int(sum(ns))
-        splits = choose_splits(sum(blocks), num_kv_heads, rows_total, min(lens), sms)
+        splits = choose_splits(sum(blocks), num_kv_heads, rows_total, min(lens), sms, max_splits)
         work = [(i, b, sp) for i, k in enumerate(blocks) for b in range(k) for sp in range(splits)]
         pk = host_to_device(
             [np.concatenate([g[1] for g in groups_in]), starts, ns, slot_start, lens,

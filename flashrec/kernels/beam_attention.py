@@ -54,14 +54,16 @@ def grid_programs(items: int, num_kv_heads: int, sms: int) -> int:
     return max(1, min(items, -(-PROGRAMS_PER_SM * sms // num_kv_heads)))
 
 
-def choose_splits(blocks: int, num_kv_heads: int, rows: int, min_len: int, sms: int) -> int:
+def choose_splits(
+    blocks: int, num_kv_heads: int, rows: int, min_len: int, sms: int, max_splits: int = MAX_SPLITS
+) -> int:
     """Prompt splits for a forward: enough programs for ~2 waves over ``sms`` multiprocessors,
     each split at least ``MIN_SPLIT_TOKENS`` long; 1 for wide batches."""
     if rows > SPLIT_MAX_ROWS or blocks == 0:
         return 1
     programs = blocks * num_kv_heads
     want = -(-2 * sms // programs)
-    return max(1, min(MAX_SPLITS, want, min_len // MIN_SPLIT_TOKENS))
+    return max(1, min(MAX_SPLITS, max_splits, want, min_len // MIN_SPLIT_TOKENS))
 
 
 def beam_decode_attention_ref(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from flashrec.engine.runner import BLOCK_M, make_decode_meta, make_prefill_meta
@@ -62,3 +63,15 @@ def test_prefill_meta():
     assert meta.out_loc.tolist() == [7, 8, 9, 3]
     assert meta.last_index.tolist() == [2, 3]
     assert [s.tolist() for s in meta.seq_slots] == [[7, 8, 9], [1, 2, 3]]
+
+
+def test_decode_max_splits_caps_the_split_count():
+    from flashrec.config import EngineConfig
+
+    slots = np.arange(1000)
+    g = [(np.arange(256), slots, torch.from_numpy(slots), 0, 1000)]
+    for cap, want in ((1, 1), (2, 2), (8, 5)):
+        meta = make_decode_meta(g, 4, "cpu", True, 2, 8, 132, max_splits=cap)
+        assert meta.packed.splits == want
+    with pytest.raises(ValueError, match="decode-max-splits"):
+        EngineConfig(model_path="x", decode_max_splits=9)
