@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention.bias import causal_lower_right
 
 from flashrec.engine.kv import KVCache
 
@@ -142,9 +143,10 @@ class AttentionBackend:
         n_pre = prefix_slots.shape[0]
         ks = torch.cat([kp[prefix_slots].to(q.dtype), k[off : off + n_new]], 0)
         vs = torch.cat([vp[prefix_slots].to(q.dtype), v[off : off + n_new]], 0)
-        total = n_pre + n_new
-        qpos = torch.arange(n_pre, total, device=q.device)
-        mask = torch.arange(total, device=q.device)[None, :] <= qpos[:, None]
+        # causal, aligned to the bottom right (query i sees keys 0..n_pre+i): as a CausalBias
+        # SDPA keeps its fused flash / efficient kernels; a boolean mask would force the
+        # slower masked kernels
+        mask = causal_lower_right(n_new, n_pre + n_new)
         o = self._sdpa(q[off : off + n_new][None], ks[None], vs[None], mask)
         return o.reshape(n_new, -1)
 
