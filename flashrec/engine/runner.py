@@ -247,15 +247,21 @@ def host_to_device(arrays: list, device, dtype=np.int64) -> list[torch.Tensor]:
     return list(torch.split(buf, sizes))
 
 
-def make_prefill_meta(seqs, device) -> PrefillMeta:
-    """seqs: list of (prefix_len, new_slots, all_slots) with slot lists or arrays."""
+def make_prefill_meta(seqs, device, ids=None) -> PrefillMeta:
+    """seqs: list of (prefix_len, new_slots, all_slots) with slot lists or arrays; ``ids``:
+    the new tokens, concatenated (optional). One pinned asynchronous copy carries it all:
+    no pageable copy, so the host never waits here for the device to drain."""
     new_lens = [len(new) for _, new, _ in seqs]
     prefix_lens = [pre for pre, _, _ in seqs]
     positions = np.concatenate([np.arange(p, p + n) for p, n in zip(prefix_lens, new_lens)])
     out_loc = np.concatenate([np.asarray(new, dtype=np.int64) for _, new, _ in seqs])
     last = np.cumsum(new_lens) - 1
-    parts = host_to_device([positions, out_loc, last] + [np.asarray(a) for _, _, a in seqs], device)
-    return PrefillMeta(parts[0], parts[1], parts[3:], new_lens, prefix_lens, parts[2])
+    head = [positions, out_loc, last, np.asarray(ids if ids is not None else [], dtype=np.int64)]
+    parts = host_to_device(head + [np.asarray(a) for _, _, a in seqs], device)
+    meta = PrefillMeta(parts[0], parts[1], parts[4:], new_lens, prefix_lens, parts[2])
+    if ids is not None:
+        meta.input_ids = parts[3]
+    return meta
 
 
 BLOCK_M = 64  # query rows per program of the beam-decode kernel

@@ -20,7 +20,7 @@ from flashrec.beam.search import expand, sequence_scores, unconstrained_candidat
 from flashrec.config import env_flag
 from flashrec.engine.radix import Node, RadixCache
 from flashrec.engine.request import BeamResult, EngineError, GenRequest, GenResult
-from flashrec.engine.runner import ModelRunner, make_prefill_meta
+from flashrec.engine.runner import ModelRunner, host_to_device, make_prefill_meta
 from flashrec.engine.stephash import StepHasher, hash_tensors
 from flashrec.profiler import trace_range
 from flashrec.sid.layout import SidLayout
@@ -180,12 +180,16 @@ class Scheduler:
             st.private_slots = self.kv.tokens.alloc(need)
             st.prompt_slots = list(slots) + st.private_slots
             st.rows_np = np.asarray(self.kv.rows.alloc(req.n), dtype=np.int64)
-            st.rows = torch.from_numpy(st.rows_np).to(self.device)
             seed = req.seed if req.seed is not None else random.getrandbits(62)
             st.generator = torch.Generator(device=self.device).manual_seed(seed)
             budget -= need
             admitted.append(st)
             self.waiting.remove(req)
+        if admitted:  # every admitted request's beam rows in one pinned asynchronous copy
+            for st, rows in zip(
+                admitted, host_to_device([s.rows_np for s in admitted], self.device)
+            ):
+                st.rows = rows
         return admitted
 
     # ---- prefill ------------------------------------------------------------------------
@@ -193,8 +197,8 @@ class Scheduler:
         seqs = [(st.cached_tokens, st.private_slots, st.prompt_slots) for st in batch]
         ids = [t for st in batch for t in st.req.input_ids[st.cached_tokens :]]
         try:
-            meta = make_prefill_meta(seqs, self.device)
-            input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
+            meta = make_prefill_meta(seqs, self.device, ids)
+            input_ids = meta.input_ids
             logprobs = self.runner.prefill(input_ids, meta)
             if self.hasher is not None:
                 self.hasher.prefill(meta, input_ids, batch)

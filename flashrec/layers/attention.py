@@ -28,6 +28,7 @@ class PrefillMeta:
     new_lens: list[int]
     prefix_lens: list[int]
     last_index: torch.Tensor  # [B] index in T of each sequence's last token
+    input_ids: torch.Tensor | None = None  # [T] the new tokens (same host->device copy)
 
     mode: str = field(default="prefill", init=False)
 

@@ -63,6 +63,10 @@ def test_prefill_meta():
     assert meta.out_loc.tolist() == [7, 8, 9, 3]
     assert meta.last_index.tolist() == [2, 3]
     assert [s.tolist() for s in meta.seq_slots] == [[7, 8, 9], [1, 2, 3]]
+    assert meta.input_ids is None
+    meta = make_prefill_meta([(0, [7, 8], [7, 8]), (1, [3], [1, 3])], "cpu", ids=[11, 12, 13])
+    assert meta.input_ids.tolist() == [11, 12, 13] and meta.input_ids.dtype == torch.long
+    assert meta.out_loc.tolist() == [7, 8, 3] and meta.positions.tolist() == [0, 1, 1]
 
 
 def test_decode_max_splits_caps_the_split_count():
