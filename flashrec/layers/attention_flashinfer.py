@@ -74,8 +74,11 @@ class FlashInferAttention(TritonAttention):
             return
         new = np.asarray(meta.new_lens, dtype=np.int64)
         total = new + np.asarray(meta.prefix_lens, dtype=np.int64)
-        qo = torch.from_numpy(np.concatenate([[0], np.cumsum(new)]).astype(np.int32))
+        # pinned: plan() copies the indptr arrays to the device, and a copy from pageable
+        # memory would first wait for every kernel already queued on the stream
+        qo = torch.from_numpy(np.concatenate([[0], np.cumsum(new)]).astype(np.int32)).pin_memory()
         kvp = torch.from_numpy(np.concatenate([[0], np.cumsum(total)]).astype(np.int32))
+        kvp = kvp.pin_memory()
         self._wrapper.plan(
             qo,
             kvp,
