@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import operator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +96,43 @@ def _match(base_cells: list[dict], new_cells: list[dict]) -> list[tuple[dict | N
     return pairs
 
 
+def compare_cell_metrics(
+    b: dict, n: dict, metrics: list[str] | None, compare_one: Callable[[str], dict | None]
+) -> tuple[dict, list[dict], list[dict]]:
+    """One matched cell pair (both ok): ``compare_one(metric)`` -> result with a ``verdict``
+    (None: not comparable) for the given metrics, else every directional metric of ``n``.
+    Returns the compared cell and its regressions and improvements (shared by the two-report
+    comparison here and the paired A/B comparison of ``harness.paired``)."""
+    names = metrics or [m for m in n.get("metrics", {}) if direction(m) != 0]
+    res, regressions, improvements = {}, [], []
+    for m in names:
+        r = compare_one(m)
+        if r is None:
+            continue
+        res[m] = r
+        if r["verdict"] == "regressed":
+            regressions.append({"cell": n["id"], "metric": m, **r})
+        elif r["verdict"] == "improved":
+            improvements.append({"cell": n["id"], "metric": m, **r})
+    cell = {
+        "id": n["id"],
+        "base_id": b["id"],
+        "status": "compared",
+        "params": n.get("params", {}),
+        "metrics": res,
+    }
+    return cell, regressions, improvements
+
+
+def report_side(r: dict) -> dict:
+    """Where a compared report came from: path, run id, git state."""
+    return {
+        "path": r.get("_path"),
+        "run_id": r.get("run_id"),
+        "git": r.get("environment", {}).get("git"),
+    }
+
+
 def compare_reports(
     base: dict,
     new: dict,
@@ -125,35 +163,19 @@ def compare_reports(
                 }
             )
             continue
-        names = metrics or [m for m in n.get("metrics", {}) if direction(m) != 0]
-        res = {}
-        for m in names:
+
+        def one(m: str, b=b, n=n) -> dict | None:
             if m in b.get("metrics", {}) and m in n.get("metrics", {}):
-                res[m] = compare_metric(m, b["metrics"][m], n["metrics"][m], alpha, test)
-                if res[m]["verdict"] == "regressed":
-                    regressions.append({"cell": n["id"], "metric": m, **res[m]})
-                elif res[m]["verdict"] == "improved":
-                    improvements.append({"cell": n["id"], "metric": m, **res[m]})
-        cells_out.append(
-            {
-                "id": n["id"],
-                "base_id": b["id"],
-                "status": "compared",
-                "params": n.get("params", {}),
-                "metrics": res,
-            }
-        )
+                return compare_metric(m, b["metrics"][m], n["metrics"][m], alpha, test)
+            return None
+
+        cell, regs, imps = compare_cell_metrics(b, n, metrics, one)
+        cells_out.append(cell)
+        regressions += regs
+        improvements += imps
     return {
-        "base": {
-            "path": base.get("_path"),
-            "run_id": base.get("run_id"),
-            "git": base.get("environment", {}).get("git"),
-        },
-        "new": {
-            "path": new.get("_path"),
-            "run_id": new.get("run_id"),
-            "git": new.get("environment", {}).get("git"),
-        },
+        "base": report_side(base),
+        "new": report_side(new),
         "alpha": alpha,
         "test": test,
         "cells": cells_out,

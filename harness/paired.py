@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from harness.gate import compare_cell_metrics, report_side
 from harness.metrics import direction
 from harness.stats import t_two_sided_p
 
@@ -172,33 +173,20 @@ def compare_paired(
             status = "missing_in_base" if b is None else "failed"
             cells_out.append({"id": n["id"], "status": status})
             continue
-        names = metrics or [m for m in n.get("metrics", {}) if direction(m) != 0]
-        res = {}
-        for m in names:
+
+        def one(m: str, b=b, n=n) -> dict:
             keys, a_vals, b_vals = _aligned(b, n, m)
             groups = np.array([sessions.get(k, -1) for k in keys]) if sessions else None
-            res[m] = paired_metric(m, a_vals, b_vals, alpha, test, band_k, groups)
-            if res[m]["verdict"] == "regressed":
-                regressions.append({"cell": n["id"], "metric": m, **res[m]})
-            elif res[m]["verdict"] == "improved":
-                improvements.append({"cell": n["id"], "metric": m, **res[m]})
-        cells_out.append(
-            {
-                "id": n["id"],
-                "base_id": b["id"],
-                "status": "compared",
-                "params": n.get("params", {}),
-                "metrics": res,
-            }
-        )
+            return paired_metric(m, a_vals, b_vals, alpha, test, band_k, groups)
 
-    def side(r: dict) -> dict:
-        git = r.get("environment", {}).get("git")
-        return {"path": r.get("_path"), "run_id": r.get("run_id"), "git": git}
+        cell, regs, imps = compare_cell_metrics(b, n, metrics, one)
+        cells_out.append(cell)
+        regressions += regs
+        improvements += imps
 
     return {
-        "base": side(base),
-        "new": side(new),
+        "base": report_side(base),
+        "new": report_side(new),
         "paired": True,
         "alpha": alpha,
         "test": test,
