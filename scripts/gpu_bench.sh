@@ -3,6 +3,10 @@
 # catalog, run `pytest -m gpu`, the offline benchmark campaign and (optionally) a matrix.
 #   OUT=reports/h200/<date> bash scripts/gpu_bench.sh [matrices/onerec_fp8.yaml]
 # Wheels: run scripts/gpu_wheels.sh where PyPI is reachable and carry .whl to the GPU machine.
+# STAGES (default "tests cells matrix") picks what runs after the setup, so a run can be split
+# over several calls of a lent machine that limits one command's time (10 min on the H200):
+#   STAGES=tests ...; then STAGES=cells ...; then STAGES=matrix ... matrices/h200_targets.yaml
+# MODEL (default .cache/onerec) and the FlashInfer JIT cache stay between calls of a warm machine.
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-reports/gpu/$(date +%Y%m%d-%H%M%S)}; mkdir -p "$OUT"
@@ -11,16 +15,18 @@ if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/flashrec-site .whl/*.whl \
     && export PYTHONPATH=$PYTHONPATH:/tmp/flashrec-site
 fi
-MODEL=${MODEL:-/tmp/onerec}
+MODEL=${MODEL:-$PWD/.cache/onerec}
+STAGES=" ${STAGES:-tests cells matrix} "
 python -m flashrec.check_env --require gpu,fp8,triton | tee "$OUT/check_env.txt"
 # FlashInfer JIT builds once per machine (~80-200 s); never under a timeout (a build killed
 # half-way restarts from scratch in the next process). Kept across calls of a warm machine.
 export FLASHINFER_WORKSPACE_BASE=${FLASHINFER_WORKSPACE_BASE:-$PWD/.cache/flashinfer}
 python -c "import flashinfer" 2>/dev/null && python scripts/flashinfer_warmup.py --head-dims 128 64 | tee "$OUT/flashinfer_warmup.txt"
 [ -f "$MODEL/synth_info.json" ] || python -m flashrec synth --preset onerec-1.7b --out "$MODEL" --catalog-size 1500000 > "$OUT/synth.log" 2>&1
-python -m pytest -q -p no:cacheprovider -m gpu tests 2>&1 | tee "$OUT/gpu_tests.log" | tail -3
-OUT=$OUT bash scripts/h200_bench.sh "$MODEL"
-if [ $# -ge 1 ]; then
+case $STAGES in *" tests "*)
+  python -m pytest -q -p no:cacheprovider -m gpu tests 2>&1 | tee "$OUT/gpu_tests.log" | tail -3;; esac
+case $STAGES in *" cells "*) OUT=$OUT bash scripts/h200_bench.sh "$MODEL";; esac
+if [ $# -ge 1 ] && case $STAGES in *" matrix "*) true;; *) false;; esac; then
   bench="python -m harness"; command -v flashrec-bench >/dev/null && bench=flashrec-bench
   MODEL_PATH=$MODEL SID_VOCAB_FILE=$MODEL/catalog.json $bench "$1" --out "$OUT/matrix" 2>&1 | tail -5
 fi
