@@ -1,0 +1,83 @@
+"""Registers and spill stack of the beam-decode attention kernel, compiled for sm_90 with
+Triton's bundled ptxas. Needs no GPU, so kernel changes can be checked for spills before a
+device run.
+
+    python scripts/kernel_regs.py [--file flashrec/kernels/beam_attention.py]
+        [--kv bf16 fp8e4nv] [--tiles 64x64x4 32x64x4 ...]   (BLOCK_M x BLOCK_N x num_warps)
+
+Prints one line per (kv dtype, tile): ``REG:<registers per thread> STACK:<bytes>``; a STACK
+above a few hundred bytes means the kernel spills to local memory in its inner loops.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import subprocess
+import tempfile
+from pathlib import Path
+
+import triton
+from triton.backends.compiler import GPUTarget
+
+HEAD = {"G": 2, "HQ": 16, "D": 128, "DEPTH": 3, "PREC": "tf32"}  # OneRec-1.7B: 16 q / 8 kv heads
+
+
+def _load(path: str):
+    spec = importlib.util.spec_from_file_location(f"_beam_{abs(hash(path))}", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    k = mod._kernel()  # noqa: SLF001
+    return k[0] if isinstance(k, tuple) else k
+
+
+def usage(kernel, kv: str, block_m: int, block_n: int, warps: int) -> str:
+    typed = {
+        "q_ptr": "*bf16",
+        "out_ptr": "*bf16",
+        "part_o_ptr": "*fp32",
+        "part_ml_ptr": "*fp32",
+        "rows_ptr": "*i64",
+        "scale": "fp32",
+        **{n: f"*{kv}" for n in ("kp_ptr", "vp_ptr", "dk_ptr", "dv_ptr")},
+    }
+    const = {**HEAD, "BLOCK_M": block_m, "BLOCK_N": block_n}
+    sig = {}
+    for name in kernel.arg_names:
+        if name in const:
+            sig[name] = "constexpr"
+        else:
+            sig[name] = typed.get(name, "*i32" if name.endswith("_ptr") else "i32")
+    src = triton.compiler.ASTSource(
+        fn=kernel, signature=sig, constexprs={k: v for k, v in const.items() if k in sig}
+    )
+    cc = triton.compile(
+        src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": 2}
+    )
+    cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cc.asm["cubin"])
+        f.flush()
+        out = subprocess.run([str(cuobjdump), "-res-usage", f.name], capture_output=True, text=True)
+    line = next((x for x in out.stdout.splitlines() if "REG:" in x), "")
+    return " ".join(w for w in line.split() if w.startswith(("REG:", "STACK:")))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--file", default="flashrec/kernels/beam_attention.py")
+    ap.add_argument("--kv", nargs="+", default=["bf16", "fp8e4nv"])
+    ap.add_argument("--tiles", nargs="+", default=["64x64x4", "64x64x8", "32x64x4"])
+    args = ap.parse_args()
+    kernel = _load(args.file)
+    for kv in args.kv:
+        for tile in args.tiles:
+            bm, bn, w = (int(x) for x in tile.split("x"))
+            print(
+                f"{args.file} kv={kv} BLOCK_M={bm} BLOCK_N={bn} warps={w}: {usage(kernel, kv, bm, bn, w)}"
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
