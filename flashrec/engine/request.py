@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 
@@ -25,13 +26,27 @@ class GenRequest:
 
 @dataclass(frozen=True)
 class BeamResult:
-    """One returned beam, best first in ``GenResult.beams``."""
+    """One returned beam, best first in ``GenResult.beams``.
+
+    ``text_source`` is the text itself or a function of ``token_ids`` that makes it: the
+    engine passes its detokenizer, so the text is built by whoever reads ``text`` (the HTTP
+    handler, the CLI), not on the engine thread that retires the request."""
 
     token_ids: list[int]
     cum_logprob: float
     sequence_score: float
     finish_reason: str  # "stop" (produced <|sid_end|>) or "length"
-    text: str = ""
+    text_source: str | Callable[[list[int]], str] = ""
+    _cache: dict = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def text(self) -> str:
+        src = self.text_source
+        if isinstance(src, str):
+            return src
+        if "text" not in self._cache:
+            self._cache["text"] = src(self.token_ids)
+        return self._cache["text"]
 
 
 @dataclass

@@ -372,7 +372,7 @@ class Scheduler:
             beams = []
             for t, c, s in zip(toks, blk[:, g].tolist(), blk[:, g + 1].tolist()):
                 reason = "stop" if t and t[-1] == self.layout.sid_end else "length"
-                beams.append(BeamResult(t, c, s, reason, self._text(t)))
+                beams.append(BeamResult(t, c, s, reason, self._text))  # text built on read
             out.append(GenResult(st.req.rid, beams, st.req.prompt_len, st.cached_tokens))
         return out
 

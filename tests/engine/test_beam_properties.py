@@ -95,3 +95,25 @@ def test_exhaustive_enumeration_agrees(model_dir, tmp_path, codes, scope):
         assert abs(got[k] - v) <= 1e-4
     ranked = sorted(want, key=lambda k: -want[k])
     assert np.allclose([got[k] for k in ranked], sorted(got.values(), reverse=True), atol=1e-4)
+
+
+def test_beam_text_is_built_on_read_not_on_the_engine_thread(tiny_model):
+    """Retiring a request stores the detokenizer, not the text; reading ``text`` builds it
+    once (the HTTP handler's thread pays for it) and it equals the tokenizer's decode."""
+    from flashrec.config import EngineConfig
+    from flashrec.engine.engine import Engine
+
+    eng = Engine(
+        EngineConfig(model_path=str(tiny_model), sid_vocab_file=str(tiny_model / "catalog.json"))
+    )
+    res = eng.generate(
+        [eng.new_request(eng.build_prompt(messages=[{"role": "user", "content": "hi"}]), n=4)]
+    )[0]
+    calls = []
+    for b in res.beams:
+        assert callable(b.text_source)
+        src = b.text_source
+        object.__setattr__(b, "text_source", lambda ids, src=src: calls.append(1) or src(ids))
+        want = eng.tokenizer.decode(b.token_ids, skip_special_tokens=False)
+        assert b.text == want and b.text == want  # built once, then cached
+    assert len(calls) == len(res.beams)
