@@ -138,16 +138,20 @@ def main() -> int:
     )
     args = ap.parse_args()
     extra = {}
+    fields = EngineConfig.__dataclass_fields__
     for item in args.set:
         key, _, raw = item.partition("=")
-        if key not in EngineConfig.__dataclass_fields__:
+        if key not in fields:
             ap.error(f"--set {item}: EngineConfig has no field {key!r}")
-        low = raw.lower()
-        extra[key] = (
-            low in ("1", "true", "yes") if low in ("1", "0", "true", "false", "yes", "no")
-            else int(raw) if raw.lstrip("-").isdigit()
-            else raw
-        )  # fmt: skip
+        kind = str(fields[key].type)
+        if "bool" in kind:
+            extra[key] = raw.lower() in ("1", "true", "yes", "on")
+        elif "int" in kind:
+            extra[key] = int(raw)
+        elif "float" in kind:
+            extra[key] = float(raw)
+        else:
+            extra[key] = raw
     if args.attention_backend:
         extra["attention_backend"] = args.attention_backend
     cfg = EngineConfig(
