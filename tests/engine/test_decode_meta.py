@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from flashrec.engine.runner import BLOCK_M, make_decode_meta, make_prefill_meta
 
@@ -79,3 +81,42 @@ def test_decode_max_splits_caps_the_split_count():
         assert meta.packed.splits == want
     with pytest.raises(ValueError, match="decode-max-splits"):
         EngineConfig(model_path="x", decode_max_splits=9)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    st.lists(st.integers(1, 128), min_size=1, max_size=40),  # beams of each running request
+    st.lists(st.integers(1, 3000), min_size=40, max_size=40),  # their prompt lengths
+    st.sampled_from([(2, 8), (4, 2), (1, 4)]),  # (q heads per kv head, kv heads)
+    st.sampled_from([512, 2048]),  # largest bucket: split-capable / not
+)
+def test_graph_buffers_hold_every_batch_that_fits_a_bucket(beams, lens, heads, max_bs):
+    """The decode graph's static buffers (work list, prompt slots) are sized per bucket; any
+    batch whose rows fit the bucket must fit them, whatever the mix of beam widths, prompt
+    lengths (shared prefixes repeat slots) and split counts."""
+    from types import SimpleNamespace
+
+    from flashrec.engine.graph import DecodeGraphRunner
+
+    group, hkv = heads
+    cfg = SimpleNamespace(beam_width=16, cuda_graph_max_bs=max_bs, max_seq_len=3000)
+    kv = SimpleNamespace(row_slots=max_bs, depth=4, pool_tokens=1000, scratch_row=max_bs)
+    mc = SimpleNamespace(num_attention_heads=group * hkv, num_key_value_heads=hkv)
+    runner = SimpleNamespace(config=cfg, kv=kv, model_config=mc, device=torch.device("cpu"))
+    gr = DecodeGraphRunner(runner, BLOCK_M)
+    rows, groups = 0, []
+    for n, length in zip(beams, lens):
+        if rows + n > gr.sizes[-1]:
+            break
+        slots = np.arange(length) % kv.pool_tokens  # shared prefixes: slots repeat
+        groups.append((np.arange(rows, rows + n), slots, torch.from_numpy(slots), 1, length))
+        rows += n
+    size = gr.bucket(rows)
+    meta = make_decode_meta(
+        groups, kv.depth, "cpu", packed=True, group_size=group, num_kv_heads=hkv, sms=132,
+        split_rows=size,
+    )  # fmt: skip
+    pk = meta.packed
+    assert pk.work.shape[0] <= gr._num_work(size)  # noqa: SLF001
+    assert pk.slots.shape[0] <= gr.slots.shape[0]
+    assert pk.n.shape[0] <= gr.head.shape[1]
