@@ -3,6 +3,7 @@ prefill forward or one decode forward over a batch and returns level logprobs.""
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
 
@@ -183,8 +184,9 @@ class ModelRunner:
             max_splits=self.config.decode_max_splits,
         )
 
-    @property
+    @functools.cached_property
     def num_sms(self) -> int:
+        """Multiprocessors of the device (read once: decode_meta asks every step)."""
         if self.device.type != "cuda":
             return 1
         return torch.cuda.get_device_properties(self.device).multi_processor_count
