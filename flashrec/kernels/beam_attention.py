@@ -166,20 +166,25 @@ def _kernel():
                 v = tl.load(vp_ptr + kv_off, mask=n_mask[:, None], other=0.0).to(q.dtype)
                 acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
                 m_i = m_new
+            # each row's own decode keys (<= DEPTH) as extra key blocks of the same online
+            # softmax: block j holds row m's key at step j in row m, so a diagonal mask picks
+            # q[m] . k_j[m]; the products run on the tensor cores like the prompt part and
+            # everything stays in the MMA layouts (no per-row elementwise tiles to spill)
             drow = tl.load(rows_ptr + row0 + beam, mask=m_mask, other=0).to(tl.int64)
-            qf = q.to(tl.float32)
+            offs_r = tl.arange(0, BLOCK_M)
             for j in tl.static_range(DEPTH):
                 ok = m_mask & (j <= step) & (split == 0)
                 d_off = (drow * DEPTH + j)[:, None] * s_dk + kvh * s_dh + offs_d[None, :]
-                kj = tl.load(dk_ptr + d_off, mask=ok[:, None], other=0.0).to(tl.float32)
-                sj = tl.sum(qf * kj, 1) * scale
-                sj = tl.where(ok, sj, float("-inf"))
-                m_new = tl.maximum(m_i, sj)
+                kj = tl.load(dk_ptr + d_off, mask=ok[:, None], other=0.0).to(q.dtype)
+                sj = tl.dot(q, tl.trans(kj), input_precision=PREC) * scale
+                diag = (offs_r[:, None] == offs_r[None, :]) & ok[None, :]
+                sj = tl.where(diag, sj, float("-inf"))
+                m_new = tl.maximum(m_i, tl.max(sj, 1))
                 alpha = tl.where(m_new > float("-inf"), tl.exp(m_i - m_new), 1.0)
-                pj = tl.where(ok, tl.exp(sj - m_new), 0.0)
-                l_i = l_i * alpha + pj
-                vj = tl.load(dv_ptr + d_off, mask=ok[:, None], other=0.0).to(tl.float32)
-                acc = acc * alpha[:, None] + pj[:, None] * vj
+                pj = tl.where(diag, tl.exp(sj - m_new[:, None]), 0.0)
+                l_i = l_i * alpha + tl.sum(pj, 1)
+                vj = tl.load(dv_ptr + d_off, mask=ok[:, None], other=0.0).to(q.dtype)
+                acc = acc * alpha[:, None] + tl.dot(pj.to(vj.dtype), vj, input_precision=PREC)
                 m_i = m_new
             if nsplit == 1:
                 o = acc / l_i[:, None]
