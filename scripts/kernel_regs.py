@@ -20,7 +20,15 @@ from pathlib import Path
 import triton
 from triton.backends.compiler import GPUTarget
 
-HEAD = {"G": 2, "HQ": 16, "D": 128, "DEPTH": 3, "PREC": "tf32"}  # OneRec-1.7B: 16 q / 8 kv heads
+HEAD = {
+    "G": 2,
+    "HQ": 16,
+    "D": 128,
+    "DEPTH": 3,
+    "PREC": "tf32",
+    "I64_POOL": False,
+    "I64_DEC": False,
+}  # OneRec-1.7B: 16 q / 8 kv heads
 
 
 def _load(path: str):

@@ -124,6 +124,7 @@ def _kernel():
         part_ml_ptr, part_rows, scale, s_qr, s_qh, s_kp, s_kh, s_dk, s_dh, s_or, s_oh,
         G: tl.constexpr, HQ: tl.constexpr, D: tl.constexpr, DEPTH: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr,
+        I64_POOL: tl.constexpr, I64_DEC: tl.constexpr,
     ):  # fmt: skip
         r = tl.load(work_ptr + 3 * w)
         if r >= 0:
@@ -154,7 +155,9 @@ def _kernel():
             for start in range(lo, hi, BLOCK_N):
                 offs_n = start + tl.arange(0, BLOCK_N)
                 n_mask = offs_n < hi
-                slot = tl.load(slots_ptr + s0 + offs_n, mask=n_mask, other=0).to(tl.int64)
+                slot = tl.load(slots_ptr + s0 + offs_n, mask=n_mask, other=0)
+                if I64_POOL:  # int32 offsets otherwise: [BLOCK_N, D] int64 tiles spill
+                    slot = slot.to(tl.int64)
                 kv_off = slot[:, None] * s_kp + kvh * s_kh + offs_d[None, :]
                 k = tl.load(kp_ptr + kv_off, mask=n_mask[:, None], other=0.0).to(q.dtype)
                 s = tl.dot(q, tl.trans(k), input_precision=PREC) * scale
@@ -166,20 +169,29 @@ def _kernel():
                 v = tl.load(vp_ptr + kv_off, mask=n_mask[:, None], other=0.0).to(q.dtype)
                 acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
                 m_i = m_new
-            drow = tl.load(rows_ptr + row0 + beam, mask=m_mask, other=0).to(tl.int64)
-            qf = q.to(tl.float32)
+            # each row's own decode keys (<= DEPTH) as extra key blocks of the same online
+            # softmax: block j holds row m's key at step j in row m, so a diagonal mask picks
+            # q[m] . k_j[m]; the products run on the tensor cores like the prompt part and
+            # everything stays in the MMA layouts (no per-row elementwise tiles to spill)
+            drow = tl.load(rows_ptr + row0 + beam, mask=m_mask, other=0)
+            if I64_DEC:
+                drow = drow.to(tl.int64)
+            else:
+                drow = drow.to(tl.int32)
+            offs_r = tl.arange(0, BLOCK_M)
             for j in tl.static_range(DEPTH):
                 ok = m_mask & (j <= step) & (split == 0)
                 d_off = (drow * DEPTH + j)[:, None] * s_dk + kvh * s_dh + offs_d[None, :]
-                kj = tl.load(dk_ptr + d_off, mask=ok[:, None], other=0.0).to(tl.float32)
-                sj = tl.sum(qf * kj, 1) * scale
-                sj = tl.where(ok, sj, float("-inf"))
-                m_new = tl.maximum(m_i, sj)
+                kj = tl.load(dk_ptr + d_off, mask=ok[:, None], other=0.0).to(q.dtype)
+                sj = tl.dot(q, tl.trans(kj), input_precision=PREC) * scale
+                diag = (offs_r[:, None] == offs_r[None, :]) & ok[None, :]
+                sj = tl.where(diag, sj, float("-inf"))
+                m_new = tl.maximum(m_i, tl.max(sj, 1))
                 alpha = tl.where(m_new > float("-inf"), tl.exp(m_i - m_new), 1.0)
-                pj = tl.where(ok, tl.exp(sj - m_new), 0.0)
-                l_i = l_i * alpha + pj
-                vj = tl.load(dv_ptr + d_off, mask=ok[:, None], other=0.0).to(tl.float32)
-                acc = acc * alpha[:, None] + pj[:, None] * vj
+                pj = tl.where(diag, tl.exp(sj - m_new[:, None]), 0.0)
+                l_i = l_i * alpha + tl.sum(pj, 1)
+                vj = tl.load(dv_ptr + d_off, mask=ok[:, None], other=0.0).to(q.dtype)
+                acc = acc * alpha[:, None] + tl.dot(pj.to(vj.dtype), vj, input_precision=PREC)
                 m_i = m_new
             if nsplit == 1:
                 o = acc / l_i[:, None]
@@ -203,6 +215,7 @@ def _kernel():
         part_rows, scale, s_qr, s_qh, s_kp, s_kh, s_dk, s_dh, s_or, s_oh,
         G: tl.constexpr, HQ: tl.constexpr, D: tl.constexpr, DEPTH: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr,
+        I64_POOL: tl.constexpr, I64_DEC: tl.constexpr,
     ):  # fmt: skip
         kvh = tl.program_id(1)
         nsplit = tl.load(ctrl_ptr)
@@ -215,7 +228,7 @@ def _kernel():
                 w, kvh, nsplit, q_ptr, kp_ptr, vp_ptr, slots_ptr, work_ptr, row_start_ptr,
                 n_ptr, slot_start_ptr, len_ptr, step_ptr, dk_ptr, dv_ptr, rows_ptr, out_ptr,
                 part_o_ptr, part_ml_ptr, part_rows, scale, s_qr, s_qh, s_kp, s_kh, s_dk, s_dh,
-                s_or, s_oh, G, HQ, D, DEPTH, BLOCK_M, BLOCK_N, PREC,
+                s_or, s_oh, G, HQ, D, DEPTH, BLOCK_M, BLOCK_N, PREC, I64_POOL, I64_DEC,
             )  # fmt: skip
 
     @triton.jit
@@ -311,6 +324,7 @@ def beam_decode_attention_triton(
         dk.stride(1), out.stride(0), out.stride(1),
         G=hq // hkv, HQ=hq, D=d, DEPTH=depth, BLOCK_M=block_m, BLOCK_N=block_n,
         PREC="ieee" if q.dtype == torch.float32 else "tf32",  # fp32 models: no TF32 shortcut
+        I64_POOL=k_pool.numel() >= 2**31, I64_DEC=dk.numel() >= 2**31,
         num_warps=4, num_stages=2,
     )  # fmt: skip
     m_rows = min(R, part_rows)
