@@ -226,14 +226,26 @@ class ModelRunner:
                 h = self.graphs.run(input_ids, meta)
             else:
                 h = self.model(input_ids, meta.positions, meta, self.ctx)
-            out = []
-            for grp, level in zip(meta.groups, levels):
-                hg = h[grp.start : grp.end]
-                if level >= self.depth:
-                    out.append(self.lm_head.end_logprobs(hg))
-                else:
-                    out.append(self.lm_head.level_logprobs(hg, level))
-            return out
+            return self._head(h, meta.groups, levels)
+
+    def _head(self, h: torch.Tensor, groups, levels: list[int]) -> list[torch.Tensor]:
+        """Per-group logprobs: ONE restricted LM-head product per run of consecutive groups at
+        the same level (the scheduler orders decode batches by level), split into per-group
+        views; not one small product per request."""
+        out: list[torch.Tensor] = []
+        i = 0
+        while i < len(groups):
+            j = i
+            while j + 1 < len(groups) and levels[j + 1] == levels[i]:
+                j += 1
+            a, b, level = groups[i].start, groups[j].end, levels[i]
+            if level >= self.depth:
+                lp = self.lm_head.end_logprobs(h[a:b])
+            else:
+                lp = self.lm_head.level_logprobs(h[a:b], level)
+            out.extend(lp[g.start - a : g.end - a] for g in groups[i : j + 1])
+            i = j + 1
+        return out
 
 
 def host_to_device(arrays: list, device, dtype=np.int64) -> list[torch.Tensor]:

@@ -233,13 +233,13 @@ class Scheduler:
 
     # ---- decode -------------------------------------------------------------------------
     def _decode(self) -> list[tuple[GenRequest, GenResult | Exception]]:
-        batch, groups = [], []
+        batch, groups, ending = [], [], []
         for st in self.running:
             g = st.generated
             if st.done:
                 continue
             if g >= self.depth and self.runner.lm_head.end_step_is_free:
-                self._append_end(st)
+                ending.append(st)
                 continue
             step = g - 1
             slots_np = st.prompt_slots_np
@@ -247,8 +247,13 @@ class Scheduler:
                 slots_np = st.prompt_slots_t.cpu().numpy()
             groups.append((st.rows_np, slots_np, st.prompt_slots_t, step, st.req.prompt_len + step))
             batch.append(st)
+        if ending:
+            self._append_end(ending)
         if not batch:
             return []
+        # requests at the same level side by side: one LM-head product per level
+        order = sorted(range(len(batch)), key=lambda i: batch[i].generated)
+        batch, groups = [batch[i] for i in order], [groups[i] for i in order]
         try:
             meta = self.runner.decode_meta(groups)
             input_ids = torch.cat([st.tokens[:, -1] for st in batch])
@@ -302,18 +307,22 @@ class Scheduler:
                     new_tok = torch.full_like(res.codes, self.layout.sid_end)
                 else:
                     new_tok = res.codes + self.layout.level_range(level)[0]
+                # the whole bucket's token histories and KV rows in a few batched ops (same n,
+                # same level: equal shapes), then per-request views
+                if group[0][0].tokens is None:
+                    tokens = new_tok[:, :, None]
+                else:
+                    prev = torch.stack([it[0].tokens for it in group])  # [b, n, g]
+                    par = res.parents[:, :, None].expand(-1, -1, prev.shape[2])
+                    tokens = torch.cat([prev.gather(1, par), new_tok[:, :, None]], dim=2)
+                    rows = torch.stack([it[0].rows for it in group])  # [b, n]
+                    dst.append(rows.reshape(-1))
+                    src.append(rows.gather(1, res.parents).reshape(-1))
                 for i, it in enumerate(group):
                     st = it[0]
-                    par = res.parents[i]
-                    if st.tokens is None:
-                        st.tokens = new_tok[i][:, None]
-                    else:
-                        dst.append(st.rows)
-                        src.append(st.rows[par])
-                        st.tokens = torch.cat([st.tokens[par], new_tok[i][:, None]], dim=1)
-                    st.cum, st.nodes = res.cum[i], res.nodes[i]
+                    st.tokens, st.cum, st.nodes = tokens[i], res.cum[i], res.nodes[i]
                     if self.debug_hash:
-                        self._log_hash(st, level, phase, par)
+                        self._log_hash(st, level, phase, res.parents[i])
             if dst:
                 self.kv.reorder(torch.cat(dst), torch.cat(src))
                 if self.hasher is not None:
@@ -340,30 +349,39 @@ class Scheduler:
             st.cached_tokens,
         )
 
-    def _append_end(self, st: ReqState) -> None:
-        end = torch.full(
-            (st.tokens.shape[0], 1), self.layout.sid_end, dtype=torch.long, device=self.device
-        )
-        st.tokens = torch.cat([st.tokens, end], dim=1)
+    def _append_end(self, states: list[ReqState]) -> None:
+        """<|sid_end|> after the last SID level (free under the level scope): one stack and one
+        cat per token-history shape, not a fill and a cat per request."""
+        for same in _by_shape(states, lambda st: st.tokens.shape):
+            toks = torch.stack([st.tokens for st in same])  # [b, n, g]
+            toks = torch.cat([toks, toks.new_full((*toks.shape[:2], 1), self.layout.sid_end)], 2)
+            for st, t in zip(same, toks):
+                st.tokens = t
 
     # ---- results / cleanup --------------------------------------------------------------
     def _results(self, states: list[ReqState]) -> list[GenResult]:
         """Ranked beams of finished requests. The ranking runs on the device; every request's
         tokens, cumulative logprobs and scores come back in ONE device-to-host copy (one sync
         per step, whatever the number of finished requests)."""
-        blocks = []
-        for st in states:
-            scores = sequence_scores(st.cum, st.generated, self.cfg.length_penalty)
-            alive = torch.isfinite(st.cum)
+        blocks, ordered = [], []
+        for same in _by_shape(range(len(states)), lambda i: states[i].tokens.shape):
+            ordered.extend(same)  # indices into states, batched per token-history shape
+            g = states[same[0]].generated
+            cum = torch.stack([states[i].cum for i in same])  # [b, n]
+            tokens = torch.stack([states[i].tokens for i in same])  # [b, n, g]
+            scores = sequence_scores(cum, g, self.cfg.length_penalty)
+            alive = torch.isfinite(cum)
             order = torch.sort(
-                scores.masked_fill(~alive, float("-inf")), descending=True, stable=True
+                scores.masked_fill(~alive, float("-inf")), dim=1, descending=True, stable=True
             ).indices
-            cols = [st.tokens[order].double(), st.cum[order, None].double()]
-            cols += [scores[order, None].double(), alive[order, None].double()]
-            blocks.append(torch.cat(cols, dim=1).reshape(-1))  # int64 ids < 2^53: exact
+            cols = [tokens.gather(1, order[:, :, None].expand(-1, -1, g)).double()]
+            cols += [x.gather(1, order)[:, :, None].double() for x in (cum, scores, alive)]
+            blocks.append(torch.cat(cols, dim=2).reshape(-1))  # int64 ids < 2^53: exact
         host = torch.cat(blocks).cpu().numpy()
-        out, off = [], 0
-        for st in states:
+        out: list[GenResult] = [None] * len(states)  # type: ignore[list-item]
+        off = 0
+        for i in ordered:
+            st = states[i]
             n, g = st.tokens.shape
             blk = host[off : off + n * (g + 3)].reshape(n, g + 3)
             off += n * (g + 3)
@@ -373,7 +391,7 @@ class Scheduler:
             for t, c, s in zip(toks, blk[:, g].tolist(), blk[:, g + 1].tolist()):
                 reason = "stop" if t and t[-1] == self.layout.sid_end else "length"
                 beams.append(BeamResult(t, c, s, reason, self._text))  # text built on read
-            out.append(GenResult(st.req.rid, beams, st.req.prompt_len, st.cached_tokens))
+            out[i] = GenResult(st.req.rid, beams, st.req.prompt_len, st.cached_tokens)
         return out
 
     def _text(self, tokens: list[int]) -> str:
@@ -404,6 +422,14 @@ class Scheduler:
             self._release(st)
         err = EngineError(f"{type(exc).__name__}: {exc}")
         return [(st.req, err) for st in batch]
+
+
+def _by_shape(items, key) -> list[list]:
+    """``items`` grouped by ``key(item)`` (first-seen order), for batched tensor ops."""
+    groups: dict = {}
+    for it in items:
+        groups.setdefault(tuple(key(it)), []).append(it)
+    return list(groups.values())
 
 
 def _sid_token_text(tokenizer, layout: SidLayout) -> dict[int, str]:
