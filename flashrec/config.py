@@ -159,6 +159,11 @@ class EngineConfig:
     disable_cuda_graph: bool = _opt(
         False, "run decode eagerly (never a silent fallback)", flag=True
     )
+    enable_step_graph: bool = _opt(
+        False,
+        "one CUDA graph per decode step: model forward + restricted LM head + trie mask + top-n + beam expansion + KV reorder, for batches whose requests all have n = --beam-width and temperature 0 (others run the model graph and expand eagerly); on CPU the same static step runs eagerly. Off by default until measured on a GPU",
+        flag=True,
+    )
     attention_backend: str | None = _opt(
         None,
         "attention backend: torch (reference, CPU), triton (GPU: SDPA prefill + shared-prompt Triton beam decode) or flashinfer (GPU: FlashInfer ragged prefill + the Triton beam decode); default: flashinfer on a GPU where it is installed and supports the model (bf16/fp16, head_dim 64/128/256), else triton; torch on CPU",

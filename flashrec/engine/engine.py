@@ -61,7 +61,9 @@ class Engine:
                 "no --sid-vocab-file: decoding is unconstrained over the SID codebooks (smoke only)"
             )
         self.catalog = catalog
-        self.runner = ModelRunner(config, self.model_config, self.layout, self.depth)
+        self.runner = ModelRunner(
+            config, self.model_config, self.layout, self.depth, trie=self.trie
+        )
         self.scheduler = Scheduler(self.runner, self.layout, self.trie, self.tokenizer)
         self.scheduler.debug_hash = env_flag("FLASHREC_DEBUG_STEP_HASH")
         self._ids = itertools.count()

@@ -12,6 +12,7 @@ import logging
 
 import torch
 
+from flashrec.beam.step import StaticStepOut, reorder_rows
 from flashrec.kernels.beam_attention import MAX_SPLITS, SPLIT_MAX_ROWS
 from flashrec.layers.attention import DecodeMeta, PackedDecode
 from flashrec.profiler import trace_range
@@ -19,7 +20,8 @@ from flashrec.profiler import trace_range
 log = logging.getLogger("flashrec")
 
 FIX_KNOBS = (
-    "--disable-cuda-graph (run decode eagerly), a smaller --cuda-graph-max-bs or "
+    "--disable-cuda-graph (run decode eagerly), no --enable-step-graph (capture the model "
+    "forward only), a smaller --cuda-graph-max-bs or "
     "--batch-slots, a different --beam-width, or a lower --mem-fraction-static"
 )
 
@@ -50,6 +52,16 @@ class DecodeGraphRunner:
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
         self.pool = None
+        # --enable-step-graph: the whole step (model, LM head, trie, top-n, expansion, KV
+        # reorder) at the sizes that hold whole requests of --beam-width rows
+        self.bw = bw
+        self.step_sizes = [s for s in self.sizes if s % bw == 0] if runner.step is not None else []
+        self.step_graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.step_outputs: dict = {}
+        nb = max(1, self.sizes[-1] // bw)
+        self.s_levels = torch.ones(nb, dtype=torch.long, device=dev)
+        self.s_cum = torch.full((nb, bw), float("-inf"), dtype=torch.float32, device=dev)
+        self.s_nodes = torch.zeros(nb, bw, dtype=torch.long, device=dev)
 
     def _num_work(self, r: int) -> int:
         """Work-list capacity of a bucket of r rows: blocks of r rows (+1 per request for
@@ -86,19 +98,70 @@ class DecodeGraphRunner:
                 if self.pool is None:
                     self.pool = g.pool()
                 self.graphs[r] = g
+                if r in self.step_sizes:
+                    self._capture_step(r, meta)
             torch.cuda.synchronize()
         except Exception as exc:
             raise RuntimeError(
                 f"CUDA graph capture failed at batch size {r}: {exc}. Fix with {FIX_KNOBS}."
             ) from exc
-        log.info("captured %d decode CUDA graphs for batch sizes %s", len(self.graphs), self.sizes)
+        log.info(
+            "captured %d decode CUDA graphs for batch sizes %s (%d whole-step graphs)",
+            len(self.graphs),
+            self.sizes,
+            len(self.step_graphs),
+        )
+
+    def _step_body(self, r: int, meta: DecodeMeta):
+        run, b = self.runner, r // self.bw
+        h = run.model(self.input_ids[:r], self.positions[:r], meta, run.ctx)
+        out = run.step.run(h, self.s_levels[:b], self.s_cum[:b], self.s_nodes[:b])
+        reorder_rows(run.kv, self.rows[:r], out.parents)  # padding rows: scratch <- scratch
+        return out
+
+    def _capture_step(self, r: int, meta: DecodeMeta) -> None:
+        with torch.inference_mode():
+            self._step_body(r, meta)  # warm-up (sort workspaces, LM-head kernels)
+            torch.cuda.synchronize()
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, pool=self.pool):
+                self.step_outputs[r] = self._step_body(r, meta)
+        self.step_graphs[r] = g
 
     def fits(self, rows: int) -> bool:
         return rows <= self.sizes[-1]
 
+    def has_step(self, rows: int) -> bool:
+        return bool(self.step_graphs) and rows <= self.step_sizes[-1]
+
+    def run_step(self, input_ids, meta: DecodeMeta, levels, cum, nodes) -> StaticStepOut:
+        """One replay of the whole decode step; returns views of the static outputs."""
+        r = input_ids.shape[0]
+        size = next(s for s in self.step_sizes if s >= r)
+        b, nb = cum.shape[0], size // self.bw
+        self._fill(input_ids, meta, size)
+        with trace_range("flashrec.graph_inputs"):
+            self.s_levels[:b].copy_(levels)
+            self.s_cum[:b].copy_(cum)
+            self.s_nodes[:b].copy_(nodes)
+            if nb > b:  # padding requests: dead rows on the scratch row
+                self.s_levels[b:nb].fill_(1)
+                self.s_cum[b:nb].fill_(float("-inf"))
+                self.s_nodes[b:nb].zero_()
+        self.step_graphs[size].replay()
+        out = self.step_outputs[size]
+        return StaticStepOut(out.parents[:b], out.tokens[:b], out.nodes[:b], out.cum[:b])
+
     def run(self, input_ids: torch.Tensor, meta: DecodeMeta) -> torch.Tensor:
         r = input_ids.shape[0]
         size = self.bucket(r)
+        self._fill(input_ids, meta, size)
+        self.graphs[size].replay()
+        return self.outputs[size][:r]
+
+    def _fill(self, input_ids: torch.Tensor, meta: DecodeMeta, size: int) -> None:
+        """Copy a batch's model inputs and attention metadata into the static buffers."""
+        r = input_ids.shape[0]
         with trace_range("flashrec.graph_inputs"):
             self.input_ids[:r].copy_(input_ids)
             self.positions[:r].copy_(meta.positions)
@@ -120,5 +183,3 @@ class DecodeGraphRunner:
                 raise RuntimeError(f"decode work list ({w} items) does not fit bucket {size}")
             self.work[:w].copy_(pk.work)  # the kernel walks ctrl[1] items: no -1 fill
             self.ctrl.copy_(pk.ctrl)
-        self.graphs[size].replay()
-        return self.outputs[size][:r]

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from flashrec.beam.step import StaticStep, StaticStepOut, reorder_rows
 from flashrec.config import EngineConfig, ModelConfig
 from flashrec.engine.kv import KVCache
 from flashrec.kernels.beam_attention import choose_splits
@@ -54,7 +55,12 @@ def _kv_dtype(cfg: EngineConfig, act: torch.dtype) -> torch.dtype:
 
 class ModelRunner:
     def __init__(
-        self, config: EngineConfig, model_config: ModelConfig, layout: SidLayout, depth: int
+        self,
+        config: EngineConfig,
+        model_config: ModelConfig,
+        layout: SidLayout,
+        depth: int,
+        trie=None,
     ) -> None:
         self.config = config
         self.model_config = model_config
@@ -108,6 +114,10 @@ class ModelRunner:
         if on_gpu and config.enable_fused_qk_rope_kv:
             self.ctx.fused_qk_rope_kv = self._fused_qk_rope_kv
         self.lm_head = RestrictedLMHead(self.model.lm_head(), layout, config.logprob_scope)
+        self.step = None  # the static decode step (--enable-step-graph)
+        if config.enable_step_graph:
+            step = StaticStep(self.lm_head, trie, layout, depth, self.device)
+            self.step = step if step.usable else None
         self.graphs = None
         if on_gpu and not config.disable_cuda_graph:
             from flashrec.engine.graph import DecodeGraphRunner
@@ -227,6 +237,39 @@ class ModelRunner:
             else:
                 h = self.model(input_ids, meta.positions, meta, self.ctx)
             return self._head(h, meta.groups, levels)
+
+    def step_batch_ok(self, widths: list[int], levels: list[int], greedy: bool) -> bool:
+        """Whether a decode batch can run as one static step: every request has n = the beam
+        width, temperature 0, and a SID level before the end token."""
+        if self.step is None or not greedy:
+            return False
+        bw = self.config.beam_width
+        return all(w == bw for w in widths) and all(1 <= lv < self.depth for lv in levels)
+
+    @torch.inference_mode()
+    def decode_step(
+        self,
+        input_ids: torch.Tensor,
+        meta: DecodeMeta,
+        levels: torch.Tensor,
+        cum: torch.Tensor,
+        nodes: torch.Tensor,
+    ) -> StaticStepOut:
+        """The whole decode step of ``B`` requests of width ``--beam-width`` (``levels [B]``,
+        ``cum`` / ``nodes [B, n]``): one graph replay on GPU when a step graph of that size was
+        captured; else the model forward (graph or eager) and the same static step eagerly.
+        The decode KV is reordered by parent inside. Returns views the next call overwrites."""
+        with trace_range("flashrec.decode_step"):
+            r = input_ids.shape[0]
+            if self.graphs is not None and self.graphs.has_step(r):
+                return self.graphs.run_step(input_ids, meta, levels, cum, nodes)
+            if self.graphs is not None and self.graphs.fits(r):
+                h = self.graphs.run(input_ids, meta)
+            else:
+                h = self.model(input_ids, meta.positions, meta, self.ctx)
+            out = self.step.run(h, levels, cum, nodes)
+            reorder_rows(self.kv, meta.rows, out.parents)
+            return out
 
     def _head(self, h: torch.Tensor, groups, levels: list[int]) -> list[torch.Tensor]:
         """Per-group logprobs: ONE restricted LM-head product per run of consecutive groups at

@@ -258,6 +258,11 @@ class Scheduler:
             meta = self.runner.decode_meta(groups)
             input_ids = torch.cat([st.tokens[:, -1] for st in batch])
             levels = [st.generated for st in batch]
+            if self.hasher is None and self.runner.step_batch_ok(
+                [st.req.n for st in batch], levels, all(st.req.temperature == 0 for st in batch)
+            ):
+                self._decode_static(batch, input_ids, meta, levels)
+                return []
             logprobs = self.runner.decode(input_ids, meta, levels)
             if self.hasher is not None:
                 self.hasher.decode(meta, input_ids, batch)
@@ -267,6 +272,32 @@ class Scheduler:
                 self.running.remove(st)
             return self._fail(batch, exc)
         return []
+
+    def _decode_static(self, batch: list[ReqState], input_ids, meta, levels: list[int]) -> None:
+        """The whole step as one static program (``--enable-step-graph``): one graph replay on
+        GPU, then the token histories per run of equal length (the batch is ordered by level)."""
+        lv = host_to_device([np.asarray(levels)], self.device)[0]
+        cum = torch.stack([st.cum for st in batch])
+        nodes = torch.stack([st.nodes for st in batch])
+        with trace_range("flashrec.beam"):
+            out = self.runner.decode_step(input_ids, meta, lv, cum, nodes)
+            # the static outputs are overwritten by the next replay: own copies
+            parents, tokens, nodes, cum = (
+                t.clone() for t in (out.parents, out.tokens, out.nodes, out.cum)
+            )
+            a = 0
+            while a < len(batch):
+                b = a
+                while b < len(batch) and levels[b] == levels[a]:
+                    b += 1
+                prev = torch.stack([st.tokens for st in batch[a:b]])  # [k, n, g]
+                par = parents[a:b, :, None].expand(-1, -1, prev.shape[2])
+                hist = torch.cat([prev.gather(1, par), tokens[a:b, :, None]], dim=2)
+                for j, st in enumerate(batch[a:b]):
+                    st.tokens, st.cum, st.nodes = hist[j], cum[a + j], nodes[a + j]
+                    if self.debug_hash:
+                        self._log_hash(st, levels[a], "decode", parents[a + j])
+                a = b
 
     def _candidates(self, level: int, nodes: torch.Tensor):
         m = nodes.shape[0]

@@ -102,7 +102,9 @@ def test_graph_buffers_hold_every_batch_that_fits_a_bucket(beams, lens, heads, m
     cfg = SimpleNamespace(beam_width=16, cuda_graph_max_bs=max_bs, max_seq_len=3000)
     kv = SimpleNamespace(row_slots=max_bs, depth=4, pool_tokens=1000, scratch_row=max_bs)
     mc = SimpleNamespace(num_attention_heads=group * hkv, num_key_value_heads=hkv)
-    runner = SimpleNamespace(config=cfg, kv=kv, model_config=mc, device=torch.device("cpu"))
+    runner = SimpleNamespace(
+        config=cfg, kv=kv, model_config=mc, device=torch.device("cpu"), step=None
+    )
     gr = DecodeGraphRunner(runner, BLOCK_M)
     rows, groups = 0, []
     for n, length in zip(beams, lens):

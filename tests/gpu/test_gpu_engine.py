@@ -61,7 +61,7 @@ def test_beam_attention_kernel_matches_reference(kv_dtype, hq, hkv, d):
             torch.testing.assert_close(out.float(), ref.float(), atol=2e-2, rtol=2e-2)
 
 
-def _run(path, prompts=None, **kw):
+def _run(path, prompts=None, ns=(1, 4, 16, 64), **kw):
     cfg = EngineConfig(
         model_path=str(path),
         sid_vocab_file=str(path / "catalog.json"),
@@ -73,9 +73,7 @@ def _run(path, prompts=None, **kw):
     )
     eng = Engine(cfg)
     reqs = [
-        eng.new_request(eng.build_prompt(messages=p), n=n)
-        for p in prompts or PROMPTS
-        for n in (1, 4, 16, 64)
+        eng.new_request(eng.build_prompt(messages=p), n=n) for p in prompts or PROMPTS for n in ns
     ]
     return eng.generate(reqs)
 
@@ -111,6 +109,19 @@ def test_graph_replay_equals_eager(synth_model, preset):
     a = _run(tiny_model, dtype="bfloat16", quantization="fp8", disable_cuda_graph=True)
     b = _run(tiny_model, dtype="bfloat16", quantization="fp8")
     _same(a, b, 1e-3)
+
+
+@pytest.mark.parametrize("preset", ["tiny", "tiny-llama", "tiny-qwen2"])
+def test_step_graph_equals_model_graph(synth_model, preset):
+    """--enable-step-graph (model + LM head + trie + top-n + expansion + KV reorder in one
+    replay) against the model-only graph with the eager expansion: the same beams. n=16 only
+    (every batch takes the step graph), then widths mixed (batches with n != 16 fall back)."""
+    path = synth_model(preset, catalog_size=2000)
+    kw = dict(dtype="float32", quantization="none", attention_backend="triton")
+    for ns in ((16,), (4, 16, 64)):
+        a = _run(path, ns=ns, **kw)
+        b = _run(path, ns=ns, enable_step_graph=True, **kw)
+        _same(a, b, 1e-4)
 
 
 # Documented FP8 tolerance on the tiny preset (docs/configuration.md): W8A8 + FP8 KV vs BF16,
