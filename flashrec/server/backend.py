@@ -96,7 +96,7 @@ class Backend:
             ids = await aloop.run_in_executor(self._tok, lambda: self.engine.build_prompt(**kwargs))
         except PROMPT_ERRORS as exc:
             raise bad_request(f"cannot build the prompt: {exc}", param) from None
-        ids = [int(t) for t in ids]
+        ids = list(map(int, ids))
         check_prompt(ids, self.limits, param)
         return ids
 
@@ -146,7 +146,14 @@ class Backend:
             self.loop.cancel(rid)
 
     async def generate(self, reqs: list[GenRequest]) -> list[GenResult]:
-        """Submit every request, then wait for all; any failure cancels the others."""
+        """Submit every request, then wait for all; any failure cancels the others.
+
+        One request (every chat completion) is awaited directly: no task and no gather, so
+        its result reaches the handler in the same event-loop turn as the engine's wake-up.
+        ``result`` already withdraws it when the wait is cancelled."""
+        if len(reqs) == 1:
+            (req,) = reqs
+            return [await self.result(req.rid, self.submit(req))]
         waits: list[asyncio.Task] = []
         try:
             for req in reqs:

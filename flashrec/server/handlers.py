@@ -167,7 +167,7 @@ async def _chat(request: web.Request) -> web.StreamResponse:
     st.metrics.cached_tokens += result.cached_tokens
     model = req.model or st.model_name
     if not req.stream:
-        return web.json_response(responses.chat_completion(result, model))
+        return web.json_response(text=responses.chat_completion_json(result, model))
     return await _send_sse(request, responses.chat_stream(result, model))
 
 
@@ -202,10 +202,11 @@ async def _generate(request: web.Request) -> web.StreamResponse:
     for r in results:
         st.metrics.completion_tokens += r.completion_tokens
         st.metrics.cached_tokens += r.cached_tokens
+    if not req.stream:
+        texts = [responses.generate_result_json(r, latency) for r in results]
+        return web.json_response(text=f"[{', '.join(texts)}]" if req.batched else texts[0])
     outs = [responses.generate_result(r, latency) for r in results]
     out: Any = outs if req.batched else outs[0]
-    if not req.stream:
-        return web.json_response(out)
     return await _send_sse(request, iter([responses.sse(out), b"data: [DONE]\n\n"]))
 
 

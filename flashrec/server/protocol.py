@@ -345,6 +345,8 @@ def check_prompt(input_ids: list[int], limits: Limits, param: str) -> None:
             f"{limits.max_seq_len} (--max-seq-len)",
             param,
         )
+    if input_ids and 0 <= min(input_ids) and max(input_ids) < limits.vocab_size:
+        return  # the common case, without a Python-level loop over the prompt
     for tok in input_ids:
         if not 0 <= tok < limits.vocab_size:
             raise bad_request(f"token id {tok} is outside the vocabulary", param)

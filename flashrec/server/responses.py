@@ -3,6 +3,14 @@
 Beams arrive best first and stay in that order: choice ``i`` / ``beam_results[i]`` is the
 ``i``-th best beam. Token counts: ``completion_tokens`` sums the tokens of every returned
 beam; ``cached_tokens`` is the prompt prefix served from the radix cache.
+
+The dict builders (``chat_completion``, ``generate_result``, ...) define the bodies. The
+handlers send the ``*_json`` twins, which write the same text as ``json.dumps`` of those dicts
+(same keys, order, separators, escaping and number formatting) without building one dict per
+beam: with hundreds of beams, the per-beam dicts and the generic encoder were most of the
+server's own time per request. A beam whose values are not of the plain types the engine
+produces (``list`` of ``int`` token ids, ``float`` scores, ``str`` text and finish reason)
+sends the whole body through the dict builder and ``json.dumps`` instead.
 """
 
 from __future__ import annotations
@@ -10,7 +18,8 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from json.encoder import encode_basestring_ascii as _json_str
 from typing import Any
 
 from flashrec.engine.request import BeamResult, GenResult
@@ -20,6 +29,86 @@ def num(x: float) -> float | None:
     """``x`` as a JSON-safe number: NaN and infinities become ``null`` (strict JSON)."""
     x = float(x)
     return x if math.isfinite(x) else None
+
+
+class _NotPlain(Exception):
+    """A beam value outside the fast encoder's types; the caller falls back to json.dumps."""
+
+
+_float_repr = float.__repr__  # what json.dumps writes for a finite float
+
+
+def _json_num(x: Any) -> str:
+    """``json.dumps(num(x))`` for a ``float`` ``x``."""
+    if type(x) is not float:
+        raise _NotPlain
+    return _float_repr(x) if x - x == 0 else "null"  # x - x is nan for inf and nan
+
+
+def _json_text(x: Any) -> str:
+    """``json.dumps(x)`` for a ``str`` ``x``."""
+    if type(x) is not str:
+        raise _NotPlain
+    return _json_str(x)
+
+
+def _json_ids(ids: Any, compact: bool = False) -> str:
+    """``json.dumps(list(ids))`` (compact: with ``separators=(",", ":")``) for a ``list`` of
+    ``int``."""
+    if type(ids) is not list:
+        raise _NotPlain
+    for t in ids:
+        if type(t) is not int:
+            raise _NotPlain
+    text = repr(ids)  # "[1, 2]": json.dumps's text for a list of ints
+    return text.replace(" ", "") if compact else text
+
+
+# One choice / beam as json.dumps writes it (default and compact separators); the field
+# order is that of the dict builders below.
+_CHAT_CHOICE = (
+    '{"index": %d, "%s": {"role": "assistant", "content": %s}, "logprobs": null, '
+    '"finish_reason": %s, "sglext": {"sequence_score": %s, "token_ids": %s, "cum_logprob": %s}}'
+)
+_CHAT_CHOICE_COMPACT = (
+    '{"index":%d,"%s":{"role":"assistant","content":%s},"logprobs":null,'
+    '"finish_reason":%s,"sglext":{"sequence_score":%s,"token_ids":%s,"cum_logprob":%s}}'
+)
+_GENERATE_BEAM = (
+    '{"text": %s, "token_ids": %s, "meta_info": {"sequence_score": %s, "cum_logprob": %s, '
+    '"finish_reason": %s}}'
+)
+
+
+def _chat_choices(result: GenResult, key: str, compact: bool) -> str:
+    """The text of ``chat_completion``'s (compact: ``chat_stream``'s) choices; _NotPlain."""
+    template, sep = (_CHAT_CHOICE_COMPACT, ",") if compact else (_CHAT_CHOICE, ", ")
+    return (
+        "["
+        + sep.join(
+            [
+                template
+                % (
+                    i,
+                    key,
+                    _json_text(beam.text),
+                    _json_text(beam.finish_reason),
+                    _json_num(beam.sequence_score),
+                    _json_ids(beam.token_ids, compact),
+                    _json_num(beam.cum_logprob),
+                )
+                for i, beam in enumerate(result.beams)
+            ]
+        )
+        + "]"
+    )
+
+
+def _with_fallback(fast: Callable[[], str], slow: Callable[[], Any], **dumps_kw: Any) -> str:
+    try:
+        return fast()
+    except _NotPlain:
+        return json.dumps(slow(), **dumps_kw)
 
 
 def sglext(beam: BeamResult) -> dict[str, Any]:
@@ -63,6 +152,19 @@ def chat_completion(result: GenResult, model: str, created: int | None = None) -
     }
 
 
+def chat_completion_json(result: GenResult, model: str, created: int | None = None) -> str:
+    """``json.dumps(chat_completion(result, model, created))``, built per beam as text."""
+    created = int(time.time()) if created is None else created
+
+    def fast() -> str:
+        choices = _chat_choices(result, "message", compact=False)
+        head = {"id": result.rid, "object": "chat.completion", "created": created, "model": model}
+        text = json.dumps(head)
+        return f'{text[:-1]}, "choices": {choices}, "usage": {json.dumps(usage(result))}}}'
+
+    return _with_fallback(fast, lambda: chat_completion(result, model, created))
+
+
 def chat_stream(result: GenResult, model: str, created: int | None = None) -> Iterator[bytes]:
     """SSE events of a streamed chat completion.
 
@@ -72,7 +174,23 @@ def chat_stream(result: GenResult, model: str, created: int | None = None) -> It
     """
     created = int(time.time()) if created is None else created
     head = {"id": result.rid, "object": "chat.completion.chunk", "created": created, "model": model}
-    choices = [
+
+    def fast() -> str:
+        choices = _chat_choices(result, "delta", compact=True)
+        return f'{json.dumps(head, separators=(",", ":"))[:-1]},"choices":{choices}}}'
+
+    def slow() -> dict[str, Any]:
+        return {**head, "choices": chat_stream_choices(result)}
+
+    first = _with_fallback(fast, slow, separators=(",", ":"))
+    yield b"data: " + first.encode() + b"\n\n"
+    yield sse({**head, "choices": [], "usage": usage(result)})
+    yield b"data: [DONE]\n\n"
+
+
+def chat_stream_choices(result: GenResult) -> list[dict[str, Any]]:
+    """The choices of the first ``chat_stream`` chunk (one per beam, whole text as delta)."""
+    return [
         {
             "index": i,
             "delta": {"role": "assistant", "content": beam.text},
@@ -82,9 +200,6 @@ def chat_stream(result: GenResult, model: str, created: int | None = None) -> It
         }
         for i, beam in enumerate(result.beams)
     ]
-    yield sse({**head, "choices": choices})
-    yield sse({**head, "choices": [], "usage": usage(result)})
-    yield b"data: [DONE]\n\n"
 
 
 def sse(obj: Any) -> bytes:
@@ -117,3 +232,33 @@ def generate_result(result: GenResult, e2e_latency: float) -> dict[str, Any]:
             "e2e_latency": e2e_latency,
         },
     }
+
+
+def generate_result_json(result: GenResult, e2e_latency: float) -> str:
+    """``json.dumps(generate_result(result, e2e_latency))``, built per beam as text."""
+
+    def fast() -> str:
+        beams = [
+            _GENERATE_BEAM
+            % (
+                _json_text(beam.text),
+                _json_ids(beam.token_ids),
+                _json_num(beam.sequence_score),
+                _json_num(beam.cum_logprob),
+                _json_text(beam.finish_reason),
+            )
+            for beam in result.beams
+        ]
+        best = _json_text(result.beams[0].text) if result.beams else '""'
+        tail = {
+            "prompt_tokens": result.prompt_tokens,
+            "completion_tokens": result.completion_tokens,
+            "cached_tokens": result.cached_tokens,
+            "e2e_latency": e2e_latency,
+        }
+        return (
+            f'{{"text": {best}, "meta_info": {{"id": {json.dumps(result.rid)}, '
+            f'"beam_results": [{", ".join(beams)}], {json.dumps(tail)[1:]}}}'
+        )
+
+    return _with_fallback(fast, lambda: generate_result(result, e2e_latency))

@@ -1,0 +1,305 @@
+"""Where the served path spends its time beyond the engine (CPU, concurrency 1).
+
+Starts the production ``Server`` (same runner, handlers and ``EngineLoop``) in this process on
+127.0.0.1 with an ephemeral port, sends the same chat prompts one at a time to
+``/v1/chat/completions`` (harness-style: aiohttp client, body read, no parse in the timing),
+and prints per request:
+
+- ``e2e``     client send -> last response byte;
+- ``engine``  ``EngineLoop.submit`` -> the request's future resolved (the engine thread's
+              queue + ``Scheduler.step`` work); ``steps`` is the ``Scheduler.step`` time alone;
+- ``overhead`` = e2e - engine (HTTP, validation, tokenisation, hand-offs, response + JSON).
+
+Then a phase breakdown of the server-side non-engine work on one captured engine result, and
+(``--profile``) a cProfile of the event-loop thread over the timed requests. The server is
+always torn down.
+
+    PYTHONPATH=. python scripts/served_overhead.py                 # builds the tiny model
+    PYTHONPATH=. python scripts/served_overhead.py --model-path DIR --n 256 50 --profile
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import io
+import json
+import pstats
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from flashrec.config import ServerConfig
+from flashrec.engine.loop import EngineLoop
+from flashrec.engine.request import BeamResult, GenResult
+from flashrec.server import protocol, responses
+from flashrec.server.app import Server
+from flashrec.synth import synth_prompts
+
+REPEATS = 30
+
+
+class Instrumented:
+    """Wraps the loop's ``submit`` and the scheduler's ``step`` to time the engine's part."""
+
+    def __init__(self, loop: EngineLoop) -> None:
+        self.engine_s: dict[str, float] = {}
+        self.steps_s: dict[str, float] = {}
+        self.last: GenResult | None = None
+        self._active: set[str] = set()
+        self._lock = threading.Lock()
+        submit, step = loop.submit, loop.scheduler.step
+
+        def timed_submit(req: Any) -> Any:
+            t0 = time.perf_counter()
+            with self._lock:
+                self._active.add(req.rid)
+                self.steps_s[req.rid] = 0.0
+            fut = submit(req)
+
+            def done(f: Any) -> None:
+                self.engine_s[req.rid] = time.perf_counter() - t0
+                with self._lock:
+                    self._active.discard(req.rid)
+                if not f.cancelled() and f.exception() is None:
+                    self.last = f.result()
+
+            fut.add_done_callback(done)
+            return fut
+
+        def timed_step() -> Any:
+            t0 = time.perf_counter()
+            try:
+                return step()
+            finally:
+                dt = time.perf_counter() - t0
+                with self._lock:
+                    for rid in self._active:
+                        self.steps_s[rid] += dt
+
+        loop.submit = timed_submit  # type: ignore[method-assign]
+        loop.scheduler.step = timed_step  # type: ignore[method-assign]
+
+
+class ServerThread:
+    """The production ``Server`` on a background thread, optionally under cProfile."""
+
+    def __init__(self, server: Server) -> None:
+        self.server = server
+        self.profile: cProfile.Profile | None = None
+        self.profiling = threading.Event()
+        self._thread = threading.Thread(target=self._main, name="overhead-server", daemon=True)
+
+    def _main(self) -> None:
+        asyncio.run(self.server.run(install_signals=False))
+
+    def start(self, timeout: float = 300.0) -> None:
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.server.bound.is_set() and self.server.state.backend.healthy:
+                return
+            if not self._thread.is_alive():
+                raise RuntimeError("the server exited during start-up")
+            time.sleep(0.01)
+        raise TimeoutError("the server did not become healthy")
+
+    def set_profiling(self, on: bool) -> None:
+        """Enable / disable cProfile on the event-loop thread (runs there)."""
+        aloop = self.server._aloop
+        assert aloop is not None
+        done = threading.Event()
+
+        def toggle() -> None:
+            if on:
+                self.profile = cProfile.Profile()
+                self.profile.enable()
+            elif self.profile is not None:
+                self.profile.disable()
+            done.set()
+
+        aloop.call_soon_threadsafe(toggle)
+        done.wait(10)
+
+    def stop(self) -> None:
+        self.server.request_stop()
+        self._thread.join(timeout=60)
+
+
+def chat_body(messages: list[dict], n: int, max_tokens: int) -> dict:
+    """The harness's chat body (``harness/client.py:chat_body``)."""
+    return {
+        "model": "tiny",
+        "messages": messages,
+        "n": n,
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+    }
+
+
+async def drive(url: str, bodies: list[dict], warmup: int) -> list[tuple[str, float, int]]:
+    """Send ``bodies`` one at a time; ``(id, e2e seconds, response bytes)`` after warm-up."""
+    out = []
+    async with aiohttp.ClientSession() as session:
+        for i, body in enumerate(bodies):
+            t0 = time.perf_counter()
+            async with session.post(url + "/v1/chat/completions", json=body) as resp:
+                raw = await resp.read()
+            dt = time.perf_counter() - t0
+            if resp.status != 200:
+                raise RuntimeError(f"HTTP {resp.status}: {raw[:300]!r}")
+            rid = json.loads(raw)["id"]
+            if i >= warmup:
+                out.append((rid, dt, len(raw)))
+    return out
+
+
+def ms(xs: list[float]) -> str:
+    xs = sorted(xs)
+    p50 = xs[len(xs) // 2] * 1e3
+    return f"mean {statistics.mean(xs) * 1e3:7.2f}  p50 {p50:7.2f}  min {xs[0] * 1e3:7.2f}"
+
+
+def fresh(result: GenResult) -> GenResult:
+    """``result`` with un-cached beam texts (so the breakdown pays for building them)."""
+    beams = [
+        BeamResult(b.token_ids, b.cum_logprob, b.sequence_score, b.finish_reason, b.text_source)
+        for b in result.beams
+    ]
+    return GenResult(result.rid, beams, result.prompt_tokens, result.cached_tokens, result.error)
+
+
+def breakdown(engine: Any, limits: protocol.Limits, body: dict, result: GenResult) -> None:
+    """Time each server-side phase alone (median of repeats) on one captured engine result."""
+    raw = json.dumps(body).encode()
+    ids = engine.build_prompt(messages=body["messages"])
+    payload = responses.chat_completion(result, "m")
+    fast = getattr(responses, "chat_completion_json", None)  # the handlers' encoder, if any
+    copies = iter([fresh(result) for _ in range(3 * REPEATS)])  # texts not built yet
+
+    def as_before() -> bytes:  # web.json_response(chat_completion(...))
+        return json.dumps(responses.chat_completion(next(copies), "m")).encode()
+
+    phases: dict[str, Any] = {
+        "json.loads(request)": lambda: json.loads(raw),
+        "protocol.parse_chat": lambda: protocol.parse_chat(json.loads(raw), limits),
+        "engine.build_prompt (template + tokenise)": lambda: engine.build_prompt(
+            messages=body["messages"]
+        ),
+        "check_prompt": lambda: protocol.check_prompt(ids, limits, "messages"),
+        "beam texts (first read)": lambda: [b.text for b in next(copies).beams],
+        "chat_completion dict (texts cached)": lambda: responses.chat_completion(result, "m"),
+        "json.dumps of that dict": lambda: json.dumps(payload),
+        "body, dict + json.dumps (incl. texts)": as_before,
+    }
+    if fast is not None:
+        phases["body, chat_completion_json (incl. texts)"] = lambda: fast(
+            next(copies), "m"
+        ).encode()
+    print(f"\nserver-side phases, n={len(result.beams)} (median of {REPEATS} runs, ms):")
+    for name, fn in phases.items():
+        times = []
+        for _ in range(REPEATS):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        print(f"  {name:45s} {statistics.median(times) * 1e3:8.3f}")
+
+
+def build_tiny(root: Path) -> Path:
+    from flashrec.synth import build_checkpoint
+
+    return Path(build_checkpoint(root / "tiny", "tiny", seed=0, catalog_size=2000))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--model-path", default="", help="checkpoint dir (default: build tiny)")
+    ap.add_argument("--sid-vocab-file", default="", help="default: MODEL/catalog.json")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--n", type=int, nargs="+", default=[256, 50])
+    ap.add_argument("--max-tokens", type=int, default=4)
+    ap.add_argument("--prompt-tokens", type=int, default=1000)
+    ap.add_argument("--requests", type=int, default=30)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--profile", action="store_true", help="cProfile the event-loop thread")
+    ap.add_argument("--profile-lines", type=int, default=30)
+    args = ap.parse_args(argv)
+
+    with tempfile.TemporaryDirectory(prefix="served-overhead-") as tmp:
+        model = Path(args.model_path) if args.model_path else build_tiny(Path(tmp))
+        catalog = args.sid_vocab_file or str(model / "catalog.json")
+        config = ServerConfig(
+            model_path=str(model),
+            sid_vocab_file=catalog,
+            host="127.0.0.1",
+            port=0,
+            device=args.device,
+            warmup=True,
+            batch_slots=max(256, *args.n),
+            beam_width=args.n[0],
+            kv_pool_tokens=1 << 16,
+            max_seq_len=8192,
+            shutdown_timeout_s=10.0,
+        )
+        from flashrec.engine.engine import Engine
+
+        engine = Engine(config)
+        loop = EngineLoop(engine)
+        inst = Instrumented(loop)
+        srv = ServerThread(Server(engine, loop, config))
+        srv.start()
+        try:
+            run(srv, engine, inst, args)
+        finally:
+            srv.stop()
+    return 0
+
+
+def run(srv: ServerThread, engine: Any, inst: Instrumented, args: argparse.Namespace) -> None:
+    url = srv.server.url
+    prompts = synth_prompts(
+        args.requests + args.warmup, median_tokens=args.prompt_tokens, spread=0.0, seed=1
+    )
+    lens = [len(engine.build_prompt(messages=m)) for m in prompts]
+    print(f"server {url}, device {args.device}, prompts ~{statistics.median(lens)} tokens")
+    for n in args.n:
+        bodies = [chat_body(m, n, args.max_tokens) for m in prompts]
+        if args.profile:
+            asyncio.run(drive(url, bodies[: args.warmup], args.warmup))
+            srv.set_profiling(True)
+            rows = asyncio.run(drive(url, bodies[args.warmup :], 0))
+            srv.set_profiling(False)
+        else:
+            rows = asyncio.run(drive(url, bodies, args.warmup))
+        e2e = [dt for _, dt, _ in rows]
+        eng = [inst.engine_s[rid] for rid, _, _ in rows]
+        steps = [inst.steps_s[rid] for rid, _, _ in rows]
+        over = [a - b for a, b in zip(e2e, eng)]
+        beams = len(inst.last.beams) if inst.last else 0
+        print(f"\nn={n} ({beams} beams returned), {len(rows)} requests, concurrency 1")
+        print(f"  e2e HTTP             {ms(e2e)}")
+        print(f"  engine submit->done  {ms(eng)}")
+        print(f"  engine steps         {ms(steps)}")
+        print(f"  overhead e2e-engine  {ms(over)}")
+        print(f"  response bytes       {statistics.median([b for _, _, b in rows]):.0f}")
+        if inst.last is not None:
+            breakdown(engine, srv.server.state.limits, bodies[0], inst.last)
+        if args.profile and srv.profile is not None:
+            s = io.StringIO()
+            stats = pstats.Stats(srv.profile, stream=s)
+            stats.sort_stats("tottime").print_stats(args.profile_lines)
+            print(f"\ncProfile of the event-loop thread, n={n} (by tottime):")
+            print(s.getvalue())
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,254 @@
+"""The response encoders the handlers send (``responses.*_json``) against the dict builders.
+
+The handlers write each body as text per beam instead of ``json.dumps`` of a dict per beam;
+these tests pin that the bytes are exactly ``json.dumps`` of the dict builders' output (keys,
+key order, separators, escaping, number formatting), also over HTTP, and that the single
+request wait (``Backend.generate`` with one request) still resolves and withdraws.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import threading
+from concurrent.futures import Future
+from typing import Any
+
+import pytest
+from server_helpers import fake_server
+
+from flashrec.engine.request import BeamResult, GenRequest, GenResult
+from flashrec.server import responses
+from flashrec.server.backend import Backend
+from flashrec.server.errors import APIError
+from flashrec.server.protocol import Limits, check_prompt
+
+TEXTS = ["<s_a_1><s_b_2><s_c_3><|sid_end|>", "", 'q"uote\\back\nline\ttab\x01', "é中文😀", "%s %d"]
+FLOATS = [-1.5, -0.0, 0.1, -1e-300, 1e300, float("inf"), float("-inf"), float("nan"), -3.0]
+
+
+def random_result(rng: random.Random, n: int, lazy: bool = False) -> GenResult:
+    beams = []
+    for _ in range(n):
+        toks = [rng.randrange(0, 200_000) for _ in range(rng.randrange(0, 6))]
+        text: Any = rng.choice(TEXTS)
+        if lazy:  # text built on read, as the engine does
+            text = lambda ids, t=text: t  # noqa: E731
+        beams.append(
+            BeamResult(
+                toks,
+                rng.choice(FLOATS + [rng.uniform(-50, 0)]),
+                rng.choice(FLOATS + [rng.uniform(-50, 0)]),
+                rng.choice(["stop", "length"]),
+                text,
+            )
+        )
+    return GenResult(f"chatcmpl-{rng.randrange(10**9)}", beams, rng.randrange(1, 5000), 7)
+
+
+def expected_stream_first(result: GenResult, model: str, created: int) -> bytes:
+    head = {"id": result.rid, "object": "chat.completion.chunk", "created": created, "model": model}
+    return responses.sse({**head, "choices": responses.chat_stream_choices(result)})
+
+
+@pytest.mark.parametrize("n", [0, 1, 3, 50, 256])
+def test_encoders_equal_json_dumps_of_dicts(n: int) -> None:
+    rng = random.Random(n)
+    for trial in range(20):
+        res = random_result(rng, n, lazy=trial % 2 == 1)
+        for compact in (False, True):  # plain engine values take the per-beam text path
+            responses._chat_choices(res, "message", compact)
+        model = rng.choice(["m", "模型", 'a"b'])
+        want = json.dumps(responses.chat_completion(res, model, 1234))
+        assert responses.chat_completion_json(res, model, 1234) == want
+        latency = rng.choice([0.0123, float("nan"), 5.0])
+        want = json.dumps(responses.generate_result(res, latency))
+        assert responses.generate_result_json(res, latency) == want
+        events = list(responses.chat_stream(res, model, 99))
+        assert events[0] == expected_stream_first(res, model, 99)
+        assert events[1:] == [
+            responses.sse(
+                {
+                    "id": res.rid,
+                    "object": "chat.completion.chunk",
+                    "created": 99,
+                    "model": model,
+                    "choices": [],
+                    "usage": responses.usage(res),
+                }
+            ),
+            b"data: [DONE]\n\n",
+        ]
+
+
+class _Score(float):
+    pass
+
+
+@pytest.mark.parametrize(
+    "beam",
+    [
+        BeamResult([1, True, 3], -1.0, -0.5, "stop", "t"),  # bool token: json writes true
+        BeamResult((1, 2), -1.0, -0.5, "stop", "t"),  # a tuple of ids
+        BeamResult([1, 2], _Score(-1.0), 3, "stop", "t"),  # float subclass, int score
+        BeamResult([1, 2], -1.0, -0.5, None, "t"),  # type: ignore[arg-type]
+    ],
+)
+def test_non_plain_beams_fall_back_to_the_dict_path(beam: BeamResult) -> None:
+    plain = BeamResult([7], -2.0, -1.0, "length", "x")
+    res = GenResult("r", [plain, beam], 3)
+    assert responses.chat_completion_json(res, "m", 5) == json.dumps(
+        responses.chat_completion(res, "m", 5)
+    )
+    assert responses.generate_result_json(res, 0.5) == json.dumps(
+        responses.generate_result(res, 0.5)
+    )
+    assert next(responses.chat_stream(res, "m", 5)) == expected_stream_first(res, "m", 5)
+
+
+def test_unencodable_values_fail_as_before() -> None:
+    class Token(int):
+        def __repr__(self) -> str:
+            return "Token()"
+
+    res = GenResult("r", [BeamResult([Token(3)], -1.0, -1.0, "stop", "x")], 1)
+    # int subclasses are written by value, like json.dumps does
+    assert responses.chat_completion_json(res, "m", 1) == json.dumps(
+        responses.chat_completion(res, "m", 1)
+    )
+    bad = GenResult("r", [BeamResult([object()], -1.0, -1.0, "stop", "x")], 1)  # type: ignore[list-item]
+    with pytest.raises(TypeError):
+        json.dumps(responses.chat_completion(bad, "m", 1))
+    with pytest.raises(TypeError):
+        responses.chat_completion_json(bad, "m", 1)
+
+
+class _Capture:
+    """Records the engine result of every request a fake server answers."""
+
+    def __init__(self, loop: Any) -> None:
+        self.results: dict[str, GenResult] = {}
+        submit = loop.submit
+
+        def wrapped(req: GenRequest) -> Future:
+            fut = submit(req)
+            fut.add_done_callback(lambda f: self.results.__setitem__(req.rid, f.result()))
+            return fut
+
+        loop.submit = wrapped
+
+
+def test_http_bodies_are_json_dumps_of_the_dict_builders() -> None:
+    with fake_server() as srv:
+        cap = _Capture(srv.loop)
+        chat = {"messages": [{"role": "user", "content": "hé"}], "n": 40, "model": "m1"}
+        r = srv.post("/v1/chat/completions", chat)
+        assert r.status_code == 200
+        assert r.headers["Content-Type"] == "application/json; charset=utf-8"
+        body = r.json()
+        res = cap.results[body["id"]]
+        want = json.dumps(responses.chat_completion(res, "m1", body["created"])).encode()
+        assert r.content == want
+
+        for batched in (False, True):
+            text = ["abc", "defg"] if batched else "abc"
+            r = srv.post("/generate", {"text": text, "sampling_params": {"n": 5}})
+            assert r.status_code == 200
+            assert r.headers["Content-Type"] == "application/json; charset=utf-8"
+            outs = r.json() if batched else [r.json()]
+            dicts = [
+                responses.generate_result(
+                    cap.results[o["meta_info"]["id"]], o["meta_info"]["e2e_latency"]
+                )
+                for o in outs
+            ]
+            assert r.content == json.dumps(dicts if batched else dicts[0]).encode()
+
+
+class _ThreadLoop:
+    """An engine loop whose futures another thread resolves on demand."""
+
+    def __init__(self) -> None:
+        self.futures: dict[str, Future] = {}
+        self.cancelled: list[str] = []
+        self.submitted = threading.Event()
+
+    def submit(self, req: GenRequest) -> Future:
+        fut: Future = Future()
+        self.futures[req.rid] = fut
+        self.submitted.set()
+        return fut
+
+    def cancel(self, rid: str) -> None:
+        self.cancelled.append(rid)
+
+
+LIMITS = Limits(max_beam_rows=8, vocab_size=100, max_seq_len=64, default_n=2, default_max_tokens=4)
+
+
+def test_single_request_wakes_on_engine_thread_resolve() -> None:
+    loop = _ThreadLoop()
+    be = Backend(engine=object(), loop=loop, limits=LIMITS)
+    req = GenRequest("r1", [1, 2], 2, 4)
+    want = GenResult("r1", [], 2)
+
+    def engine_thread() -> None:
+        loop.submitted.wait(30)
+        loop.futures["r1"].set_result(want)  # resolved off the event loop's thread
+
+    t = threading.Thread(target=engine_thread)
+    t.start()
+    try:
+        assert asyncio.run(asyncio.wait_for(be.generate([req]), 30)) == [want]
+    finally:
+        t.join()
+        be.close()
+    assert not be.inflight and loop.cancelled == []
+
+
+def test_single_request_cancelled_wait_withdraws() -> None:
+    loop = _ThreadLoop()
+    be = Backend(engine=object(), loop=loop, limits=LIMITS)
+
+    async def main() -> None:
+        task = asyncio.ensure_future(be.generate([GenRequest("r2", [1], 2, 4)]))
+        while "r2" not in loop.futures:
+            await asyncio.sleep(0)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    be.close()
+    assert loop.cancelled == ["r2"] and not be.inflight
+    assert not loop.futures["r2"].cancelled()  # left to the engine
+
+
+def test_single_request_engine_error_is_500() -> None:
+    loop = _ThreadLoop()
+    be = Backend(engine=object(), loop=loop, limits=LIMITS)
+
+    async def main() -> None:
+        task = asyncio.ensure_future(be.generate([GenRequest("r3", [1], 2, 4)]))
+        while "r3" not in loop.futures:
+            await asyncio.sleep(0)
+        loop.futures["r3"].set_result(GenResult("r3", [], 1, error="boom"))
+        with pytest.raises(APIError) as info:
+            await task
+        assert info.value.status == 500
+
+    asyncio.run(main())
+    be.close()
+    assert not be.inflight
+
+
+@pytest.mark.parametrize(
+    ("ids", "bad"), [([1, 100], 100), ([5, -1, 200], -1), ([99, 0, 150, -3], 150)]
+)
+def test_check_prompt_names_the_first_bad_token(ids: list[int], bad: int) -> None:
+    with pytest.raises(APIError) as info:
+        check_prompt(ids, LIMITS, "messages")
+    assert f"token id {bad} is outside the vocabulary" in str(info.value.body())
+    check_prompt([0, 99], LIMITS, "messages")
+    check_prompt([], LIMITS, "messages")
