@@ -113,6 +113,9 @@ class ModelRunner:
         )
         if on_gpu and config.enable_fused_qk_rope_kv:
             self.ctx.fused_qk_rope_kv = self._fused_qk_rope_kv
+        self._prefill_reads_qkv = (
+            self.attention_backend == "flashinfer" and kv_dtype == torch.float8_e4m3fn
+        )
         self.lm_head = RestrictedLMHead(self.model.lm_head(), layout, config.logprob_scope)
         self.step = None  # the static decode step (--enable-step-graph)
         if config.enable_step_graph:
@@ -161,6 +164,9 @@ class ModelRunner:
         qn = attn.q_norm.weight if attn.q_norm is not None else None
         kn = attn.k_norm.weight if attn.k_norm is not None else None
         eps = attn.q_norm.eps if attn.q_norm is not None else 0.0
+        # FP8 KV + FlashInfer prefill: k/v come back rounded as stored, so the prefill reads
+        # them from the QKV row instead of gathering and converting the pool
+        round_kv = meta.mode == "prefill" and self._prefill_reads_qkv
         q, k, v = qk_norm_rope_store(
             qkv,
             attn.hq,
@@ -174,7 +180,10 @@ class ModelRunner:
             kc,
             vc,
             meta.out_loc,
+            round_kv=round_kv,
         )
+        if round_kv:
+            meta.kv_rounded = True
         return q, k, v, True
 
     def decode_meta(self, groups_in) -> DecodeMeta:

@@ -101,6 +101,7 @@ def qk_norm_rope_store_ref(
     k_scale: float = 1.0,
     v_scale: float = 1.0,
     skip_store: bool = False,
+    round_kv: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Reference (and CPU path) of :func:`qk_norm_rope_store`; vectorised over tokens/heads."""
     q, k, v = _split_qkv(qkv, num_q_heads, num_kv_heads, head_dim)
@@ -114,6 +115,9 @@ def qk_norm_rope_store_ref(
         loc = out_loc.long()
         _store(k_cache, loc, k, k_scale)
         _store(v_cache, loc, v, v_scale)
+        if round_kv and k_cache.dtype == torch.float8_e4m3fn:
+            k.copy_(k_cache[loc].float() * k_scale)
+            v.copy_(v_cache[loc].float() * v_scale)
     return q, k, v
 
 
@@ -133,6 +137,7 @@ def qk_norm_rope_store_triton(
     k_scale: float = 1.0,
     v_scale: float = 1.0,
     skip_store: bool = False,
+    round_kv: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One Triton kernel for :func:`qk_norm_rope_store_ref`.
 
@@ -174,14 +179,15 @@ def qk_norm_rope_store_triton(
         kc, kc.stride(0) if store else 0, kc.stride(1) if store else 0,
         vc, vc.stride(0) if store else 0, vc.stride(1) if store else 0,
         out_loc.contiguous() if store else positions,
-        1.0 / k_scale, 1.0 / v_scale,
+        1.0 / k_scale, 1.0 / v_scale, k_scale, v_scale,
         num_q_heads, num_kv_heads, q_blocks,
         HEAD_DIM=head_dim, HALF=half, HALF_P2=next_pow2(half), BLOCK_H=block_h,
         HAS_Q_NORM=q_norm_weight is not None, HAS_K_NORM=k_norm_weight is not None,
         # NOTE: on the GPU the compiler folds x.to(bf16).to(fp32) round trips and contracts the
         # products into FMAs (one rounding instead of HF's three; measured on the H200: ~18% of
         # bf16 outputs 1 ulp off). The integer-rounding path keeps every rounding HF does.
-        STORE=store, EMULATE=True, num_warps=4,
+        STORE=store, ROUND_BACK=store and round_kv and kc.dtype == torch.float8_e4m3fn,
+        EMULATE=True, num_warps=4,
     )  # fmt: skip
     return q, k, v
 
@@ -202,6 +208,7 @@ def qk_norm_rope_store(
     k_scale: float = 1.0,
     v_scale: float = 1.0,
     skip_store: bool = False,
+    round_kv: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """q/k RMSNorm + NeoX RoPE in place on ``qkv``, then k/v into the cache at ``out_loc``.
 
@@ -214,6 +221,10 @@ def qk_norm_rope_store(
         out_loc: [T] cache rows to write (all valid, in [0, S)), or None for no write.
         k_scale, v_scale: e4m3 cache scales (stored value ~= k / k_scale); unused otherwise.
         skip_store: skip the cache write even when caches and ``out_loc`` are given.
+        round_kv: with an e4m3 cache, also write the stored k/v back into ``qkv``, dequantized
+            (``code * scale``): attention that reads k/v from ``qkv`` then sees exactly what a
+            later reader of the cache sees (a cold prefill equals a warm radix hit) without
+            gathering and converting the cache.
 
     Returns:
         Views ``q`` [T, Hq, D], ``k`` [T, Hkv, D], ``v`` [T, Hkv, D] into ``qkv``.
@@ -225,5 +236,5 @@ def qk_norm_rope_store(
     return fn(
         qkv, num_q_heads, num_kv_heads, head_dim, positions, cos_sin,
         q_norm_weight, k_norm_weight, eps, k_cache, v_cache, out_loc,
-        k_scale, v_scale, skip_store,
+        k_scale, v_scale, skip_store, round_kv,
     )  # fmt: skip

@@ -31,6 +31,9 @@ class PrefillMeta:
     input_ids: torch.Tensor | None = None  # [T] the new tokens (same host->device copy)
 
     mode: str = field(default="prefill", init=False)
+    # set by the fused q/k norm + RoPE + KV-write kernel when it wrote the FP8-stored k/v back
+    # into the QKV row (dequantized): k/v then equal what the pool holds
+    kv_rounded: bool = field(default=False, init=False)
 
 
 @dataclass
@@ -93,6 +96,10 @@ class AttentionBackend:
         return self.decode(q, layer_id, meta)
 
     needs_packed = False  # whether decode reads ``DecodeMeta.packed``
+
+    def takes_strided_q(self, meta) -> bool:
+        """Whether this forward takes q as the row-strided view into the QKV output (no copy)."""
+        return False
 
     def prefill(self, q, k, v, layer_id, meta: PrefillMeta):
         """Causal attention of each prompt's new tokens over its cached prefix + itself, no

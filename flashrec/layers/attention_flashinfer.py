@@ -17,7 +17,9 @@ those sequences are gathered from the pool (the prefix is already there, the new
 just stored), and FlashInfer's causal mask is aligned to the bottom right, so query i of a
 sequence with P cached tokens sees keys 0..P+i. With an FP8 KV cache every sequence reads the
 stored (quantized) K/V, dequantized to the activation dtype: a warm radix hit and a cold
-prefill attend to the same values.
+prefill attend to the same values. A cold prefill gets them without touching the pool: the
+fused q/k norm + RoPE + KV-write kernel writes the stored values back into the QKV row
+(``PrefillMeta.kv_rounded``), and q, k, v go in as row-strided views of that row.
 """
 
 from __future__ import annotations
@@ -96,12 +98,15 @@ class FlashInferAttention(TritonAttention):
         self._gather = torch.cat(meta.seq_slots) if any(meta.prefix_lens) else None
         self._planned = meta
 
+    def takes_strided_q(self, meta) -> bool:
+        return meta.mode == "prefill"  # the ragged kernel takes per-token / per-head strides
+
     def prefill(self, q, k, v, layer_id, meta: PrefillMeta):
         self._plan(meta, q.dtype)
         kp, vp = self.kv.k[layer_id], self.kv.v[layer_id]
         if self._gather is not None:
             k, v = kp[self._gather], vp[self._gather]
-        elif self.kv.dtype != q.dtype:
+        elif self.kv.dtype != q.dtype and not meta.kv_rounded:
             k, v = kp[meta.out_loc], vp[meta.out_loc]
         if k.dtype != q.dtype:
             k, v = k.to(q.dtype), v.to(q.dtype)

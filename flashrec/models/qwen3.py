@@ -48,7 +48,8 @@ class Attention(nn.Module):
                 q, k = self.q_norm(q), self.k_norm(k)
             q = apply_rope(q, positions, ctx.cos_sin)
             k = apply_rope(k, positions, ctx.cos_sin)
-        out = ctx.attn.forward(q.contiguous(), k, v, self.layer_id, meta, skip_store=stored)
+        q = q if ctx.attn.takes_strided_q(meta) else q.contiguous()
+        out = ctx.attn.forward(q, k, v, self.layer_id, meta, skip_store=stored)
         return self.o_proj(out)
 
 

@@ -248,6 +248,28 @@ def test_flashinfer_backend_equals_torch_backend(synth_model, preset):
     assert eng.scheduler.stats.prefix_hit_tokens_total > 0
 
 
+def test_flashinfer_fp8_kv_cold_prefill_equals_warm_hit(synth_model):
+    """FP8 KV + FlashInfer: a cold prefill reads k/v from the QKV row (written back rounded by
+    the fused kernel, PrefillMeta.kv_rounded); a warm radix hit gathers them from the pool.
+    Both must see the same values: the same beams, and the fp8 kernel path actually taken."""
+    _flashinfer_or_skip()
+    path = synth_model("tiny", catalog_size=2000, **_HD128)
+    cfg = EngineConfig(
+        model_path=str(path), sid_vocab_file=str(path / "catalog.json"),
+        device="cuda", beam_width=16, cuda_graph_max_bs=128, batch_slots=256,
+        dtype="bfloat16", quantization="fp8", kv_cache_dtype="fp8_e4m3",
+        attention_backend="flashinfer",
+    )  # fmt: skip
+    eng = Engine(cfg)
+    assert eng.runner._prefill_reads_qkv
+    runs = []
+    for _ in range(2):  # cold, then every prompt hits the radix cache
+        reqs = [eng.new_request(eng.build_prompt(messages=p), n=16) for p in PROMPTS]
+        runs.append(eng.generate(reqs))
+    assert eng.scheduler.stats.prefix_hit_tokens_total > 0
+    _similar(runs[0], runs[1], tol=2e-2, overlap=0.9)
+
+
 def _similar(a, b, tol=0.1, overlap=0.75):
     """bf16 on both sides, different kernels. Beam search prunes at every level, so a near-tie
     at an intermediate level can swap a whole subtree of final beams (seen on the H200: a swapped

@@ -230,3 +230,36 @@ def test_triton_replays_in_cuda_graph(assert_act_close) -> None:
     run(qk_norm_rope_store_ref, ref, caches[2], caches[3])
     assert_act_close(qkv, ref)
     assert_act_close(caches[0], caches[2])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_round_kv_writes_the_stored_values_back(triton_backend, dtype) -> None:
+    """round_kv with an e4m3 cache: k and v in the QKV row become the stored codes x scale
+    (what a reader of the cache sees); q and the row padding stay as without it."""
+    dev = triton_backend.device
+    t, hq, hkv, d = 3, 4, 2, 64
+    buf, width, positions, qw, kw = _inputs(t, hq, hkv, d, dtype, pad=8, seed=7)
+    buf, positions, qw, kw = buf.to(dev), positions.to(dev), qw.to(dev), kw.to(dev)
+    table = build_cos_sin(MAX_POS, d, THETA, device=dev)
+    slots = 2 * t + 3
+    out_loc = torch.randperm(slots)[:t].to(dev)
+    k_scale, v_scale = 0.02, 0.5
+    for fn in (qk_norm_rope_store_triton, qk_norm_rope_store_ref):
+        plain, rounded = buf.clone(), buf.clone()
+        caches = []
+        for b, round_kv in ((plain, False), (rounded, True)):
+            kc = torch.zeros(slots, hkv, d, device=dev).to(FP8)
+            vc = torch.zeros(slots, hkv, d, device=dev).to(FP8)
+            q, k, v = fn(
+                b[:, :width], hq, hkv, d, positions, table, qw, kw, EPS, kc, vc, out_loc,
+                k_scale, v_scale, round_kv=round_kv,
+            )  # fmt: skip
+            caches.append((kc, vc))
+        (kc0, vc0), (kc1, vc1) = caches
+        assert torch.equal(kc0.float(), kc1.float()) and torch.equal(vc0.float(), vc1.float())
+        assert torch.equal(rounded[:, : hq * d], plain[:, : hq * d])  # q untouched
+        assert torch.equal(rounded[:, width:], plain[:, width:])  # padding untouched
+        k_want = (kc1[out_loc.long()].float() * k_scale).to(dtype)
+        v_want = (vc1[out_loc.long()].float() * v_scale).to(dtype)
+        assert torch.equal(k, k_want) and torch.equal(v, v_want)
+        assert not torch.equal(rounded[:, hq * d : width], plain[:, hq * d : width])

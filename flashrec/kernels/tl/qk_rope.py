@@ -53,14 +53,15 @@ def _cache_value(x, inv_scale, CDT: tl.constexpr, EMULATE: tl.constexpr):
 def qk_norm_rope_store_kernel(
     qkv_ptr, stride_t, pos_ptr, cs_ptr, stride_cs, qw_ptr, kw_ptr, eps,
     kc_ptr, stride_kc_s, stride_kc_h, vc_ptr, stride_vc_s, stride_vc_h, loc_ptr,
-    k_inv_scale, v_inv_scale,
+    k_inv_scale, v_inv_scale, k_scale, v_scale,
     HQ, HKV, Q_BLOCKS,
     HEAD_DIM: tl.constexpr, HALF: tl.constexpr, HALF_P2: tl.constexpr, BLOCK_H: tl.constexpr,
     HAS_Q_NORM: tl.constexpr, HAS_K_NORM: tl.constexpr, STORE: tl.constexpr,
-    EMULATE: tl.constexpr,
+    ROUND_BACK: tl.constexpr, EMULATE: tl.constexpr,
 ):  # fmt: skip
     """Grid (T, Q_BLOCKS + cdiv(HKV, BLOCK_H)): head blocks [0, Q_BLOCKS) are q heads, the
-    rest k heads (whose programs also copy the same v heads into the cache when STORE)."""
+    rest k heads (whose programs also copy the same v heads into the cache when STORE).
+    ROUND_BACK (e4m3 caches): the stored k/v also go back into the QKV row, dequantized."""
     DT: tl.constexpr = qkv_ptr.dtype.element_ty
     KC: tl.constexpr = kc_ptr.dtype.element_ty
     VC: tl.constexpr = vc_ptr.dtype.element_ty
@@ -91,11 +92,25 @@ def qk_norm_rope_store_kernel(
             mask = hmask[:, None] & dmask[None, :]
             loc = tl.load(loc_ptr + tok).to(tl.int64)
             kp = kc_ptr + loc * stride_kc_s + h[:, None] * stride_kc_h + d[None, :]
-            tl.store(kp, _cache_value(k1, k_inv_scale, KC, EMULATE), mask=mask)
-            tl.store(kp + HALF, _cache_value(k2, k_inv_scale, KC, EMULATE), mask=mask)
+            ck1 = _cache_value(k1, k_inv_scale, KC, EMULATE)
+            ck2 = _cache_value(k2, k_inv_scale, KC, EMULATE)
+            tl.store(kp, ck1, mask=mask)
+            tl.store(kp + HALF, ck2, mask=mask)
             vsrc = row_ptr + (HQ + HKV) * HEAD_DIM + h[:, None] * HEAD_DIM + d[None, :]
             v1 = tl.load(vsrc, mask=mask, other=0.0).to(tl.float32)
             v2 = tl.load(vsrc + HALF, mask=mask, other=0.0).to(tl.float32)
             vp = vc_ptr + loc * stride_vc_s + h[:, None] * stride_vc_h + d[None, :]
-            tl.store(vp, _cache_value(v1, v_inv_scale, VC, EMULATE), mask=mask)
-            tl.store(vp + HALF, _cache_value(v2, v_inv_scale, VC, EMULATE), mask=mask)
+            cv1 = _cache_value(v1, v_inv_scale, VC, EMULATE)
+            cv2 = _cache_value(v2, v_inv_scale, VC, EMULATE)
+            tl.store(vp, cv1, mask=mask)
+            tl.store(vp + HALF, cv2, mask=mask)
+            if ROUND_BACK:
+                ksrc = row_ptr + HQ * HEAD_DIM + h[:, None] * HEAD_DIM + d[None, :]
+                tl.store(ksrc, to_act(ck1.to(tl.float32) * k_scale, DT, EMULATE).to(DT), mask=mask)
+                tl.store(
+                    ksrc + HALF, to_act(ck2.to(tl.float32) * k_scale, DT, EMULATE).to(DT), mask=mask
+                )
+                tl.store(vsrc, to_act(cv1.to(tl.float32) * v_scale, DT, EMULATE).to(DT), mask=mask)
+                tl.store(
+                    vsrc + HALF, to_act(cv2.to(tl.float32) * v_scale, DT, EMULATE).to(DT), mask=mask
+                )
