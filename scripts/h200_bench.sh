@@ -7,9 +7,12 @@ OUT=${OUT:-reports/h200/run}; mkdir -p "$OUT"
 M=${1:-/tmp/onerec}
 [ -f "$M/synth_info.json" ] || python -m flashrec synth --preset onerec-1.7b --out "$M" --catalog-size 1500000 > "$OUT/synth.log" 2>&1
 B="python scripts/engine_bench.py --model-path $M --sid-vocab-file $M/catalog.json"
-# CELLS selects cells (default: all four); TRACE=1 adds one traced round per cell
+# CELLS selects cells (default: all four); TRACE=1 adds one traced round per cell;
+# EXTRA adds engine_bench arguments to every cell and SUFFIX to its label and file name, e.g.
+#   EXTRA="--set enable_step_graph=true" SUFFIX=_step CELLS="p1000_n256_c1_bf16" bash ...
 CELLS=${CELLS:-"n50_c32_fp8 n512_c8_fp8 p1000_n256_c1_bf16 p5000_n256_c8_bf16"}
 run() { local name=$1; shift; case " $CELLS " in *" $name "*) ;; *) return;; esac
+  set -- "$@" ${EXTRA:-}; name=$name${SUFFIX:-}
   [ "${TRACE:-0}" = 1 ] && set -- "$@" --trace-dir "$OUT"
   timeout ${T:-150} $B --label "$name" "$@" > "$OUT/$name.json" 2>> "$OUT/bench.log"; echo "== $name rc=$?"; python - "$OUT/$name.json" <<'PY'
 import json, sys
