@@ -286,3 +286,39 @@ def _similar(a, b, tol=0.1, overlap=0.75):
         for t in shared:
             assert abs(sa[t] - sb[t]) <= tol, (t, sa[t], sb[t])
         assert abs(x.beams[0].sequence_score - y.beams[0].sequence_score) <= tol
+
+
+@pytest.mark.parametrize("step_graph", [False, True])
+def test_at_most_one_host_sync_per_step(synth_model, step_graph):
+    """The step path queues work without waiting for the GPU: torch's sync debug mode counts
+    every synchronizing call; a step may sync once (the results' device-to-host copy), and
+    only when a request finishes in it."""
+    import warnings
+
+    path = synth_model("tiny", catalog_size=2000, **_HD128)
+    eng = Engine(
+        EngineConfig(
+            model_path=str(path), sid_vocab_file=str(path / "catalog.json"), device="cuda",
+            beam_width=16, cuda_graph_max_bs=128, batch_slots=256, dtype="bfloat16",
+            quantization="fp8", kv_cache_dtype="fp8_e4m3", enable_step_graph=step_graph,
+        )
+    )  # fmt: skip
+    prompts = [eng.build_prompt(messages=p) for p in PROMPTS]
+    eng.generate([eng.new_request(p, n=16) for p in prompts])  # warm-up: pinned blocks, kernels
+    sched, steps = eng.scheduler, []
+    for i, p in enumerate(prompts * 2):
+        sched.add(eng.new_request(p, n=16))
+        if i % 2:
+            continue
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                done = sched.step()
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        syncs = [w for w in caught if "synchroniz" in str(w.message)]
+        steps.append((len(syncs), len(done)))
+    while sched.has_work():
+        sched.step()
+    assert steps and all(s <= (1 if d else 0) for s, d in steps), steps
