@@ -164,6 +164,10 @@ class EngineConfig:
         "one CUDA graph per decode step: model forward + restricted LM head + trie mask + top-n + beam expansion + KV reorder, for batches whose requests all have n = --beam-width and temperature 0 (others run the model graph and expand eagerly); on CPU the same static step runs eagerly. Off by default until measured on a GPU",
         flag=True,
     )
+    prefill_graph_max_tokens: int = _opt(
+        0,
+        "a prefill of ONE prompt with no cached prefix and at most this many tokens replays a CUDA graph of the whole forward, captured per 128-token bucket (padding tokens write to reserved scratch slots; attention through SDPA); 0 = off. For one-request-at-a-time latency, where eager launches dominate. On CPU the same padded forward runs eagerly",
+    )
     attention_backend: str | None = _opt(
         None,
         "attention backend: torch (reference, CPU), triton (GPU: SDPA prefill + shared-prompt Triton beam decode) or flashinfer (GPU: FlashInfer ragged prefill + the Triton beam decode); default: flashinfer on a GPU where it is installed and supports the model (bf16/fp16, head_dim 64/128/256), else triton; torch on CPU",
@@ -201,6 +205,10 @@ class EngineConfig:
     enable_fused_qk_rope_kv: bool = _opt(True, "fused q/k RMSNorm + RoPE + KV write kernel (GPU)")
 
     def __post_init__(self) -> None:
+        if not 0 <= self.prefill_graph_max_tokens <= 65536:
+            raise ValueError(
+                f"--prefill-graph-max-tokens must be in 0..65536, got {self.prefill_graph_max_tokens}"
+            )
         if not 1 <= self.decode_max_splits <= 8:
             raise ValueError(f"--decode-max-splits must be in 1..8, got {self.decode_max_splits}")
 

@@ -113,9 +113,9 @@ class ModelRunner:
         )
         if on_gpu and config.enable_fused_qk_rope_kv:
             self.ctx.fused_qk_rope_kv = self._fused_qk_rope_kv
-        self._prefill_reads_qkv = (
-            self.attention_backend == "flashinfer" and kv_dtype == torch.float8_e4m3fn
-        )
+        # an FP8 KV cache: prefill attends to the stored values; the fused kernel hands them
+        # back in the QKV row, so no backend gathers them from the pool (cold == warm hit)
+        self._prefill_reads_qkv = kv_dtype == torch.float8_e4m3fn
         self.lm_head = RestrictedLMHead(self.model.lm_head(), layout, config.logprob_scope)
         self.step = None  # the static decode step (--enable-step-graph)
         if config.enable_step_graph:
@@ -127,6 +127,14 @@ class ModelRunner:
 
             self.graphs = DecodeGraphRunner(self, BLOCK_M)
             self.graphs.capture()
+        self.prefill_graphs = None
+        if config.prefill_graph_max_tokens and not (on_gpu and config.disable_cuda_graph):
+            from flashrec.engine.prefill_graph import PrefillGraphRunner
+
+            pool = self.graphs.pool if self.graphs is not None else None
+            self.prefill_graphs = PrefillGraphRunner(self, config.prefill_graph_max_tokens, pool)
+            if on_gpu:
+                self.prefill_graphs.capture()
         log.info(
             "model %s on %s: dtype %s, fp8 %s, KV pool %d tokens (%s), %d beam-row slots",
             model_config.architecture,
@@ -231,6 +239,8 @@ class ModelRunner:
     def prefill(self, input_ids: torch.Tensor, meta: PrefillMeta) -> torch.Tensor:
         """Runs the new tokens of a prefill batch; returns [B, K] level-0 logprobs."""
         with trace_range("flashrec.prefill"):
+            if self.prefill_graphs is not None and self.prefill_graphs.fits(meta):
+                return self.prefill_graphs.run(input_ids, meta)
             h = self.model(input_ids, meta.positions, meta, self.ctx, select=meta.last_index)
             return self.lm_head.level_logprobs(h, 0)
 

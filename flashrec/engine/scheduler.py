@@ -18,6 +18,7 @@ import torch
 
 from flashrec.beam.search import expand, sequence_scores, unconstrained_candidates
 from flashrec.config import env_flag
+from flashrec.engine.prefill_graph import BUCKET
 from flashrec.engine.radix import Node, RadixCache
 from flashrec.engine.request import BeamResult, EngineError, GenRequest, GenResult
 from flashrec.engine.runner import ModelRunner, host_to_device, make_prefill_meta
@@ -185,12 +186,30 @@ class Scheduler:
             budget -= need
             admitted.append(st)
             self.waiting.remove(req)
+        if len(admitted) == 1:
+            self._whole_prompt_if_short_prefix(admitted[0])
         if admitted:  # every admitted request's beam rows in one pinned asynchronous copy
             for st, rows in zip(
                 admitted, host_to_device([s.rows_np for s in admitted], self.device)
             ):
                 st.rows = rows
         return admitted
+
+    def _whole_prompt_if_short_prefix(self, st: ReqState) -> None:
+        """A lone prompt whose cached prefix is shorter than one prefill-graph bucket (typically
+        just the chat template's first tokens) is prefilled whole: the CUDA-graph prefill takes
+        prompts without a cached prefix, and recomputing < 128 tokens costs far less than the
+        eager launches it saves. Its KV goes to its own slots; publishing the prompt into the
+        radix tree afterwards frees the slots that duplicate cached ones."""
+        pg = self.runner.prefill_graphs
+        if pg is None or not 0 < st.cached_tokens < BUCKET or st.req.prompt_len > pg.sizes[-1]:
+            return
+        if st.cached_tokens > self.kv.tokens.num_free:
+            return
+        st.private_slots = self.kv.tokens.alloc(st.cached_tokens) + st.private_slots
+        st.prompt_slots = list(st.private_slots)
+        self.radix.unlock(st.node)
+        st.node, st.cached_tokens = None, 0
 
     # ---- prefill ------------------------------------------------------------------------
     def _prefill(self, batch: list[ReqState]) -> list[tuple[GenRequest, GenResult | Exception]]:

@@ -107,9 +107,10 @@ class AttentionBackend:
         SDPA call; others one call each. Inputs are made contiguous [B, H, L, D] (SDPA's fast
         cuDNN / flash kernels want that layout) and kv heads are repeated for GQA."""
         kp, vp = self.kv.k[layer_id], self.kv.v[layer_id]
-        if self.kv.dtype != q.dtype:
+        if self.kv.dtype != q.dtype and not meta.kv_rounded:
             # quantized KV (fp8): attend to the stored values, exactly what a later request
-            # that hits this prompt in the radix cache will read (cold == warm)
+            # that hits this prompt in the radix cache will read (cold == warm); the fused
+            # GPU kernel hands them back in the QKV row instead (``kv_rounded``)
             k, v = kp[meta.out_loc].to(q.dtype), vp[meta.out_loc].to(q.dtype)
         out = torch.empty(q.shape[0], self.hq * self.d, dtype=q.dtype, device=q.device)
         offs, off = [], 0

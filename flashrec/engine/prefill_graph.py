@@ -1,0 +1,115 @@
+"""CUDA-graph prefill of one prompt (``--prefill-graph-max-tokens``).
+
+One request at a time with a ~1,000-token prompt is host-bound: the eager prefill launches
+~10 kernels per layer (GEMMs, Triton kernels whose Python launch path is the slowest part,
+attention), and the GPU waits for them. Here the whole forward of ONE prompt with no cached
+prefix is captured per 128-token bucket and replayed:
+
+- the prompt is padded to its bucket; padding tokens sit after the real ones (causal
+  attention: no real token sees them) and write their K/V to scratch pool slots reserved at
+  start-up, so they never touch a request's KV;
+- attention runs through the SDPA prefill of the base backend (one causal call over the
+  bucket), not FlashInfer's planned wrapper, so nothing is planned per replay;
+- the level-0 logprobs of the real last token come out of the graph; everything that varies
+  per prompt (ids, positions, KV slots, the last-token index) is copied into static buffers.
+
+On CPU the same padded forward runs eagerly (the tests compare it with the unpadded one).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+import torch
+
+from flashrec.layers.attention import PrefillMeta, create_backend
+from flashrec.profiler import trace_range
+
+log = logging.getLogger("flashrec")
+
+BUCKET = 128
+
+
+class PrefillGraphRunner:
+    def __init__(self, runner, max_tokens: int, pool=None) -> None:
+        self.runner = runner
+        dev = runner.device
+        top = max_tokens
+        self.sizes = sorted({min(top, k * BUCKET) for k in range(1, -(-top // BUCKET) + 1)})
+        t = self.sizes[-1]
+        # scratch pool slots for padding tokens, held for the engine's lifetime
+        self.pad_slots = torch.tensor(runner.kv.tokens.alloc(t), dtype=torch.long, device=dev)
+        self.ids = torch.zeros(t, dtype=torch.long, device=dev)
+        self.pos = torch.arange(t, dtype=torch.long, device=dev)
+        self.loc = self.pad_slots.clone()
+        self.last = torch.zeros(1, dtype=torch.long, device=dev)
+        self.arange = torch.arange(t, dtype=torch.long, device=dev)
+        mc = runner.model_config
+        sdpa = "triton" if dev.type == "cuda" else "torch"  # both prefill through SDPA
+        attn = create_backend(
+            sdpa, runner.kv, mc.num_attention_heads, mc.num_key_value_heads, mc.head_dim
+        )
+        self.ctx = dataclasses.replace(runner.ctx, attn=attn)
+        self.metas = {s: self._meta(s) for s in self.sizes}
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[int, torch.Tensor] = {}
+        self.pool = pool
+
+    def _meta(self, t: int) -> PrefillMeta:
+        meta = PrefillMeta(self.pos[:t], self.loc[:t], [self.loc[:t]], [t], [0], self.last)
+        meta.input_ids = self.ids[:t]
+        return meta
+
+    def fits(self, meta: PrefillMeta) -> bool:
+        return (
+            len(meta.new_lens) == 1
+            and meta.prefix_lens[0] == 0
+            and meta.new_lens[0] <= self.sizes[-1]
+        )
+
+    def _body(self, t: int) -> torch.Tensor:
+        run = self.runner
+        h = run.model(self.ids[:t], self.pos[:t], self.metas[t], self.ctx, select=self.last)
+        return run.lm_head.level_logprobs(h, 0)
+
+    def capture(self) -> None:
+        from flashrec.engine.graph import FIX_KNOBS
+
+        try:
+            for t in reversed(self.sizes):
+                with torch.inference_mode():
+                    self._body(t)  # warm-up
+                    torch.cuda.synchronize()
+                    g = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(g, pool=self.pool):
+                        self.outputs[t] = self._body(t)
+                if self.pool is None:
+                    self.pool = g.pool()
+                self.graphs[t] = g
+            torch.cuda.synchronize()
+        except Exception as exc:
+            raise RuntimeError(
+                f"CUDA graph capture of the prefill failed at {t} tokens: {exc}. Fix with "
+                f"--prefill-graph-max-tokens 0 (eager prefill) or {FIX_KNOBS}."
+            ) from exc
+        log.info("captured %d prefill CUDA graphs for %s tokens", len(self.graphs), self.sizes)
+
+    @torch.inference_mode()
+    def run(self, input_ids: torch.Tensor, meta: PrefillMeta) -> torch.Tensor:
+        """[1, K] level-0 logprobs of the prompt's last token (a copy)."""
+        n = meta.new_lens[0]
+        t = next(s for s in self.sizes if s >= n)
+        with trace_range("flashrec.graph_inputs"):
+            self.ids[:n].copy_(input_ids)
+            self.pos[:n].copy_(meta.positions)
+            self.loc[:n].copy_(meta.out_loc)
+            if t > n:
+                self.ids[n:t].zero_()
+                self.pos[n:t].copy_(self.arange[n:t])
+                self.loc[n:t].copy_(self.pad_slots[n:t])
+            self.last.fill_(n - 1)
+        if t in self.graphs:
+            self.graphs[t].replay()
+            return self.outputs[t].clone()
+        return self._body(t)  # CPU: the same padded forward, eagerly
