@@ -7,7 +7,8 @@
 # over several calls of a lent machine that limits one command's time (10 min on the H200):
 #   STAGES=tests ...; then STAGES=cells ...; then STAGES=matrix ... matrices/h200_targets.yaml
 # MODEL (default .cache/onerec) and the FlashInfer JIT cache stay between calls of a warm machine.
-# STAGES=ab runs the A/B pairs of the changes not yet measured (see docs/baselines.md).
+# STAGES=ab runs the A/B pairs of the changes not yet measured (see docs/baselines.md):
+# step graph off/on at p=1000 and n=50, then step graph + prefill graph at p=1000.
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-reports/gpu/$(date +%Y%m%d-%H%M%S)}; mkdir -p "$OUT"
@@ -37,7 +38,9 @@ case $STAGES in *" ab "*)  # whole-step decode graph off / on, same machine, sam
   for cells in "p1000_n256_c1_bf16" "n50_c32_fp8"; do
     OUT=$OUT CELLS=$cells bash scripts/h200_bench.sh "$MODEL"
     OUT=$OUT CELLS=$cells EXTRA="--set enable_step_graph=true" SUFFIX=_step bash scripts/h200_bench.sh "$MODEL"
-  done;; esac
+  done
+  OUT=$OUT CELLS=p1000_n256_c1_bf16 SUFFIX=_step_prefill \
+    EXTRA="--set enable_step_graph=true --set prefill_graph_max_tokens=2048" bash scripts/h200_bench.sh "$MODEL";; esac
 if [ $# -ge 1 ] && case $STAGES in *" matrix "*) true;; *) false;; esac; then
   bench="python -m harness"; command -v flashrec-bench >/dev/null && bench=flashrec-bench
   MODEL_PATH=$MODEL SID_VOCAB_FILE=$MODEL/catalog.json $bench "$1" --out "$OUT/matrix" 2>&1 | tail -5
