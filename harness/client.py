@@ -63,6 +63,9 @@ class Record:
     error: str = ""
     excluded: str = ""
     quality: dict[str, float] = field(default_factory=dict)
+    # the server's own phases in ms, from its ``Server-Timing`` header (FlashRec: tokenize,
+    # queue, engine); empty when the server sends none
+    server_ms: dict[str, float] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -76,6 +79,7 @@ class Record:
         """A flat dict (quality metrics as their own columns) for CSV / parquet."""
         d = asdict(self)
         d.update(d.pop("quality"))
+        d.update({f"server_{k}_ms": v for k, v in d.pop("server_ms").items()})
         d["latency_s"] = self.latency
         return d
 
@@ -139,6 +143,22 @@ PROTOCOLS = {
 }
 
 
+def parse_server_timing(header: str) -> dict[str, float]:
+    """``Server-Timing`` (W3C) -> ``{name: dur}``: ``"queue;dur=1.5, engine;dur=28"`` ->
+    ``{"queue": 1.5, "engine": 28.0}``; metrics without a numeric ``dur`` are left out."""
+    out: dict[str, float] = {}
+    for metric in header.split(","):
+        name, *params = (p.strip() for p in metric.split(";"))
+        for p in params:
+            key, _, value = p.partition("=")
+            if name and key.strip().lower() == "dur":
+                try:
+                    out[name] = float(value.strip().strip('"'))
+                except ValueError:
+                    pass
+    return out
+
+
 async def send(
     session: aiohttp.ClientSession,
     base_url: str,
@@ -157,6 +177,7 @@ async def send(
         async with session.post(base_url + path, json=make_body(req), timeout=timeout) as resp:
             record.t_first_byte = now()
             record.http_status = resp.status
+            record.server_ms = parse_server_timing(resp.headers.get("Server-Timing", ""))
             raw = await resp.read()
         record.t_end = now()
         if resp.status != 200:

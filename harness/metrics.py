@@ -37,7 +37,13 @@ DIRECTIONS: dict[str, int] = {
     "mfu": 1,
     "speedup_vs_hf": 1,
     "hf_latency_ratio": 1,
+    # the server's Server-Timing header (FlashRec), means over a round's ok requests
+    "server_tokenize_ms_mean": -1,
+    "server_queue_ms_mean": -1,
+    "server_engine_ms_mean": -1,
+    "outside_server_ms_mean": -1,  # client latency - the three above: HTTP, JSON, event loops
 }
+SERVER_PHASES = ("tokenize", "queue", "engine")
 QUALITY_PREFIXES = ("hit@", "recall@", "ndcg@", "mrr@")
 KEY_METRICS = (
     "qps",
@@ -97,6 +103,15 @@ def round_metrics(records: list[Record], extra: Extra | None = None) -> dict[str
             out["cached_frac"] = _ratio(
                 sum(r.cached_tokens for r in cached), sum(r.prompt_tokens for r in cached)
             )
+    timed = [r for r in ok if all(p in r.server_ms for p in SERVER_PHASES)]
+    if timed:
+        for p in SERVER_PHASES:
+            out[f"server_{p}_ms_mean"] = float(np.mean([r.server_ms[p] for r in timed]))
+        out["outside_server_ms_mean"] = float(
+            np.mean(
+                [r.latency * 1000.0 - sum(r.server_ms[p] for p in SERVER_PHASES) for r in timed]
+            )
+        )
     sums: dict[str, list[float]] = defaultdict(list)
     for r in ok:
         for k, v in r.quality.items():

@@ -178,6 +178,32 @@ def mfu_table(report: dict) -> Table | None:
     return head, rows
 
 
+def server_timing_table(report: dict) -> Table | None:
+    """Where a request's latency goes, from the server's Server-Timing header."""
+    rows = []
+    for c in report["cells"]:
+        m = c.get("metrics") or {}
+        if "server_engine_ms_mean" not in m:
+            continue
+        rows.append(
+            [c["id"]]
+            + [
+                _med_ci(m.get(k), ".1f")
+                for k in (
+                    "latency_mean_ms",
+                    "server_tokenize_ms_mean",
+                    "server_queue_ms_mean",
+                    "server_engine_ms_mean",
+                    "outside_server_ms_mean",
+                )
+            ]
+        )
+    if not rows:
+        return None
+    head = ["cell", "client latency ms", "tokenize", "queue", "engine", "outside the server"]
+    return head, rows
+
+
 def targets_table(report: dict) -> Table | None:
     """Every target x matching cell: met, or missed by how much."""
     t = report.get("targets") or {}
@@ -288,6 +314,12 @@ MFU_NOTE = (
     "decode rows = n x (min(max_tokens, SID levels) - 1); attention score FLOPs not counted. "
     "Achieved TFLOP/s = FLOPs per request x QPS (per round); MFU = achieved / ceiling."
 )
+SERVER_TIMING_NOTE = (
+    "Means per round (median [95% CI] over rounds) of the phases the server reports in its "
+    "Server-Timing header: tokenize (prompt built from the messages), queue (submitted -> "
+    "admitted for prefill), engine (admitted -> retired with its beams). Outside the server = "
+    "client latency - their sum: HTTP, JSON encoding and parsing, event-loop hand-offs."
+)
 TARGETS_NOTE = (
     "Targets are goals: a missed one is reported with the shortfall, the ratio actual / target "
     "and the factor still needed; it changes the exit code only with fail_run: true."
@@ -303,6 +335,9 @@ def _extra_tables(report: dict) -> list[tuple[str, Table, str]]:
     m = mfu_table(report)
     if m:
         out.append(("Model-FLOP utilisation", m, MFU_NOTE))
+    st = server_timing_table(report)
+    if st:
+        out.append(("Where the latency goes (Server-Timing)", st, SERVER_TIMING_NOTE))
     t = targets_table(report)
     if t:
         status = (report.get("targets") or {}).get("status")

@@ -56,6 +56,9 @@ class GenResult:
     prompt_tokens: int
     cached_tokens: int = 0
     error: str | None = None
+    # seconds (queued: arrival -> admitted for prefill; engine: admitted -> retired)
+    queue_s: float | None = None
+    engine_s: float | None = None
 
     @property
     def completion_tokens(self) -> int:

@@ -50,6 +50,7 @@ class ReqState:
     prompt_slots_np: np.ndarray | None = None
     rows_np: np.ndarray | None = None
     step_inputs: tuple[str, str] | None = None  # debug step hash: (inputs, raw kv) of this step
+    admitted_at: float = 0.0  # time.monotonic() at admission
 
     @property
     def generated(self) -> int:
@@ -176,6 +177,7 @@ class Scheduler:
                     self.radix.unlock(node)
                 break
             st = ReqState(req, target_len=min(self.depth + 1, req.max_tokens))
+            st.admitted_at = time.monotonic()
             st.node = node
             st.cached_tokens = len(slots)
             st.private_slots = self.kv.tokens.alloc(need)
@@ -428,6 +430,7 @@ class Scheduler:
             cols += [x.gather(1, order)[:, :, None].double() for x in (cum, scores, alive)]
             blocks.append(torch.cat(cols, dim=2).reshape(-1))  # int64 ids < 2^53: exact
         host = torch.cat(blocks).cpu().numpy()
+        done_at = time.monotonic()
         out: list[GenResult] = [None] * len(states)  # type: ignore[list-item]
         off = 0
         for i in ordered:
@@ -441,7 +444,14 @@ class Scheduler:
             for t, c, s in zip(toks, blk[:, g].tolist(), blk[:, g + 1].tolist()):
                 reason = "stop" if t and t[-1] == self.layout.sid_end else "length"
                 beams.append(BeamResult(t, c, s, reason, self._text))  # text built on read
-            out[i] = GenResult(st.req.rid, beams, st.req.prompt_len, st.cached_tokens)
+            out[i] = GenResult(
+                st.req.rid,
+                beams,
+                st.req.prompt_len,
+                st.cached_tokens,
+                queue_s=st.admitted_at - st.req.arrival,
+                engine_s=done_at - st.admitted_at,
+            )
         return out
 
     def _text(self, tokens: list[int]) -> str:

@@ -150,9 +150,11 @@ async def _chat(request: web.Request) -> web.StreamResponse:
     st.backend.check_admitting()
     body = await read_json(request)
     req = protocol.parse_chat(body, st.limits)
+    t_tok = time.perf_counter()
     ids = await st.backend.build_prompt(
         "messages", messages=req.messages, chat_template_kwargs=req.chat_template_kwargs
     )
+    t_tok = time.perf_counter() - t_tok
     p = req.params
     gen = GenRequest(
         rid=f"chatcmpl-{uuid.uuid4().hex}",
@@ -166,9 +168,10 @@ async def _chat(request: web.Request) -> web.StreamResponse:
     st.metrics.completion_tokens += result.completion_tokens
     st.metrics.cached_tokens += result.cached_tokens
     model = req.model or st.model_name
+    timing = {"Server-Timing": server_timing(t_tok, [result])}
     if not req.stream:
-        return web.json_response(text=responses.chat_completion_json(result, model))
-    return await _send_sse(request, responses.chat_stream(result, model))
+        return web.json_response(text=responses.chat_completion_json(result, model), headers=timing)
+    return await _send_sse(request, responses.chat_stream(result, model), timing)
 
 
 async def _generate(request: web.Request) -> web.StreamResponse:
@@ -177,6 +180,7 @@ async def _generate(request: web.Request) -> web.StreamResponse:
     t0 = time.perf_counter()
     body = await read_json(request)
     req = protocol.parse_generate(body, st.limits)
+    t_tok = time.perf_counter()
     gens = []
     for i, prompt in enumerate(req.prompts):
         param = "input_ids" if prompt.input_ids is not None else "text"
@@ -197,22 +201,40 @@ async def _generate(request: web.Request) -> web.StreamResponse:
                 seed=p.seed,
             )
         )
+    t_tok = time.perf_counter() - t_tok  # prompt building (the requests are created at once)
     results = await st.backend.generate(gens)
     latency = time.perf_counter() - t0
     for r in results:
         st.metrics.completion_tokens += r.completion_tokens
         st.metrics.cached_tokens += r.cached_tokens
+    timing = {"Server-Timing": server_timing(t_tok, results)}
     if not req.stream:
         texts = [responses.generate_result_json(r, latency) for r in results]
-        return web.json_response(text=f"[{', '.join(texts)}]" if req.batched else texts[0])
+        text = f"[{', '.join(texts)}]" if req.batched else texts[0]
+        return web.json_response(text=text, headers=timing)
     outs = [responses.generate_result(r, latency) for r in results]
     out: Any = outs if req.batched else outs[0]
-    return await _send_sse(request, iter([responses.sse(out), b"data: [DONE]\n\n"]))
+    return await _send_sse(request, iter([responses.sse(out), b"data: [DONE]\n\n"]), timing)
 
 
-async def _send_sse(request: web.Request, events: Any) -> web.StreamResponse:
+def server_timing(tokenize_s: float, results: list) -> str:
+    """The ``Server-Timing`` header (W3C) of a generation response, in ms: ``tokenize`` (the
+    prompt built from messages / text), ``queue`` (submitted -> admitted for prefill) and
+    ``engine`` (admitted -> retired with its beams); for a batch, the slowest request's. What
+    the client measures beyond their sum is HTTP, JSON and event-loop time."""
+    queue = max((r.queue_s or 0.0) for r in results) if results else 0.0
+    engine = max((r.engine_s or 0.0) for r in results) if results else 0.0
+    parts = (("tokenize", tokenize_s), ("queue", queue), ("engine", engine))
+    return ", ".join(f"{name};dur={sec * 1000.0:.3f}" for name, sec in parts)
+
+
+async def _send_sse(request: web.Request, events: Any, headers: dict | None = None):
     resp = web.StreamResponse(
-        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        headers={
+            "Content-Type": "text/event-stream",
+            "Cache-Control": "no-cache",
+            **(headers or {}),
+        }
     )
     await resp.prepare(request)
     try:

@@ -194,3 +194,23 @@ def test_real_limits(real: ServerThread) -> None:
     assert oov.status_code == 400 and oov.json()["error"]["param"] == "input_ids"
     long = real.post("/generate", {"input_ids": [5] * 4097})
     assert long.status_code == 400
+
+
+def test_server_timing_header_splits_the_request(real: ServerThread) -> None:
+    """Generation responses carry ``Server-Timing`` (tokenize, queue, engine in ms, as the
+    harness reads them): all present, non-negative, the engine's share positive, and their sum
+    within the latency the client saw."""
+    from harness.client import parse_server_timing
+
+    for path, body in (
+        ("/v1/chat/completions", {"messages": user("timing"), "n": 4, "max_tokens": 4}),
+        ("/generate", {"text": "timing", "sampling_params": {"n": 4}}),
+    ):
+        t0 = time.perf_counter()
+        r = real.post(path, body)
+        wall_ms = (time.perf_counter() - t0) * 1000.0
+        assert r.status_code == 200, r.text
+        t = parse_server_timing(r.headers["Server-Timing"])
+        assert set(t) == {"tokenize", "queue", "engine"}, r.headers["Server-Timing"]
+        assert min(t.values()) >= 0 and t["engine"] > 0
+        assert sum(t.values()) <= wall_ms

@@ -1,0 +1,39 @@
+"""Server-Timing: header parsing and the per-round latency breakdown the report shows."""
+
+from __future__ import annotations
+
+import math
+
+from harness.client import Record, parse_server_timing
+from harness.metrics import round_metrics
+
+
+def test_parse_server_timing():
+    assert parse_server_timing("tokenize;dur=1.25, queue;dur=0.5, engine;dur=28") == {
+        "tokenize": 1.25,
+        "queue": 0.5,
+        "engine": 28.0,
+    }
+    assert parse_server_timing('db;desc="x";dur="3.5", cache;desc=hit, bad;dur=x') == {"db": 3.5}
+    assert parse_server_timing("") == {}
+
+
+def _rec(i: int, latency_s: float, server_ms: dict) -> Record:
+    r = Record("c", 0, "measure", i, i, t_send=float(i), t_end=float(i) + latency_s)
+    r.server_ms = server_ms
+    return r
+
+
+def test_round_metrics_break_the_latency_down():
+    recs = [
+        _rec(0, 0.040, {"tokenize": 1.0, "queue": 2.0, "engine": 30.0}),
+        _rec(1, 0.050, {"tokenize": 3.0, "queue": 0.0, "engine": 40.0}),
+    ]
+    m = round_metrics(recs)
+    assert math.isclose(m["server_engine_ms_mean"], 35.0)
+    assert math.isclose(m["server_tokenize_ms_mean"], 2.0)
+    assert math.isclose(m["server_queue_ms_mean"], 1.0)
+    assert math.isclose(m["outside_server_ms_mean"], ((40 - 33) + (50 - 43)) / 2)
+    assert "server_engine_ms_mean" not in round_metrics([_rec(0, 0.04, {})])  # no header
+    assert Record("c", 0, "measure", 0, 0, 0.0).row().keys() >= {"latency_s"}
+    assert _rec(0, 0.04, {"engine": 3.0}).row()["server_engine_ms"] == 3.0
