@@ -184,6 +184,10 @@ class EngineConfig:
         None, "prompt KV pool size in tokens (default: from free memory, or 262144 on cpu)"
     )
     enable_prefix_cache: bool = _opt(True, "radix prefix cache over prompt tokens")
+    prefix_cache_min_match: int = _opt(
+        32,
+        "a radix match shorter than this many tokens is not used: the prompt prefills whole (a short shared prefix such as the chat template's first tokens costs more to gather from the pool, per layer and for the whole batch, than to recompute)",
+    )
     schedule_policy: str = _opt(
         "lpm",
         "admission order: longest prefix match (with aging) or first come first served",
@@ -205,6 +209,10 @@ class EngineConfig:
     enable_fused_qk_rope_kv: bool = _opt(True, "fused q/k RMSNorm + RoPE + KV write kernel (GPU)")
 
     def __post_init__(self) -> None:
+        if self.prefix_cache_min_match < 1:
+            raise ValueError(
+                f"--prefix-cache-min-match must be >= 1, got {self.prefix_cache_min_match}"
+            )
         if not 0 <= self.prefill_graph_max_tokens <= 65536:
             raise ValueError(
                 f"--prefill-graph-max-tokens must be in 0..65536, got {self.prefill_graph_max_tokens}"

@@ -165,6 +165,8 @@ class Scheduler:
             node = None
             if self.radix is not None:
                 slots, node = self.radix.match(req.input_ids[:-1])  # >= 1 token left to compute
+                if len(slots) < self.cfg.prefix_cache_min_match:
+                    slots, node = [], None  # too short to be worth the gather: recompute
             need = req.prompt_len - len(slots)
             if admitted and need > budget:
                 break

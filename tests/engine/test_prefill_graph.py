@@ -86,3 +86,20 @@ def test_padding_never_writes_into_cached_prompts(tiny_model):
     assert [x.token_ids for x in cold.beams] == [y.token_ids for y in warm.beams]
     for x, y in zip(cold.beams, warm.beams):
         assert abs(x.cum_logprob - y.cum_logprob) <= 1e-4
+
+
+def test_short_radix_matches_are_recomputed(tiny_model):
+    """--prefix-cache-min-match: a match shorter than the threshold (two prompts sharing only
+    the chat template's first tokens) is not used; a long shared prefix still is."""
+    eng = _engine(tiny_model, prefix_cache_min_match=32)
+    a, b, c, _ = _prompts(eng)
+    shared = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
+    assert 0 < shared < 32  # the template's first tokens
+    eng.generate([eng.new_request(a, n=4)])
+    assert eng.generate([eng.new_request(b, n=4)])[0].cached_tokens == 0
+    assert eng.generate([eng.new_request(c, n=4)])[0].cached_tokens == 0
+    hit = eng.generate([eng.new_request(c, n=4)])[0]  # the same prompt again: a long match
+    assert hit.cached_tokens == len(c) - 1
+    low = _engine(tiny_model, prefix_cache_min_match=1)
+    low.generate([low.new_request(a, n=4)])
+    assert low.generate([low.new_request(b, n=4)])[0].cached_tokens == shared
