@@ -166,7 +166,7 @@ class EngineConfig:
     )
     prefill_graph_max_tokens: int = _opt(
         0,
-        "a prefill of ONE prompt with no cached prefix and at most this many tokens replays a CUDA graph of the whole forward, captured per 128-token bucket (padding tokens write to reserved scratch slots; attention through SDPA); 0 = off. For one-request-at-a-time latency, where eager launches dominate. On CPU the same padded forward runs eagerly",
+        "a prefill of ONE prompt with no cached prefix and at most this many tokens replays a CUDA graph of the whole forward, captured per 128-token bucket (padding tokens write to reserved scratch slots; attention through SDPA; radix matches shorter than one bucket are then recomputed, raising --prefix-cache-min-match to 128); 0 = off. For one-request-at-a-time latency, where eager launches dominate. On CPU the same padded forward runs eagerly",
     )
     attention_backend: str | None = _opt(
         None,

@@ -72,7 +72,7 @@ ZH = {
     "cuda_graph_max_bs": "以 CUDA graph 捕获的最大 decode 批（beam 行数）",
     "disable_cuda_graph": "decode 走 eager（从不静默回退）",
     "prefix_cache_min_match": "radix 匹配短于该 token 数时不使用：prompt 整段 prefill（如 chat template 开头这类很短的共享前缀，从 pool 按层、按整个 batch gather 的代价高于重算）",
-    "prefill_graph_max_tokens": "单个 prompt（无缓存前缀、不超过该 token 数）的 prefill 重放整段前向的 CUDA graph，按 128 token 分桶捕获（padding token 写入预留的 scratch 槽位；attention 走 SDPA）；0 = 关闭。面向逐请求延迟（eager launch 开销占主导时）。CPU 上同一 padding 前向以 eager 运行",
+    "prefill_graph_max_tokens": "单个 prompt（无缓存前缀、不超过该 token 数）的 prefill 重放整段前向的 CUDA graph，按 128 token 分桶捕获（padding token 写入预留的 scratch 槽位；attention 走 SDPA；短于一个桶的 radix 匹配随之重算，即 --prefix-cache-min-match 提到 128）；0 = 关闭。面向逐请求延迟（eager launch 开销占主导时）。CPU 上同一 padding 前向以 eager 运行",
     "enable_step_graph": "每个 decode step 一次 CUDA graph 重放：模型前向 + 受限 LM head + trie 掩码 + top-n + beam 扩展 + KV 重排（仅当批内请求都满足 n = --beam-width 且 temperature 0；否则模型 graph + eager 扩展）；CPU 上同一静态 step 以 eager 运行。在 GPU 上测量前默认关闭",
     "decode_max_splits": "GPU beam-decode attention 在窄 batch 上对 prompt 的最大切分数（split-K，1-8；1 = 不切分）",
     "attention_backend": "attention 后端：torch（参考实现，CPU）、triton（GPU：SDPA prefill + 共享 prompt 的 Triton beam decode）或 flashinfer（GPU：FlashInfer ragged prefill + 同一 Triton beam decode）；默认：GPU 上已安装 flashinfer 且模型受支持（bf16/fp16，head_dim 64/128/256）时用 flashinfer，否则 triton；CPU 上用 torch",

@@ -88,6 +88,11 @@ class Scheduler:
         self._hasher: StepHasher | None = None
         self._planted: dict[int, torch.Tensor] | None = {} if env_flag(PLANT_ID_CACHE_ENV) else None
         self.step_delay_s = 0.0
+        # shorter radix matches are recomputed (--prefix-cache-min-match); with prefill graphs
+        # at least one bucket, since only prompts without a cached prefix replay one
+        self.min_match = self.cfg.prefix_cache_min_match
+        if runner.prefill_graphs is not None:
+            self.min_match = max(self.min_match, BUCKET)
 
     # ---- public -------------------------------------------------------------------------
     def add(self, req: GenRequest) -> None:
@@ -165,7 +170,7 @@ class Scheduler:
             node = None
             if self.radix is not None:
                 slots, node = self.radix.match(req.input_ids[:-1])  # >= 1 token left to compute
-                if len(slots) < self.cfg.prefix_cache_min_match:
+                if len(slots) < self.min_match:
                     slots, node = [], None  # too short to be worth the gather: recompute
             need = req.prompt_len - len(slots)
             if admitted and need > budget:
@@ -190,30 +195,12 @@ class Scheduler:
             budget -= need
             admitted.append(st)
             self.waiting.remove(req)
-        if len(admitted) == 1:
-            self._whole_prompt_if_short_prefix(admitted[0])
         if admitted:  # every admitted request's beam rows in one pinned asynchronous copy
             for st, rows in zip(
                 admitted, host_to_device([s.rows_np for s in admitted], self.device)
             ):
                 st.rows = rows
         return admitted
-
-    def _whole_prompt_if_short_prefix(self, st: ReqState) -> None:
-        """A lone prompt whose cached prefix is shorter than one prefill-graph bucket (typically
-        just the chat template's first tokens) is prefilled whole: the CUDA-graph prefill takes
-        prompts without a cached prefix, and recomputing < 128 tokens costs far less than the
-        eager launches it saves. Its KV goes to its own slots; publishing the prompt into the
-        radix tree afterwards frees the slots that duplicate cached ones."""
-        pg = self.runner.prefill_graphs
-        if pg is None or not 0 < st.cached_tokens < BUCKET or st.req.prompt_len > pg.sizes[-1]:
-            return
-        if st.cached_tokens > self.kv.tokens.num_free:
-            return
-        st.private_slots = self.kv.tokens.alloc(st.cached_tokens) + st.private_slots
-        st.prompt_slots = list(st.private_slots)
-        self.radix.unlock(st.node)
-        st.node, st.cached_tokens = None, 0
 
     # ---- prefill ------------------------------------------------------------------------
     def _prefill(self, batch: list[ReqState]) -> list[tuple[GenRequest, GenResult | Exception]]:
