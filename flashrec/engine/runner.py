@@ -4,6 +4,7 @@ prefill forward or one decode forward over a batch and returns level logprobs.""
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 from dataclasses import dataclass
 
@@ -296,17 +297,15 @@ class ModelRunner:
         views; not one small product per request."""
         out: list[torch.Tensor] = []
         i = 0
-        while i < len(groups):
-            j = i
-            while j + 1 < len(groups) and levels[j + 1] == levels[i]:
-                j += 1
-            a, b, level = groups[i].start, groups[j].end, levels[i]
+        for level, run in itertools.groupby(levels):
+            same = groups[i : i + len(list(run))]
+            i += len(same)
+            a, b = same[0].start, same[-1].end
             if level >= self.depth:
                 lp = self.lm_head.end_logprobs(h[a:b])
             else:
                 lp = self.lm_head.level_logprobs(h[a:b], level)
-            out.extend(lp[g.start - a : g.end - a] for g in groups[i : j + 1])
-            i = j + 1
+            out.extend(lp[g.start - a : g.end - a] for g in same)
         return out
 
 

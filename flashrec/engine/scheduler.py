@@ -8,6 +8,7 @@ each request's beams, and retire finished requests. Requests join and leave betw
 
 from __future__ import annotations
 
+import itertools
 import logging
 import random
 import time
@@ -296,17 +297,13 @@ class Scheduler:
                 t.clone() for t in (out.parents, out.tokens, out.nodes, out.cum)
             )
             a = 0
-            while a < len(batch):
-                b = a
-                while b < len(batch) and levels[b] == levels[a]:
-                    b += 1
-                prev = torch.stack([st.tokens for st in batch[a:b]])  # [k, n, g]
-                par = parents[a:b, :, None].expand(-1, -1, prev.shape[2])
-                hist = torch.cat([prev.gather(1, par), tokens[a:b, :, None]], dim=2)
+            for level, run in itertools.groupby(levels):  # equal levels: equal history lengths
+                b = a + len(list(run))
+                hist = _extend_histories(batch[a:b], parents[a:b], tokens[a:b])
                 for j, st in enumerate(batch[a:b]):
                     st.tokens, st.cum, st.nodes = hist[j], cum[a + j], nodes[a + j]
                     if self.debug_hash:
-                        self._log_hash(st, levels[a], "decode", parents[a + j])
+                        self._log_hash(st, level, "decode", parents[a + j])
                 a = b
 
     def _candidates(self, level: int, nodes: torch.Tensor):
@@ -353,9 +350,7 @@ class Scheduler:
                 if group[0][0].tokens is None:
                     tokens = new_tok[:, :, None]
                 else:
-                    prev = torch.stack([it[0].tokens for it in group])  # [b, n, g]
-                    par = res.parents[:, :, None].expand(-1, -1, prev.shape[2])
-                    tokens = torch.cat([prev.gather(1, par), new_tok[:, :, None]], dim=2)
+                    tokens = _extend_histories([it[0] for it in group], res.parents, new_tok)
                     rows = torch.stack([it[0].rows for it in group])  # [b, n]
                     dst.append(rows.reshape(-1))
                     src.append(rows.gather(1, res.parents).reshape(-1))
@@ -471,6 +466,14 @@ class Scheduler:
             self._release(st)
         err = EngineError(f"{type(exc).__name__}: {exc}")
         return [(st.req, err) for st in batch]
+
+
+def _extend_histories(states: list[ReqState], parents, new_tok) -> torch.Tensor:
+    """[b, n, g + 1]: each state's token history [n, g] reordered by its ``parents`` [n], then
+    its new tokens ``new_tok`` [n] (states of equal history shape, batched)."""
+    prev = torch.stack([st.tokens for st in states])  # [b, n, g]
+    par = parents[:, :, None].expand(-1, -1, prev.shape[2])
+    return torch.cat([prev.gather(1, par), new_tok[:, :, None]], dim=2)
 
 
 def _by_shape(items, key) -> list[list]:
