@@ -173,8 +173,8 @@ class ModelRunner:
         qn = attn.q_norm.weight if attn.q_norm is not None else None
         kn = attn.k_norm.weight if attn.k_norm is not None else None
         eps = attn.q_norm.eps if attn.q_norm is not None else 0.0
-        # FP8 KV + FlashInfer prefill: k/v come back rounded as stored, so the prefill reads
-        # them from the QKV row instead of gathering and converting the pool
+        # FP8 KV prefill: k/v come back rounded as stored, so the prefill attention reads them
+        # from the QKV row instead of gathering and converting the pool
         round_kv = meta.mode == "prefill" and self._prefill_reads_qkv
         q, k, v = qk_norm_rope_store(
             qkv,
