@@ -26,6 +26,18 @@ FIX_KNOBS = (
 )
 
 
+def capture_graph(body, pool):
+    """Run ``body()`` once (warm-up: kernel compiles, workspaces), then capture it into a CUDA
+    graph on memory pool ``pool`` (None: a new one). Returns (graph, the captured output)."""
+    with torch.inference_mode():
+        body()
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, pool=pool):
+            out = body()
+    return g, out
+
+
 class DecodeGraphRunner:
     def __init__(self, runner, block_m: int) -> None:
         cfg = runner.config
@@ -87,14 +99,12 @@ class DecodeGraphRunner:
         try:
             for r in reversed(self.sizes):
                 meta = self._meta(r)
-                with torch.inference_mode():
-                    run.model(self.input_ids[:r], self.positions[:r], meta, run.ctx)  # warm-up
-                    torch.cuda.synchronize()
-                    g = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(g, pool=self.pool):
-                        self.outputs[r] = run.model(
-                            self.input_ids[:r], self.positions[:r], meta, run.ctx
-                        )
+                g, self.outputs[r] = capture_graph(
+                    lambda r=r, meta=meta: run.model(
+                        self.input_ids[:r], self.positions[:r], meta, run.ctx
+                    ),
+                    self.pool,
+                )
                 if self.pool is None:
                     self.pool = g.pool()
                 self.graphs[r] = g
@@ -120,13 +130,9 @@ class DecodeGraphRunner:
         return out
 
     def _capture_step(self, r: int, meta: DecodeMeta) -> None:
-        with torch.inference_mode():
-            self._step_body(r, meta)  # warm-up (sort workspaces, LM-head kernels)
-            torch.cuda.synchronize()
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, pool=self.pool):
-                self.step_outputs[r] = self._step_body(r, meta)
-        self.step_graphs[r] = g
+        self.step_graphs[r], self.step_outputs[r] = capture_graph(
+            lambda: self._step_body(r, meta), self.pool
+        )
 
     def fits(self, rows: int) -> bool:
         return rows <= self.sizes[-1]

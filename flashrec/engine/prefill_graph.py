@@ -74,16 +74,11 @@ class PrefillGraphRunner:
         return run.lm_head.level_logprobs(h, 0)
 
     def capture(self) -> None:
-        from flashrec.engine.graph import FIX_KNOBS
+        from flashrec.engine.graph import FIX_KNOBS, capture_graph
 
         try:
             for t in reversed(self.sizes):
-                with torch.inference_mode():
-                    self._body(t)  # warm-up
-                    torch.cuda.synchronize()
-                    g = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(g, pool=self.pool):
-                        self.outputs[t] = self._body(t)
+                g, self.outputs[t] = capture_graph(lambda t=t: self._body(t), self.pool)
                 if self.pool is None:
                     self.pool = g.pool()
                 self.graphs[t] = g
