@@ -6,9 +6,11 @@
 # STAGES (default "tests cells matrix") picks what runs after the setup, so a run can be split
 # over several calls of a lent machine that limits one command's time (10 min on the H200):
 #   STAGES=tests ...; then STAGES=cells ...; then STAGES=matrix ... matrices/h200_targets.yaml
+# PYTEST_ARGS (default "tests") narrows the tests stage, e.g. PYTEST_ARGS="tests -k sync".
 # MODEL (default .cache/onerec) and the FlashInfer JIT cache stay between calls of a warm machine.
 # STAGES=ab runs the A/B pairs of the changes not yet measured (see docs/baselines.md):
-# step graph off/on at p=1000 and n=50, then step graph + prefill graph at p=1000.
+# step graph off/on at p=1000 and n=50, then step graph + prefill graph at p=1000 (no HF
+# baseline in these runs: the pairs compare FlashRec with itself).
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-reports/gpu/$(date +%Y%m%d-%H%M%S)}; mkdir -p "$OUT"
@@ -22,7 +24,7 @@ STAGES=" ${STAGES:-tests cells matrix} "
 python -m flashrec.check_env --require gpu,fp8,triton | tee "$OUT/check_env.txt"
 # FlashInfer JIT builds once per machine (~80-200 s); never under a timeout (a build killed
 # half-way restarts from scratch in the next process). Kept across calls of a warm machine.
-export FLASHINFER_WORKSPACE_BASE=${FLASHINFER_WORKSPACE_BASE:-$PWD/.cache/flashinfer}
+export FLASHINFER_WORKSPACE_BASE=${FLASHINFER_WORKSPACE_BASE:-$PWD/.cache/fi}
 # A JIT cache brought back from an earlier machine (carry .fijit): saves the build if its
 # sources still match (FlashInfer rebuilds what is stale). SAVE_JIT=1 writes one to $OUT.
 if [ -f .fijit/fi.tgz ] && [ ! -d "$FLASHINFER_WORKSPACE_BASE" ]; then
@@ -32,15 +34,17 @@ python -c "import flashinfer" 2>/dev/null && python scripts/flashinfer_warmup.py
 [ "${SAVE_JIT:-0}" = 1 ] && tar czf "$OUT/fi.tgz" -C "$(dirname "$FLASHINFER_WORKSPACE_BASE")" "$(basename "$FLASHINFER_WORKSPACE_BASE")"
 [ -f "$MODEL/synth_info.json" ] || python -m flashrec synth --preset onerec-1.7b --out "$MODEL" --catalog-size 1500000 > "$OUT/synth.log" 2>&1
 case $STAGES in *" tests "*)
-  python -m pytest -q -p no:cacheprovider -m gpu tests 2>&1 | tee "$OUT/gpu_tests.log" | tail -3;; esac
+  python -m pytest -q -p no:cacheprovider -m gpu ${PYTEST_ARGS:-tests} 2>&1 | tee "$OUT/gpu_tests.log" | tail -3;; esac
 case $STAGES in *" cells "*) OUT=$OUT bash scripts/h200_bench.sh "$MODEL";; esac
 case $STAGES in *" ab "*)  # whole-step decode graph off / on, same machine, same call
-  for cells in "p1000_n256_c1_bf16" "n50_c32_fp8"; do
-    OUT=$OUT CELLS=$cells bash scripts/h200_bench.sh "$MODEL"
-    OUT=$OUT CELLS=$cells EXTRA="--set enable_step_graph=true" SUFFIX=_step bash scripts/h200_bench.sh "$MODEL"
-  done
-  OUT=$OUT CELLS=p1000_n256_c1_bf16 SUFFIX=_step_prefill \
-    EXTRA="--set enable_step_graph=true --set prefill_graph_max_tokens=2048" bash scripts/h200_bench.sh "$MODEL";; esac
+  for cells in ${AB_CELLS:-p1000_n256_c1_bf16 n50_c32_fp8}; do
+    OUT=$OUT CELLS=$cells EXTRA="--hf-requests 0" bash scripts/h200_bench.sh "$MODEL"
+    OUT=$OUT CELLS=$cells EXTRA="--hf-requests 0 --set enable_step_graph=true" SUFFIX=_step \
+      bash scripts/h200_bench.sh "$MODEL"
+    [ "$cells" = p1000_n256_c1_bf16 ] && OUT=$OUT CELLS=$cells SUFFIX=_step_prefill \
+      EXTRA="--hf-requests 0 --set enable_step_graph=true --set prefill_graph_max_tokens=2048" \
+      bash scripts/h200_bench.sh "$MODEL"
+  done;; esac
 if [ $# -ge 1 ] && case $STAGES in *" matrix "*) true;; *) false;; esac; then
   bench="python -m harness"; command -v flashrec-bench >/dev/null && bench=flashrec-bench
   MODEL_PATH=$MODEL SID_VOCAB_FILE=$MODEL/catalog.json $bench "$1" --out "$OUT/matrix" 2>&1 | tail -5

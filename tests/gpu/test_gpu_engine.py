@@ -293,6 +293,7 @@ def test_at_most_one_host_sync_per_step(synth_model, step_graph):
     """The step path queues work without waiting for the GPU: torch's sync debug mode counts
     every synchronizing call; a step may sync once (the results' device-to-host copy), and
     only when a request finishes in it."""
+    import traceback
     import warnings
 
     path = synth_model("tiny", catalog_size=2000, **_HD128)
@@ -310,18 +311,26 @@ def test_at_most_one_host_sync_per_step(synth_model, step_graph):
         sched.add(eng.new_request(p, n=16))
         if i % 2:
             continue
-        with warnings.catch_warnings(record=True) as caught:
+        syncs: list[str] = []
+
+        # where each sync happened: the stack of the Python call that made it
+        def seen(message, *_args, syncs=syncs, **_kw):
+            if "synchroniz" in str(message):
+                syncs.append("".join(traceback.format_stack(limit=9)[:-1]))
+
+        with warnings.catch_warnings():
             warnings.simplefilter("always")
+            warnings.showwarning = seen
             torch.cuda.set_sync_debug_mode("warn")
             try:
                 done = sched.step()
             finally:
                 torch.cuda.set_sync_debug_mode("default")
-        syncs = [w for w in caught if "synchroniz" in str(w.message)]
-        steps.append((len(syncs), len(done)))
+        steps.append((len(syncs), len(done), syncs))
     while sched.has_work():
         sched.step()
-    assert steps and all(s <= (1 if d else 0) for s, d in steps), steps
+    bad = [st for s, d, st in steps if s > (1 if d else 0)]
+    assert steps and not bad, [(s, d) for s, d, _ in steps] + bad
 
 
 @pytest.mark.parametrize("quantization", ["none", "fp8"])
@@ -347,4 +356,7 @@ def test_prefill_graph_equals_eager_prefill(synth_model, quantization):
         for p in PROMPTS:  # one at a time: every prefill holds one prompt
             out += eng.generate([eng.new_request(eng.build_prompt(messages=p), n=16)])
         runs.append(out)
-    _similar(runs[0], runs[1], tol=5e-2, overlap=0.9)
+    # fp8: the padded bucket changes the GEMMs' M (cuBLAS picks other tiles) and attention runs
+    # through SDPA, not FlashInfer; a last-bit change before a per-token FP8 quantisation can
+    # flip a rounding, so fp8 gets the tolerance of the other cross-kernel checks (0.1 nat)
+    _similar(runs[0], runs[1], tol=5e-2 if quantization == "none" else 0.1, overlap=0.9)
