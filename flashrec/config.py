@@ -159,14 +159,14 @@ class EngineConfig:
     disable_cuda_graph: bool = _opt(
         False, "run decode eagerly (never a silent fallback)", flag=True
     )
-    enable_step_graph: bool = _opt(
-        False,
-        "one CUDA graph per decode step: model forward + restricted LM head + trie mask + top-n + beam expansion + KV reorder, for batches whose requests all have n = --beam-width and temperature 0 (others run the model graph and expand eagerly); on CPU the same static step runs eagerly. Off by default until measured on a GPU",
+    enable_step_graph: bool | None = _opt(
+        None,
+        "one CUDA graph per decode step: model forward + restricted LM head + trie mask + top-n + beam expansion + KV reorder, for batches whose requests all have n = --beam-width and temperature 0 (others run the model graph and expand eagerly); default: on where decode CUDA graphs are captured (GPU without --disable-cuda-graph), off on CPU (--enable-step-graph runs the same static step eagerly there)",
         flag=True,
     )
-    prefill_graph_max_tokens: int = _opt(
-        0,
-        "a prefill of ONE prompt with no cached prefix and at most this many tokens replays a CUDA graph of the whole forward, captured per 128-token bucket (padding tokens write to reserved scratch slots; attention through SDPA; radix matches shorter than one bucket are then recomputed, raising --prefix-cache-min-match to 128); 0 = off. For one-request-at-a-time latency, where eager launches dominate. On CPU the same padded forward runs eagerly",
+    prefill_graph_max_tokens: int | None = _opt(
+        None,
+        "a prefill of ONE prompt with no cached prefix and at most this many tokens replays a CUDA graph of the whole forward, captured per 128-token bucket (padding tokens write to reserved scratch slots; attention through SDPA; radix matches shorter than one bucket are then recomputed, raising --prefix-cache-min-match to 128); 0 = off; default: 2048 where CUDA graphs are captured (GPU without --disable-cuda-graph), 0 on CPU. For one-request-at-a-time latency, where eager launches dominate. On CPU a non-zero value runs the same padded forward eagerly",
     )
     attention_backend: str | None = _opt(
         None,
@@ -213,7 +213,9 @@ class EngineConfig:
             raise ValueError(
                 f"--prefix-cache-min-match must be >= 1, got {self.prefix_cache_min_match}"
             )
-        if not 0 <= self.prefill_graph_max_tokens <= 65536:
+        if self.prefill_graph_max_tokens is not None and not (
+            0 <= self.prefill_graph_max_tokens <= 65536
+        ):
             raise ValueError(
                 f"--prefill-graph-max-tokens must be in 0..65536, got {self.prefill_graph_max_tokens}"
             )
@@ -256,6 +258,23 @@ class EngineConfig:
         return "flashinfer" if importlib.util.find_spec("flashinfer") else "triton"
 
     @property
+    def graphs_on(self) -> bool:
+        """Whether decode CUDA graphs are captured (a GPU, no --disable-cuda-graph)."""
+        return self.resolved_device == "cuda" and not self.disable_cuda_graph
+
+    @property
+    def resolved_step_graph(self) -> bool:
+        if self.enable_step_graph is not None:
+            return self.enable_step_graph
+        return self.graphs_on
+
+    @property
+    def resolved_prefill_graph_max_tokens(self) -> int:
+        if self.prefill_graph_max_tokens is not None:
+            return self.prefill_graph_max_tokens
+        return 2048 if self.graphs_on else 0
+
+    @property
     def resolved_batch_slots(self) -> int:
         return self.batch_slots or self.cuda_graph_max_bs
 
@@ -284,7 +303,7 @@ def add_config_args(parser: argparse.ArgumentParser, cls: type) -> None:
         name = "--" + f.name.replace("_", "-")
         meta = f.metadata
         kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
-        if kind == "bool":
+        if kind in ("bool", "bool | None"):
             parser.add_argument(
                 name,
                 dest=f.name,

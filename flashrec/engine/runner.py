@@ -119,7 +119,7 @@ class ModelRunner:
         self._prefill_reads_qkv = kv_dtype == torch.float8_e4m3fn
         self.lm_head = RestrictedLMHead(self.model.lm_head(), layout, config.logprob_scope)
         self.step = None  # the static decode step (--enable-step-graph)
-        if config.enable_step_graph:
+        if config.resolved_step_graph:
             step = StaticStep(self.lm_head, trie, layout, depth, self.device)
             self.step = step if step.usable else None
         self.graphs = None
@@ -129,11 +129,12 @@ class ModelRunner:
             self.graphs = DecodeGraphRunner(self, BLOCK_M)
             self.graphs.capture()
         self.prefill_graphs = None
-        if config.prefill_graph_max_tokens and not (on_gpu and config.disable_cuda_graph):
+        max_tokens = config.resolved_prefill_graph_max_tokens
+        if max_tokens and not (on_gpu and config.disable_cuda_graph):
             from flashrec.engine.prefill_graph import PrefillGraphRunner
 
             pool = self.graphs.pool if self.graphs is not None else None
-            self.prefill_graphs = PrefillGraphRunner(self, config.prefill_graph_max_tokens, pool)
+            self.prefill_graphs = PrefillGraphRunner(self, max_tokens, pool)
             if on_gpu:
                 self.prefill_graphs.capture()
         log.info(
