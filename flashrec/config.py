@@ -159,14 +159,14 @@ class EngineConfig:
     disable_cuda_graph: bool = _opt(
         False, "run decode eagerly (never a silent fallback)", flag=True
     )
-    enable_step_graph: bool | None = _opt(
-        None,
-        "one CUDA graph per decode step: model forward + restricted LM head + trie mask + top-n + beam expansion + KV reorder, for batches whose requests all have n = --beam-width and temperature 0 (others run the model graph and expand eagerly); default: on where decode CUDA graphs are captured (GPU without --disable-cuda-graph), off on CPU (--enable-step-graph runs the same static step eagerly there)",
+    enable_step_graph: bool = _opt(
+        False,
+        "one CUDA graph per decode step: model forward + restricted LM head + trie mask + top-n + beam expansion + KV reorder, for batches whose requests all have n = --beam-width and temperature 0 (others run the model graph and expand eagerly); on CPU the same static step runs eagerly. Off by default: on the H200 it gained 4% at n=50 c=32 in one A/B pair and nothing at p=1,000 c=1, and one test run saw a decode-graph capture fail with it on (docs/baselines.md)",
         flag=True,
     )
     prefill_graph_max_tokens: int | None = _opt(
         None,
-        "a prefill of ONE prompt with no cached prefix and at most this many tokens replays a CUDA graph of the whole forward, captured per 128-token bucket (padding tokens write to reserved scratch slots; attention through SDPA; radix matches shorter than one bucket are then recomputed, raising --prefix-cache-min-match to 128); 0 = off; default: 2048 where CUDA graphs are captured (GPU without --disable-cuda-graph), 0 on CPU. For one-request-at-a-time latency, where eager launches dominate. On CPU a non-zero value runs the same padded forward eagerly",
+        "a prefill of ONE prompt with no cached prefix and at most this many tokens, while no other request is running, replays a CUDA graph of the whole forward, captured per 128-token bucket (padding tokens write to reserved scratch slots; attention through SDPA; radix matches shorter than one bucket are then recomputed, raising --prefix-cache-min-match to 128); 0 = off; default: 2048 where CUDA graphs are captured (GPU without --disable-cuda-graph), 0 on CPU. For one-request-at-a-time latency, where eager launches dominate. On CPU a non-zero value runs the same padded forward eagerly",
     )
     attention_backend: str | None = _opt(
         None,
@@ -263,12 +263,6 @@ class EngineConfig:
         return self.resolved_device == "cuda" and not self.disable_cuda_graph
 
     @property
-    def resolved_step_graph(self) -> bool:
-        if self.enable_step_graph is not None:
-            return self.enable_step_graph
-        return self.graphs_on
-
-    @property
     def resolved_prefill_graph_max_tokens(self) -> int:
         if self.prefill_graph_max_tokens is not None:
             return self.prefill_graph_max_tokens
@@ -303,7 +297,7 @@ def add_config_args(parser: argparse.ArgumentParser, cls: type) -> None:
         name = "--" + f.name.replace("_", "-")
         meta = f.metadata
         kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
-        if kind in ("bool", "bool | None"):
+        if kind == "bool":
             parser.add_argument(
                 name,
                 dest=f.name,

@@ -25,13 +25,7 @@ python -m flashrec.check_env --require gpu,fp8,triton | tee "$OUT/check_env.txt"
 # FlashInfer JIT builds once per machine (~80-200 s); never under a timeout (a build killed
 # half-way restarts from scratch in the next process). Kept across calls of a warm machine.
 export FLASHINFER_WORKSPACE_BASE=${FLASHINFER_WORKSPACE_BASE:-$PWD/.cache/fi}
-# A JIT cache brought back from an earlier machine (carry .fijit): saves the build if its
-# sources still match (FlashInfer rebuilds what is stale). SAVE_JIT=1 writes one to $OUT.
-if [ -f .fijit/fi.tgz ] && [ ! -d "$FLASHINFER_WORKSPACE_BASE" ]; then
-  mkdir -p "$FLASHINFER_WORKSPACE_BASE" && tar xzf .fijit/fi.tgz -C "$FLASHINFER_WORKSPACE_BASE" --strip-components=1
-fi
 python -c "import flashinfer" 2>/dev/null && python scripts/flashinfer_warmup.py --head-dims 128 64 | tee "$OUT/flashinfer_warmup.txt"
-[ "${SAVE_JIT:-0}" = 1 ] && tar czf "$OUT/fi.tgz" -C "$(dirname "$FLASHINFER_WORKSPACE_BASE")" "$(basename "$FLASHINFER_WORKSPACE_BASE")"
 case $STAGES in *" cells "*|*" ab "*|*" matrix "*)  # the tests make their own tiny models
   [ -f "$MODEL/synth_info.json" ] || python -m flashrec synth --preset onerec-1.7b --out "$MODEL" --catalog-size 1500000 > "$OUT/synth.log" 2>&1;; esac
 case $STAGES in *" tests "*)

@@ -90,7 +90,7 @@ class EngineLoop:
             "used_slots": s.used_rows,
             "total_slots": s.kv.rows.size,
             "kv_used_tokens": s.kv_used_tokens,
-            "kv_total_tokens": s.kv.pool_tokens,
+            "kv_total_tokens": s.kv.pool_tokens - s.kv_reserved_tokens,
             "kv_cached_tokens": s.radix.cached_tokens if s.radix else 0,
             "prefix_hit_tokens_total": s.stats.prefix_hit_tokens_total,
             "prompt_tokens_total": s.stats.prompt_tokens_total,

@@ -119,7 +119,7 @@ class ModelRunner:
         self._prefill_reads_qkv = kv_dtype == torch.float8_e4m3fn
         self.lm_head = RestrictedLMHead(self.model.lm_head(), layout, config.logprob_scope)
         self.step = None  # the static decode step (--enable-step-graph)
-        if config.resolved_step_graph:
+        if config.enable_step_graph:
             step = StaticStep(self.lm_head, trie, layout, depth, self.device)
             self.step = step if step.usable else None
         self.graphs = None
@@ -238,10 +238,15 @@ class ModelRunner:
         return max(4096, int((budget - decode) // per_token))
 
     @torch.inference_mode()
-    def prefill(self, input_ids: torch.Tensor, meta: PrefillMeta) -> torch.Tensor:
-        """Runs the new tokens of a prefill batch; returns [B, K] level-0 logprobs."""
+    def prefill(
+        self, input_ids: torch.Tensor, meta: PrefillMeta, alone: bool = True
+    ) -> torch.Tensor:
+        """Runs the new tokens of a prefill batch; returns [B, K] level-0 logprobs. ``alone``:
+        no other request is running, the only case a prefill graph is replayed (one request
+        at a time is launch-bound; under load the GPU is busy and FlashInfer's unpadded
+        prefill is kept)."""
         with trace_range("flashrec.prefill"):
-            if self.prefill_graphs is not None and self.prefill_graphs.fits(meta):
+            if alone and self.prefill_graphs is not None and self.prefill_graphs.fits(meta):
                 return self.prefill_graphs.run(input_ids, meta)
             h = self.model(input_ids, meta.positions, meta, self.ctx, select=meta.last_index)
             return self.lm_head.level_logprobs(h, 0)

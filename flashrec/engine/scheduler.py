@@ -116,10 +116,17 @@ class Scheduler:
         return self.kv.rows.num_used
 
     @property
+    def kv_reserved_tokens(self) -> int:
+        """Pool slots held for the engine's lifetime (the prefill graphs' padding slots)."""
+        pg = self.runner.prefill_graphs
+        return pg.pad_slots.numel() if pg is not None else 0
+
+    @property
     def kv_used_tokens(self) -> int:
-        """Prompt KV held by requests (cached-but-unreferenced tokens are not counted)."""
+        """Prompt KV held by requests (cached-but-unreferenced tokens and the reserved
+        padding slots are not counted)."""
         evictable = self.radix.evictable_tokens if self.radix else 0
-        return self.kv.tokens.num_used - evictable
+        return self.kv.tokens.num_used - evictable - self.kv_reserved_tokens
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
@@ -210,7 +217,8 @@ class Scheduler:
         try:
             meta = make_prefill_meta(seqs, self.device, ids)
             input_ids = meta.input_ids
-            logprobs = self.runner.prefill(input_ids, meta)
+            # alone: nothing else runs, so a lone prompt may replay a prefill graph
+            logprobs = self.runner.prefill(input_ids, meta, alone=not self.running)
             if self.hasher is not None:
                 self.hasher.prefill(meta, input_ids, batch)
             zero = torch.zeros(1, dtype=torch.float32, device=self.device)

@@ -103,3 +103,36 @@ def test_short_radix_matches_are_recomputed(tiny_model):
     low = _engine(tiny_model, prefix_cache_min_match=1)
     low.generate([low.new_request(a, n=4)])
     assert low.generate([low.new_request(b, n=4)])[0].cached_tokens == shared
+
+
+def test_only_a_prompt_prefilled_while_nothing_runs_replays_the_graph(tiny_model):
+    """Under load the unpadded prefill is kept: a lone prompt admitted while another request
+    is still decoding takes the eager path; the reserved padding slots are not counted as
+    used KV (the server's flashrec_kv_tokens_used reads this)."""
+    eng = _engine(tiny_model, enable_prefix_cache=False, prefill_graph_max_tokens=256)
+    pg = eng.runner.prefill_graphs
+    used = []
+    orig = pg.run
+    pg.run = lambda ids, meta: used.append(meta.new_lens[0]) or orig(ids, meta)
+    a, b, _, _ = _prompts(eng)
+    sched = eng.scheduler
+    sched.add(eng.new_request(a, n=4))
+    sched.step()  # nothing else runs: the padded forward
+    assert used == [len(a)] and sched.running
+    sched.add(eng.new_request(b, n=4))
+    sched.step()  # the first request is still decoding: eager
+    assert used == [len(a)]
+    while sched.has_work():
+        sched.step()
+    assert sched.kv_used_tokens == 0
+    assert eng.runner.kv.tokens.num_used == sched.kv_reserved_tokens == len(pg.pad_slots) > 0
+
+
+def test_prefill_graphs_default_off_on_cpu(tiny_model):
+    eng = _engine(tiny_model)
+    assert eng.config.resolved_prefill_graph_max_tokens == 0
+    assert eng.runner.prefill_graphs is None and eng.scheduler.kv_reserved_tokens == 0
+    on_gpu = EngineConfig(model_path=str(tiny_model), device="cuda")
+    assert on_gpu.resolved_prefill_graph_max_tokens == 2048
+    eager = EngineConfig(model_path=str(tiny_model), device="cuda", disable_cuda_graph=True)
+    assert eager.resolved_prefill_graph_max_tokens == 0
