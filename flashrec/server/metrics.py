@@ -27,7 +27,12 @@ ENGINE_METRICS = (
         "gauge",
         "KV pool tokens held by running requests (prefix-cache-only tokens excluded).",
     ),
-    ("kv_total_tokens", "flashrec_kv_tokens_total", "gauge", "KV pool size in tokens."),
+    (
+        "kv_total_tokens",
+        "flashrec_kv_tokens_total",
+        "gauge",
+        "KV pool size in tokens, less the slots reserved for prefill-graph padding.",
+    ),
     (
         "kv_cached_tokens",
         "flashrec_kv_tokens_cached",

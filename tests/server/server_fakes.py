@@ -55,6 +55,7 @@ class FakeScheduler:
     )
     radix: None = None
     step_delay_s: float = 0.0
+    kv_reserved_tokens: int = 0  # no prefill graphs: nothing reserved
 
     @property
     def kv(self) -> SimpleNamespace:
