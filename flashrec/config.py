@@ -295,7 +295,9 @@ def add_config_args(parser: argparse.ArgumentParser, cls: type) -> None:
     """Add one ``--flag`` per dataclass field of ``cls`` (defaults and help from the class)."""
     for f in dataclasses.fields(cls):
         name = "--" + f.name.replace("_", "-")
-        meta = f.metadata
+        meta = dict(f.metadata)
+        if meta.get("help"):  # argparse formats help with %: a literal % must be %%
+            meta["help"] = meta["help"].replace("%", "%%")
         kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
         if kind == "bool":
             parser.add_argument(

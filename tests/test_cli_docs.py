@@ -97,3 +97,14 @@ def test_bad_input_ids_clear_error(tiny_model):
     ]
     r = subprocess.run(cmd, capture_output=True, text=True)
     assert r.returncode == 2 and "out of vocabulary" in r.stderr
+
+
+def test_serve_help_prints_every_field_help_verbatim():
+    """argparse formats help strings with %: a literal % (e.g. '4%') must come out as is."""
+    sub = build_parser()._subparsers._group_actions[0].choices  # noqa: SLF001
+    raw = sub["serve"].format_help()
+    assert "option_strings" not in raw  # what '% a' expands to: the argparse action's dict
+    text = "".join(raw.split())  # wrapped lines may break at a hyphen
+    for f in dataclasses.fields(ServerConfig):
+        want = "".join(f.metadata["help"].split())
+        assert want in text, f.name

@@ -71,8 +71,9 @@ class EngineLoop:
     def add_step_hook(self, fn: Callable[[int], None]) -> None:
         self._hooks.append(fn)
 
-    def flush_cache(self) -> bool:
-        return self.call_on_engine_thread(self.scheduler.flush_cache).result() >= 0
+    def flush_cache(self) -> int:
+        """Empty the radix cache on the engine thread; returns the tokens freed."""
+        return self.call_on_engine_thread(self.scheduler.flush_cache).result()
 
     def stats(self) -> dict[str, int]:
         """Counters as of the last engine step (a snapshot taken on the engine thread, so the
