@@ -6,7 +6,9 @@
 # STAGES (default "tests cells matrix") picks what runs after the setup, so a run can be split
 # over several calls of a lent machine that limits one command's time (10 min on the H200):
 #   STAGES=tests ...; then STAGES=cells ...; then STAGES=matrix ... matrices/h200_targets.yaml
-# PYTEST_ARGS (default "tests") narrows the tests stage, e.g. PYTEST_ARGS="tests -k sync".
+# PYTEST_ARGS (default "tests") narrows the tests stage to paths / node ids (split on spaces).
+# ONLY (space-separated harness --only filters) narrows the matrix stage, e.g. one cell per call:
+#   STAGES=matrix ONLY="beam_width=256,concurrency=1" bash scripts/gpu_bench.sh matrices/h200_targets.yaml
 # MODEL (default .cache/onerec) and the FlashInfer JIT cache stay between calls of a warm machine.
 # STAGES=ab runs the A/B pairs of the changes not yet measured (see docs/baselines.md):
 # step graph off/on at p=1000 and n=50, then step graph + prefill graph at p=1000 (no HF
@@ -42,6 +44,7 @@ case $STAGES in *" ab "*)  # whole-step decode graph off / on, same machine, sam
   done;; esac
 if [ $# -ge 1 ] && case $STAGES in *" matrix "*) true;; *) false;; esac; then
   bench="python -m harness"; command -v flashrec-bench >/dev/null && bench=flashrec-bench
-  MODEL_PATH=$MODEL SID_VOCAB_FILE=$MODEL/catalog.json $bench "$1" --out "$OUT/matrix" 2>&1 | tail -5
+  only=(); for f in ${ONLY:-}; do only+=(--only "$f"); done  # ONLY="beam_width=256,concurrency=1 ..."
+  MODEL_PATH=$MODEL SID_VOCAB_FILE=$MODEL/catalog.json $bench "$1" --out "$OUT/matrix" "${only[@]}" 2>&1 | tail -5
 fi
 echo "results in $OUT"
