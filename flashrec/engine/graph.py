@@ -8,6 +8,7 @@ and padding rows write their KV into a scratch decode row that no request owns.
 
 from __future__ import annotations
 
+import gc
 import logging
 
 import torch
@@ -28,13 +29,25 @@ FIX_KNOBS = (
 
 def capture_graph(body, pool):
     """Run ``body()`` once (warm-up: kernel compiles, workspaces), then capture it into a CUDA
-    graph on memory pool ``pool`` (None: a new one). Returns (graph, the captured output)."""
+    graph on memory pool ``pool`` (None: a new one). Returns (graph, the captured output).
+
+    The garbage collector is off during the capture (torch >= 2.10 no longer collects before
+    one): a collection triggered mid-capture runs finalizers, and a finalizer that releases
+    CUDA objects (a graph or buffers of an engine no longer referenced) can make a CUDA call
+    that invalidates the capture. A capture failed once in a test process holding many engines
+    (docs/baselines.md, session 4); this rules out that cause, it does not prove it was it."""
     with torch.inference_mode():
         body()
         torch.cuda.synchronize()
         g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, pool=pool):
-            out = body()
+        enabled = gc.isenabled()
+        gc.disable()
+        try:
+            with torch.cuda.graph(g, pool=pool):
+                out = body()
+        finally:
+            if enabled:
+                gc.enable()
     return g, out
 
 
