@@ -10,9 +10,9 @@
 # ONLY (space-separated harness --only filters) narrows the matrix stage, e.g. one cell per call:
 #   STAGES=matrix ONLY="beam_width=256,concurrency=1" bash scripts/gpu_bench.sh matrices/h200_targets.yaml
 # MODEL (default .cache/onerec) and the FlashInfer JIT cache stay between calls of a warm machine.
-# STAGES=ab runs the A/B pairs of the changes not yet measured (see docs/baselines.md):
-# step graph off/on at p=1000 and n=50, then step graph + prefill graph at p=1000 (no HF
-# baseline in these runs: the pairs compare FlashRec with itself).
+# STAGES=ab runs A/B pairs, same machine, same call (see docs/baselines.md): the defaults
+# against the step graph on, at p=1000 and n=50, and at p=1000 also against the prefill graph
+# off (no HF baseline in these runs: the pairs compare FlashRec with itself).
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-reports/gpu/$(date +%Y%m%d-%H%M%S)}; mkdir -p "$OUT"
@@ -33,14 +33,13 @@ case $STAGES in *" cells "*|*" ab "*|*" matrix "*)  # the tests make their own t
 case $STAGES in *" tests "*)
   python -m pytest -q -p no:cacheprovider -m gpu ${PYTEST_ARGS:-tests} 2>&1 | tee "$OUT/gpu_tests.log" | tail -3;; esac
 case $STAGES in *" cells "*) OUT=$OUT bash scripts/h200_bench.sh "$MODEL";; esac
-case $STAGES in *" ab "*)  # whole-step decode graph off / on, same machine, same call
+case $STAGES in *" ab "*)
   for cells in ${AB_CELLS:-p1000_n256_c1_bf16 n50_c32_fp8}; do
     OUT=$OUT CELLS=$cells EXTRA="--hf-requests 0" bash scripts/h200_bench.sh "$MODEL"
     OUT=$OUT CELLS=$cells EXTRA="--hf-requests 0 --set enable_step_graph=true" SUFFIX=_step \
       bash scripts/h200_bench.sh "$MODEL"
-    [ "$cells" = p1000_n256_c1_bf16 ] && OUT=$OUT CELLS=$cells SUFFIX=_step_prefill \
-      EXTRA="--hf-requests 0 --set enable_step_graph=true --set prefill_graph_max_tokens=2048" \
-      bash scripts/h200_bench.sh "$MODEL"
+    [ "$cells" = p1000_n256_c1_bf16 ] && OUT=$OUT CELLS=$cells SUFFIX=_noprefill \
+      EXTRA="--hf-requests 0 --set prefill_graph_max_tokens=0" bash scripts/h200_bench.sh "$MODEL"
   done;; esac
 if [ $# -ge 1 ] && case $STAGES in *" matrix "*) true;; *) false;; esac; then
   bench="python -m harness"; command -v flashrec-bench >/dev/null && bench=flashrec-bench
