@@ -123,7 +123,7 @@ class ModelRunner:
             step = StaticStep(self.lm_head, trie, layout, depth, self.device)
             self.step = step if step.usable else None
         self.graphs = None
-        if on_gpu and not config.disable_cuda_graph:
+        if config.graphs_on:
             from flashrec.engine.graph import DecodeGraphRunner
 
             self.graphs = DecodeGraphRunner(self, BLOCK_M)
