@@ -20,6 +20,9 @@ export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/flashrec-site .whl/*.whl \
     && export PYTHONPATH=$PYTHONPATH:/tmp/flashrec-site
+  # pip stamps what it installs with the install time, so FlashInfer's headers would look newer
+  # than a carried JIT build (below) and ninja would rebuild it all: age them instead
+  find /tmp/flashrec-site -exec touch -h -d '2000-01-01' {} +
 fi
 MODEL=${MODEL:-$PWD/.cache/onerec}
 STAGES=" ${STAGES:-tests cells matrix} "
@@ -27,7 +30,15 @@ python -m flashrec.check_env --require gpu,fp8,triton | tee "$OUT/check_env.txt"
 # FlashInfer JIT builds once per machine (~80-200 s); never under a timeout (a build killed
 # half-way restarts from scratch in the next process). Kept across calls of a warm machine.
 export FLASHINFER_WORKSPACE_BASE=${FLASHINFER_WORKSPACE_BASE:-$PWD/.cache/fi}
+# A JIT build carried from an earlier machine (.fijit/fi.tgz, written there by SAVE_JIT=1 into
+# $OUT; carry .fijit): reused when its paths match (this checkout's path, the site above) and
+# its inputs look older than its outputs; FlashInfer rebuilds whatever does not match.
+if [ -f .fijit/fi.tgz ] && [ ! -d "$FLASHINFER_WORKSPACE_BASE" ]; then
+  mkdir -p "$(dirname "$FLASHINFER_WORKSPACE_BASE")"
+  tar xzf .fijit/fi.tgz -C "$(dirname "$FLASHINFER_WORKSPACE_BASE")"
+fi
 python -c "import flashinfer" 2>/dev/null && python scripts/flashinfer_warmup.py --head-dims 128 64 | tee "$OUT/flashinfer_warmup.txt"
+[ "${SAVE_JIT:-0}" = 1 ] && tar czf "$OUT/fi.tgz" -C "$(dirname "$FLASHINFER_WORKSPACE_BASE")" "$(basename "$FLASHINFER_WORKSPACE_BASE")"
 case $STAGES in *" cells "*|*" ab "*|*" matrix "*)  # the tests make their own tiny models
   [ -f "$MODEL/synth_info.json" ] || python -m flashrec synth --preset onerec-1.7b --out "$MODEL" --catalog-size 1500000 > "$OUT/synth.log" 2>&1;; esac
 case $STAGES in *" tests "*)
