@@ -1,6 +1,8 @@
 """--prefill-graph-max-tokens: one prompt without a cached prefix is padded to a 128-token
 bucket (padding writes to reserved scratch slots) and run as one static forward (a CUDA graph
-on GPU; the same padded forward eagerly on CPU). Results equal the unpadded prefill."""
+on GPU; the same padded forward eagerly on CPU). Results equal the unpadded prefill. Also the
+prompt-KV accounting around it: reserved padding slots, short radix matches, a flush while a
+request runs."""
 
 from __future__ import annotations
 
@@ -136,3 +138,30 @@ def test_prefill_graphs_default_off_on_cpu(tiny_model):
     assert on_gpu.resolved_prefill_graph_max_tokens == 2048
     eager = EngineConfig(model_path=str(tiny_model), device="cuda", disable_cuda_graph=True)
     assert eager.resolved_prefill_graph_max_tokens == 0
+
+
+def test_flush_while_a_request_runs_keeps_its_prompt_kv(tiny_model):
+    """POST /flush_cache never fails (docs/api.md): the running request's prompt is referenced,
+    not cached, so a flush between its steps frees only unreferenced tokens, and the request
+    ends with the beams of an undisturbed run."""
+    eng = _engine(tiny_model)
+    a, b, _, _ = _prompts(eng)
+    eng.generate([eng.new_request(b, n=4)])  # b is cached, unreferenced
+    want = eng.generate([eng.new_request(a, n=8)])[0]
+    eng.scheduler.flush_cache()
+    sched = eng.scheduler
+    eng.generate([eng.new_request(b, n=4)])
+    sched.add(eng.new_request(a, n=8))
+    sched.step()  # a is prefilled (cold: the flush dropped it) and decoding
+    used = sched.kv_used_tokens
+    assert sched.running and used >= len(a)
+    shared = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)  # the template's start
+    freed = sched.flush_cache()
+    assert freed == len(b) - shared  # only the finished prompt's own, unreferenced tokens
+    assert sched.kv_used_tokens == used
+    done = []
+    while sched.has_work():
+        done += sched.step()
+    (_, got), = done
+    assert [x.token_ids for x in got.beams] == [y.token_ids for y in want.beams]
+    assert sched.kv_used_tokens == 0
