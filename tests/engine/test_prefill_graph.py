@@ -162,6 +162,6 @@ def test_flush_while_a_request_runs_keeps_its_prompt_kv(tiny_model):
     done = []
     while sched.has_work():
         done += sched.step()
-    (_, got), = done
+    ((_, got),) = done
     assert [x.token_ids for x in got.beams] == [y.token_ids for y in want.beams]
     assert sched.kv_used_tokens == 0
