@@ -5,7 +5,9 @@ For each matching cell: ``actual`` = the metric's median over rounds (or, for a 
 such as ``baseline.hf.speedup``, that value of the cell's report entry), ``ratio`` = actual /
 target, ``factor`` = how many times better the cell must get to meet it (target / actual for
 ``>=`` / ``>``, actual / target for ``<=`` / ``<``; <= 1 when met), ``missed_by`` = the absolute
-shortfall (0 when met).
+shortfall (0 when met). For a speed target (``qps``, ``latency_*``) on a cell with an MFU,
+``mfu_needed`` = the cell's MFU x ``factor``: the model-FLOP utilisation the cell would need to
+meet it with the same FLOPs per request (a derived figure, not a measurement).
 """
 
 from __future__ import annotations
@@ -26,8 +28,16 @@ def _actual(cell: dict, metric: str) -> float | None:
     return float(value)
 
 
-def check(target: TargetSpec, actual: float) -> dict:
-    """One cell's outcome for a target."""
+SPEED_METRICS = ("qps", "latency_")  # a metric name equal to or starting with one of these
+
+
+def _mfu(cell: dict) -> float | None:
+    value = (cell.get("mfu") or {}).get("mfu")
+    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
+
+
+def check(target: TargetSpec, actual: float, mfu: float | None = None) -> dict:
+    """One cell's outcome for a target (``mfu``: the cell's MFU, for ``mfu_needed``)."""
     met = bool(OPS[target.op](actual, target.value))
     higher = target.op in (">=", ">")
     ratio = actual / target.value if target.value else math.inf
@@ -36,11 +46,16 @@ def check(target: TargetSpec, actual: float) -> dict:
     else:
         factor = actual / target.value if target.value else math.inf
     missed_by = 0.0 if met else abs(actual - target.value)
+    speed = target.metric.startswith(SPEED_METRICS)
+    mfu_needed = mfu * factor if speed and mfu is not None and math.isfinite(factor) else None
     detail = f"{actual:.4g} vs {target.op} {target.value:g}: {ratio:.3g}x the target"
     if met:
         text = f"met ({detail})"
     else:
-        text = f"missed by {missed_by:.4g} ({detail}; needs {factor:.3g}x)"
+        text = f"missed by {missed_by:.4g} ({detail}; needs {factor:.3g}x"
+        if mfu_needed is not None:
+            text += f", MFU {mfu:.1%} -> {mfu_needed:.1%}"
+        text += ")"
     return {
         "actual": actual,
         "target": target.value,
@@ -49,6 +64,7 @@ def check(target: TargetSpec, actual: float) -> dict:
         "missed_by": missed_by,
         "ratio": ratio,
         "factor": factor,
+        "mfu_needed": mfu_needed,
         "text": text,
     }
 
@@ -68,7 +84,7 @@ def evaluate_targets(targets: list[TargetSpec], report: dict) -> dict:
             if actual is None:
                 missing.append(cell["id"])
                 continue
-            checks.append({"cell": cell["id"], **check(t, actual)})
+            checks.append({"cell": cell["id"], **check(t, actual, _mfu(cell))})
         missed = any(not c["met"] for c in checks)
         status = "missed" if missed else ("met" if checks else "no_data")
         if t.fail_run and (missed or missing or not checks):

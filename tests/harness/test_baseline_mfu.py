@@ -131,6 +131,30 @@ def test_targets_met_and_missed():
     assert evaluate_targets([], rep)["status"] == "none"
 
 
+def test_targets_say_the_mfu_a_missed_speed_target_needs():
+    rep = _report(
+        [
+            ("a", {"beam_width": 50}, {"qps": 40.0, "error_rate": 0.02}),
+            ("b", {"beam_width": 256}, {"latency_p50_ms": 36.0}),
+            ("c", {"beam_width": 8}, {"qps": 50.0}),
+        ]
+    )
+    rep["cells"][0]["mfu"] = {"mfu": 0.2}
+    rep["cells"][1]["mfu"] = {"mfu": 0.15}
+    targets = [
+        TargetSpec(metric="qps", op=">=", value=100, cells="beam_width=50"),
+        TargetSpec(metric="latency_p50_ms", op="<=", value=12, cells="beam_width=256"),
+        TargetSpec(metric="error_rate", op="<=", value=0.01, cells="beam_width=50"),
+        TargetSpec(metric="qps", op=">=", value=100, cells="beam_width=8"),
+    ]
+    qps, lat, err, no_mfu = (r["checks"][0] for r in evaluate_targets(targets, rep)["results"])
+    assert qps["mfu_needed"] == pytest.approx(0.2 * 100 / 40)
+    assert qps["text"].endswith("needs 2.5x, MFU 20.0% -> 50.0%)")
+    assert lat["mfu_needed"] == pytest.approx(0.15 * 36 / 12)
+    assert err["mfu_needed"] is None and "MFU" not in err["text"]  # not a speed metric
+    assert no_mfu["mfu_needed"] is None and "MFU" not in no_mfu["text"]  # no MFU entry
+
+
 def test_explicit_cells_list():
     spec, _ = parse_spec(
         """
