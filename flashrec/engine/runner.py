@@ -258,11 +258,13 @@ class ModelRunner:
         """One decode forward over all beam rows; returns per group the logprobs of the level
         it decodes next (``levels[i]``; level == depth means the end token)."""
         with trace_range("flashrec.decode"):
-            if self.graphs is not None and self.graphs.fits(input_ids.shape[0]):
-                h = self.graphs.run(input_ids, meta)
-            else:
-                h = self.model(input_ids, meta.positions, meta, self.ctx)
-            return self._head(h, meta.groups, levels)
+            return self._head(self._decode_forward(input_ids, meta), meta.groups, levels)
+
+    def _decode_forward(self, input_ids: torch.Tensor, meta: DecodeMeta) -> torch.Tensor:
+        """The model forward over the beam rows: a graph replay where one fits, else eager."""
+        if self.graphs is not None and self.graphs.fits(input_ids.shape[0]):
+            return self.graphs.run(input_ids, meta)
+        return self.model(input_ids, meta.positions, meta, self.ctx)
 
     def step_batch_ok(self, widths: list[int], levels: list[int], greedy: bool) -> bool:
         """Whether a decode batch can run as one static step: every request has n = the beam
@@ -286,14 +288,9 @@ class ModelRunner:
         captured; else the model forward (graph or eager) and the same static step eagerly.
         The decode KV is reordered by parent inside. Returns views the next call overwrites."""
         with trace_range("flashrec.decode_step"):
-            r = input_ids.shape[0]
-            if self.graphs is not None and self.graphs.has_step(r):
+            if self.graphs is not None and self.graphs.has_step(input_ids.shape[0]):
                 return self.graphs.run_step(input_ids, meta, levels, cum, nodes)
-            if self.graphs is not None and self.graphs.fits(r):
-                h = self.graphs.run(input_ids, meta)
-            else:
-                h = self.model(input_ids, meta.positions, meta, self.ctx)
-            out = self.step.run(h, levels, cum, nodes)
+            out = self.step.run(self._decode_forward(input_ids, meta), levels, cum, nodes)
             reorder_rows(self.kv, meta.rows, out.parents)
             return out
 
