@@ -155,7 +155,9 @@ def parse_options(body: Mapping[str, Any], base_dir: Path) -> ProfileOptions:
     for key, default in (("profile_prefix", "flashrec"), ("profile_id", "")):
         v = _typed(body, key, str)
         if v is not None and not _SAFE_NAME.match(v):
-            raise ProfileError(f"'{key}' may only hold letters, digits, '.', '_' and '-'")
+            raise ProfileError(
+                f"'{key}' must be 1-64 characters, only letters, digits, '.', '_' and '-'"
+            )
         names_ok[key] = v or default
     return ProfileOptions(
         output_dir=out,

@@ -28,7 +28,13 @@ from harness.load import Target, closed_loop, make_requests, prepare_radix, run_
 from harness.server import Server, healthy
 from harness.sids import SidChecker
 from harness.spec import MatrixSpec
-from harness.trace import TraceWindow, start_profile, stop_profile, wait_until_stable
+from harness.trace import (
+    TraceWindow,
+    start_profile,
+    stop_profile,
+    trace_prefix,
+    wait_until_stable,
+)
 from harness.trace_summary import summarize_trace
 from harness.workload import PromptRenderer, PromptSet
 
@@ -164,7 +170,7 @@ async def _traced_round(ctx, cell, target, reqs, prime, res: CellResult) -> None
     trace: dict[str, Any] = {"dir": str(out_dir), "num_steps": spec.num_steps}
     res.trace = trace
     window = TraceWindow(start=now())
-    prefix = re.sub(r"[^A-Za-z0-9._-]", "_", cell.id)  # FlashRec accepts only these
+    prefix = trace_prefix(cell.id)
     ok, detail = await start_profile(
         ctx.session, ctx.server.base_url, out_dir, spec.num_steps, prefix, spec.profile_args
     )

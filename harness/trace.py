@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import hashlib
+import re
 import time
 import zlib
 from dataclasses import dataclass, field
@@ -130,6 +132,17 @@ async def wait_until_stable(
         if t - start > timeout_s:
             return TraceWait("timeout" if files or busy else "missing", _info(files), t - start)
         await asyncio.sleep(poll_s)
+
+
+def trace_prefix(cell_id: str, limit: int = 64) -> str:
+    """A trace-file prefix for a cell that FlashRec's ``/start_profile`` accepts: letters,
+    digits, '.', '_' and '-', at most ``limit`` characters. A longer id is cut and ends with a
+    hash of the whole id, so two long cell ids that share their start stay apart."""
+    safe = re.sub(r"[^A-Za-z0-9._-]", "_", cell_id) or "cell"
+    if len(safe) <= limit:
+        return safe
+    tag = hashlib.sha1(cell_id.encode()).hexdigest()[:8]
+    return f"{safe[: limit - len(tag) - 1]}-{tag}"
 
 
 async def start_profile(

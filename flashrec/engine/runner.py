@@ -133,8 +133,8 @@ class ModelRunner:
         if max_tokens and not (on_gpu and config.disable_cuda_graph):
             from flashrec.engine.prefill_graph import PrefillGraphRunner
 
-            pool = self.graphs.pool if self.graphs is not None else None
-            self.prefill_graphs = PrefillGraphRunner(self, max_tokens, pool)
+            graph_pool = self.graphs.pool if self.graphs is not None else None
+            self.prefill_graphs = PrefillGraphRunner(self, max_tokens, graph_pool)
             if on_gpu:
                 self.prefill_graphs.capture()
         log.info(

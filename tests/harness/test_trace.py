@@ -137,3 +137,22 @@ def test_cpu_summary_says_gpu_fields_are_na(tmp_path):
     bad = tmp_path / "bad.json.gz"
     bad.write_bytes(b"xx")
     assert "error" in summarize_trace(bad)
+
+
+def test_trace_prefix_is_accepted_by_flashrec_for_long_cell_ids(tmp_path: Path) -> None:
+    """The H200 matrix's cell ids run to 74 characters; FlashRec takes prefixes of at most 64.
+    Every prefix the harness sends must pass FlashRec's own validation, and two long ids that
+    differ only at the end must not share a prefix (their traces would mix)."""
+    from flashrec.profiler import ProfileError, parse_options
+    from harness.trace import trace_prefix
+
+    base = "flashrec,beam_width=256,concurrency=1,quantization=bf16,prompt_tokens="
+    ids = [base + "1000", base + "5000", "flashrec,beam_width=50", "a b/c"]
+    prefixes = [trace_prefix(i) for i in ids]
+    for p in prefixes:
+        opts = parse_options({"output_dir": str(tmp_path), "profile_prefix": p}, tmp_path)
+        assert opts.profile_prefix == p
+    assert len(set(prefixes)) == len(prefixes)
+    assert prefixes[2] == "flashrec_beam_width_50"  # short ids keep their readable form
+    with pytest.raises(ProfileError, match="1-64"):
+        parse_options({"profile_prefix": "x" * 65}, tmp_path)
