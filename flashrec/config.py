@@ -289,6 +289,18 @@ class ServerConfig(EngineConfig):
         30.0, "on SIGTERM, how long in-flight requests may take to finish"
     )
     warmup: bool = _opt(True, "run warm-up requests before /health reports ok")
+    gil_switch_interval_ms: float = _opt(
+        5.0,
+        "sys.setswitchinterval of the server process, in ms: how long the HTTP / tokenizer "
+        "threads may hold the GIL while the engine thread waits for it (Python's default: 5)",
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not 0.01 <= self.gil_switch_interval_ms <= 100:
+            raise ValueError(
+                f"--gil-switch-interval-ms must be in 0.01..100, got {self.gil_switch_interval_ms}"
+            )
 
 
 def add_config_args(parser: argparse.ArgumentParser, cls: type) -> None:

@@ -223,6 +223,9 @@ def run_server(config: ServerConfig) -> int:
     from flashrec.engine.engine import Engine
     from flashrec.engine.loop import EngineLoop
 
+    # the engine thread releases the GIL at every blocking CUDA call; a thread building a
+    # response or parsing a request may then hold it up to this long before handing it back
+    sys.setswitchinterval(config.gil_switch_interval_ms / 1000.0)
     engine = Engine(config)
     loop = EngineLoop(engine)
     return serve(engine, loop, config)

@@ -106,3 +106,30 @@ def test_await_engine_never_cancels_the_engine_future() -> None:
     done: Future = Future()
     done.set_result(7)
     assert asyncio.run(await_engine(done)) == 7
+
+
+def test_gil_switch_interval_is_checked_and_applied(monkeypatch) -> None:
+    """``--gil-switch-interval-ms`` is validated and becomes the process's switch interval
+    before the engine starts (its threads are created after it)."""
+    import sys
+
+    import flashrec.engine.engine as engine_mod
+    import flashrec.engine.loop as loop_mod
+    from flashrec.config import ServerConfig
+    from flashrec.server import app
+
+    for bad in (0.0, -1.0, 1000.0):
+        with pytest.raises(ValueError, match="gil-switch-interval-ms"):
+            ServerConfig(gil_switch_interval_ms=bad)
+    seen = {}
+    monkeypatch.setattr(
+        engine_mod, "Engine", lambda cfg: seen.setdefault("at", sys.getswitchinterval())
+    )
+    monkeypatch.setattr(loop_mod, "EngineLoop", lambda eng: None)
+    monkeypatch.setattr(app, "serve", lambda engine, loop, cfg: 0)
+    before = sys.getswitchinterval()
+    try:
+        assert app.run_server(ServerConfig(gil_switch_interval_ms=0.25)) == 0
+        assert seen["at"] == pytest.approx(0.00025)
+    finally:
+        sys.setswitchinterval(before)
