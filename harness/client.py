@@ -159,38 +159,45 @@ def parse_server_timing(header: str) -> dict[str, float]:
     return out
 
 
-async def send(
-    session: aiohttp.ClientSession,
-    base_url: str,
-    protocol: str,
-    req: Request,
-    record: Record,
-    checker: SidChecker,
-    timeout_s: float,
-    ks: list[int],
+@dataclass
+class Pending:
+    """Response bodies read during a load, parsed and checked after it.
+
+    Parsing a wide-beam answer and checking its SIDs takes the client a few ms (512 beams:
+    ~4 ms of JSON and set look-ups). Done inline, that time delays every other in-flight
+    request's read (its ``t_end``) and the next send of a closed loop: the client, not the
+    server, would set the pace at wide beams. ``send`` therefore only reads the body and
+    stamps ``t_end``; the load calls :meth:`finish` once it has sent everything. Bodies held
+    past ``limit_bytes`` are finished at once (nothing is dropped; memory stays bounded)."""
+
+    protocol: str
+    checker: SidChecker
+    ks: list[int]
+    limit_bytes: int = 64 << 20
+    items: list[tuple[Record, Request, bytes]] = field(default_factory=list)
+    held_bytes: int = 0
+
+    def add(self, record: Record, req: Request, raw: bytes) -> None:
+        self.items.append((record, req, raw))
+        self.held_bytes += len(raw)
+        if self.held_bytes > self.limit_bytes:
+            self.finish()
+
+    def finish(self) -> None:
+        """Parse and check every held body into its record."""
+        items, self.items, self.held_bytes = self.items, [], 0
+        for record, req, raw in items:
+            fill_record(record, req, raw, self.protocol, self.checker, self.ks)
+
+
+def fill_record(
+    record: Record, req: Request, raw: bytes, protocol: str, checker: SidChecker, ks: list[int]
 ) -> Record:
-    """Send one request and fill ``record`` (never raises for request failures)."""
-    path, make_body, parse = PROTOCOLS[protocol]
-    record.t_send = now()
+    """Parse a 200 answer's body into ``record``: beams, SID validity, usage, quality."""
+    parse = PROTOCOLS[protocol][2]
     try:
-        timeout = aiohttp.ClientTimeout(total=timeout_s)
-        async with session.post(base_url + path, json=make_body(req), timeout=timeout) as resp:
-            record.t_first_byte = now()
-            record.http_status = resp.status
-            record.server_ms = parse_server_timing(resp.headers.get("Server-Timing", ""))
-            raw = await resp.read()
-        record.t_end = now()
-        if resp.status != 200:
-            record.status = "http_error"
-            record.error = raw[:300].decode(errors="replace")
-            return record
         texts, usage = parse(json.loads(raw))
-    except asyncio.TimeoutError:
-        record.t_end = now()
-        record.status, record.error = "timeout", f"no response within {timeout_s:g} s"
-        return record
-    except (aiohttp.ClientError, OSError, ValueError, KeyError, TypeError) as exc:
-        record.t_end = now()
+    except (ValueError, KeyError, TypeError) as exc:
         record.status, record.error = "error", f"{type(exc).__name__}: {exc}"[:300]
         return record
     check = checker.check(texts)
@@ -202,6 +209,47 @@ async def send(
     if req.prompt.truth:
         record.quality = quality(check.ranked, req.prompt.truth, ks)
     return record
+
+
+async def send(
+    session: aiohttp.ClientSession,
+    base_url: str,
+    protocol: str,
+    req: Request,
+    record: Record,
+    checker: SidChecker,
+    timeout_s: float,
+    ks: list[int],
+    pending: Pending | None = None,
+) -> Record:
+    """Send one request and fill ``record`` (never raises for request failures). With
+    ``pending``, a 200 body is parsed later, by ``pending.finish()``."""
+    path, make_body, _ = PROTOCOLS[protocol]
+    record.t_send = now()
+    try:
+        timeout = aiohttp.ClientTimeout(total=timeout_s)
+        async with session.post(base_url + path, json=make_body(req), timeout=timeout) as resp:
+            record.t_first_byte = now()
+            record.http_status = resp.status
+            record.server_ms = parse_server_timing(resp.headers.get("Server-Timing", ""))
+            raw = await resp.read()
+        record.t_end = now()
+    except asyncio.TimeoutError:
+        record.t_end = now()
+        record.status, record.error = "timeout", f"no response within {timeout_s:g} s"
+        return record
+    except (aiohttp.ClientError, OSError, ValueError) as exc:
+        record.t_end = now()
+        record.status, record.error = "error", f"{type(exc).__name__}: {exc}"[:300]
+        return record
+    if resp.status != 200:
+        record.status = "http_error"
+        record.error = raw[:300].decode(errors="replace")
+        return record
+    if pending is not None:
+        pending.add(record, req, raw)
+        return record
+    return fill_record(record, req, raw, protocol, checker, ks)
 
 
 async def post_json(

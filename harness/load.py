@@ -14,7 +14,7 @@ import aiohttp
 import numpy as np
 
 from harness.cells import ClientSettings
-from harness.client import Record, Request, post_json, send
+from harness.client import Pending, Record, Request, post_json, send
 from harness.sids import SidChecker
 from harness.workload import Prompt, PromptRenderer
 
@@ -70,6 +70,7 @@ async def closed_loop(
     cell, rnd, phase = label
     records: list[Record | None] = [None] * len(requests)
     next_index = 0
+    pending = Pending(target.protocol, target.checker, target.ks)
 
     async def worker() -> None:
         nonlocal next_index
@@ -86,12 +87,16 @@ async def closed_loop(
                 target.checker,
                 target.timeout_s,
                 target.ks,
+                pending,
             )
             records[i] = rec
             if on_done:
                 on_done(rec)
 
-    await asyncio.gather(*(worker() for _ in range(min(concurrency, len(requests)) or 1)))
+    try:
+        await asyncio.gather(*(worker() for _ in range(min(concurrency, len(requests)) or 1)))
+    finally:
+        pending.finish()
     return [r for r in records if r is not None]
 
 
@@ -119,6 +124,7 @@ async def open_loop(
     loop = asyncio.get_running_loop()
     start = loop.time()
     tasks = []
+    pending = Pending(target.protocol, target.checker, target.ks)
 
     async def one(i: int) -> Record:
         req = requests[i % len(requests)]
@@ -132,6 +138,7 @@ async def open_loop(
             target.checker,
             target.timeout_s,
             target.ks,
+            pending,
         )
         if on_done:
             on_done(rec)
@@ -142,7 +149,10 @@ async def open_loop(
         if delay > 0:
             await asyncio.sleep(delay)
         tasks.append(asyncio.create_task(one(i)))
-    return list(await asyncio.gather(*tasks))
+    try:
+        return list(await asyncio.gather(*tasks))
+    finally:
+        pending.finish()
 
 
 async def run_load(

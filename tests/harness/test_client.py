@@ -72,3 +72,67 @@ def test_closed_loop_and_radix_over_both_protocols(fake_url):
         assert all(r.ok for r in recs)
         # after a flush the first request is cold; later ones hit the shared system prompt
         assert recs[0].cached_tokens == 0 or any(r.cached_tokens for r in recs[1:])
+
+
+class SlowChecker(SidChecker):
+    """A SID check that costs the client ``cost_s`` of blocking CPU time per response."""
+
+    def __init__(self, cost_s: float) -> None:
+        super().__init__(3)
+        self.cost_s = cost_s
+        self.calls = 0
+
+    def check(self, texts):
+        import time
+
+        self.calls += 1
+        end = time.perf_counter() + self.cost_s
+        while time.perf_counter() < end:  # busy: holds the event loop like json + set look-ups
+            pass
+        return super().check(texts)
+
+
+def test_response_checks_never_delay_other_requests(fake_url):
+    """Parsing and SID checks run after the load: with a check costing 60 ms of client CPU per
+    response, 8 requests at concurrency 4 still finish as fast as the server answers (inline,
+    each latency would absorb the checks of the responses read before it, and the closed loop
+    would send late). Every record is still parsed and checked."""
+    import time
+
+    checker = SlowChecker(0.06)
+    prompts = [Prompt(i, [MESSAGES[0], {"role": "user", "content": f"q{i}"}]) for i in range(8)]
+    reqs = [Request(p, 4, 4, 0.0) for p in prompts]
+
+    async def run() -> tuple[list[Record], float]:
+        target = Target(fake_url, "chat", checker, 10.0, [1])
+        async with aiohttp.ClientSession() as s:
+            await closed_loop(s, target, reqs[:2], 2, ("c", -1, "warmup"))  # connections up
+            checker.calls = 0
+            t0 = time.perf_counter()
+            recs = await closed_loop(s, target, reqs, 4, ("c", 0, "measure"))
+            return recs, time.perf_counter() - t0
+
+    recs, wall = asyncio.run(run())
+    assert checker.calls == 8 and all(r.ok and r.beams == 4 for r in recs)
+    last_end = max(r.t_end for r in recs) - min(r.t_send for r in recs)
+    assert wall >= 8 * 0.06  # the checks did run, after the load
+    assert last_end < 0.5 * 8 * 0.06, f"sends paced by the client's checks: {last_end:.3f} s"
+
+
+def test_pending_bodies_past_the_limit_are_finished_at_once(fake_url):
+    from harness.client import Pending
+
+    checker = SidChecker(3)
+    pending = Pending("chat", checker, [1], limit_bytes=0)
+    req = Request(Prompt(0, MESSAGES), 4, 4, 0.0)
+    rec = Record("c", 0, "measure", 0, 0, 0.0)
+
+    async def run() -> None:
+        async with aiohttp.ClientSession() as s:
+            await send(s, fake_url, "chat", req, rec, checker, 10.0, [1], pending)
+
+    asyncio.run(run())
+    assert rec.beams == 4 and not pending.items and pending.held_bytes == 0
+    bad = Record("c", 0, "measure", 1, 0, 0.0)
+    pending.add(bad, req, b"not json")
+    assert bad.status == "error" and "JSONDecodeError" in bad.error
