@@ -289,6 +289,11 @@ class ServerConfig(EngineConfig):
         30.0, "on SIGTERM, how long in-flight requests may take to finish"
     )
     warmup: bool = _opt(True, "run warm-up requests before /health reports ok")
+    tokenizer_workers: int = _opt(
+        4,
+        "threads that build prompts (chat template + tokenization) in parallel, each with its "
+        "own tokenizer copy; 1 = one thread over the engine's tokenizer",
+    )
     gil_switch_interval_ms: float = _opt(
         0.2,
         "sys.setswitchinterval of the server process, in ms: how long the HTTP / tokenizer "
@@ -298,6 +303,8 @@ class ServerConfig(EngineConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if not 1 <= self.tokenizer_workers <= 64:
+            raise ValueError(f"--tokenizer-workers must be in 1..64, got {self.tokenizer_workers}")
         if not 0.01 <= self.gil_switch_interval_ms <= 100:
             raise ValueError(
                 f"--gil-switch-interval-ms must be in 0.01..100, got {self.gil_switch_interval_ms}"

@@ -6,9 +6,12 @@ server drives the same scheduler from a background thread (``engine/loop.py``).
 
 from __future__ import annotations
 
+import copy
+import functools
 import itertools
 import logging
 import platform
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -94,6 +97,12 @@ class Engine:
             input_ids=input_ids,
             chat_template_kwargs=chat_template_kwargs,
         )
+
+    def prompt_builder(self) -> Callable[..., list[int]]:
+        """``build_prompt`` over a private copy of the tokenizer, for one more prompt-building
+        thread of the server (a HF fast tokenizer must not be used by two threads at once)."""
+        tok = copy.deepcopy(self.tokenizer)
+        return functools.partial(build_prompt_ids, tok, self.layout, self.vocab_size)
 
     def new_request(
         self,

@@ -54,7 +54,12 @@ def create_app(engine: Any, loop: Any, config: ServerConfig) -> web.Application:
     app = web.Application(
         client_max_size=int(config.max_body_bytes), middlewares=[h.error_middleware]
     )
-    backend = Backend(engine=engine, loop=loop, limits=h.limits_for(engine, config))
+    backend = Backend(
+        engine=engine,
+        loop=loop,
+        limits=h.limits_for(engine, config),
+        tokenizer_workers=config.tokenizer_workers,
+    )
     app[STATE] = ServerState(
         backend=backend,
         config=config,

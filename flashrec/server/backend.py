@@ -1,8 +1,10 @@
 """The engine as the HTTP layer sees it: build a prompt, run a request, cancel, drain.
 
-All engine work happens on other threads: tokenization on one dedicated worker thread (HF fast
-tokenizers must not be used by two threads at once), beam search on the ``EngineLoop``
-thread. The event loop only awaits.
+All engine work happens on other threads: prompt building (chat template + tokenization) on
+``--tokenizer-workers`` threads, beam search on the ``EngineLoop`` thread. The event loop only
+awaits. A HF fast tokenizer must not be used by two threads at once, so each prompt-building
+thread borrows one of as many builders, each over its own tokenizer copy
+(``engine.prompt_builder()``); the Rust encoder releases the GIL, so they run in parallel.
 
 NOTE: a ``concurrent.futures.Future`` from ``loop.submit`` is never cancelled from here (the
 engine thread owns it and will resolve it); an abandoned request is withdrawn with
@@ -14,6 +16,8 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import queue
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -72,9 +76,29 @@ class Backend:
     draining: bool = False
     inflight: set[str] = field(default_factory=set)
     active_handlers: int = 0
-    _tok: ThreadPoolExecutor = field(
-        default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="flashrec-tokenize")
-    )
+    tokenizer_workers: int = 1
+    _tok: ThreadPoolExecutor = field(init=False)
+    _builders: queue.SimpleQueue = field(init=False)
+
+    def __post_init__(self) -> None:
+        n = max(1, int(self.tokenizer_workers))
+        self._tok = ThreadPoolExecutor(n, thread_name_prefix="flashrec-tokenize")
+        self._builders = queue.SimpleQueue()
+        # the engine's own tokenizer serves the first thread; every other one gets a copy
+        # (an engine without ``prompt_builder``, e.g. a test fake, shares its build_prompt)
+        own: Callable[..., list[int]] = lambda **kw: self.engine.build_prompt(**kw)  # noqa: E731
+        make = getattr(self.engine, "prompt_builder", None)
+        for i in range(n):
+            self._builders.put(own if i == 0 or make is None else make())
+
+    def _build(self, kwargs: dict) -> list[int]:
+        """On a prompt-building thread: borrow a builder (never shared by two threads; there
+        are as many builders as threads), build, give it back."""
+        build = self._builders.get_nowait()
+        try:
+            return build(**kwargs)
+        finally:
+            self._builders.put(build)
 
     @property
     def healthy(self) -> bool:
@@ -93,7 +117,7 @@ class Backend:
         ``param``; the result is checked against ``--max-seq-len`` and the vocabulary."""
         aloop = asyncio.get_running_loop()
         try:
-            ids = await aloop.run_in_executor(self._tok, lambda: self.engine.build_prompt(**kwargs))
+            ids = await aloop.run_in_executor(self._tok, self._build, kwargs)
         except PROMPT_ERRORS as exc:
             raise bad_request(f"cannot build the prompt: {exc}", param) from None
         ids = list(map(int, ids))
@@ -168,5 +192,5 @@ class Backend:
             raise
 
     def close(self) -> None:
-        """Release the tokenizer thread."""
+        """Release the prompt-building threads."""
         self._tok.shutdown(wait=False, cancel_futures=True)

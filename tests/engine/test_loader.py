@@ -144,3 +144,15 @@ def test_other_1_5b_presets_have_their_shapes():
         cfg = config_dict(PRESETS[name])
         assert cfg["architectures"] == [arch]
         assert 1.4e9 < num_parameters(PRESETS[name]) < 1.7e9
+
+
+def test_prompt_builder_owns_a_tokenizer_and_matches_build_prompt(tiny_model):
+    """Each extra prompt-building thread of the server gets ``prompt_builder()``: its own
+    tokenizer object (never the engine's), the same ids for chat messages, text and ids."""
+    eng = _engine(tiny_model)
+    build = eng.prompt_builder()
+    other = eng.prompt_builder()
+    assert build.args[0] is not eng.tokenizer and build.args[0] is not other.args[0]
+    msgs = [{"role": "system", "content": "s"}, {"role": "user", "content": "<s_a_1> hi " * 40}]
+    for kw in ({"messages": msgs}, {"text": "plain words"}, {"input_ids": [3, 4, 5]}):
+        assert build(**kw) == eng.build_prompt(**kw) == other(**kw)

@@ -252,3 +252,56 @@ def test_check_prompt_names_the_first_bad_token(ids: list[int], bad: int) -> Non
     assert f"token id {bad} is outside the vocabulary" in str(info.value.body())
     check_prompt([0, 99], LIMITS, "messages")
     check_prompt([], LIMITS, "messages")
+
+
+class _SlowPromptEngine:
+    """``build_prompt`` that sleeps (releases the GIL, like the Rust tokenizer) and records
+    which builder and thread served it; ``prompt_builder`` hands out numbered copies."""
+
+    def __init__(self) -> None:
+        self.copies = 0
+        self.active: set[int] = set()
+        self.peak = 0
+        self.lock = threading.Lock()
+
+    def _run(self, who: int, ids) -> list[int]:
+        import time
+
+        with self.lock:
+            assert who not in self.active, f"builder {who} used by two threads at once"
+            self.active.add(who)
+            self.peak = max(self.peak, len(self.active))
+        time.sleep(0.05)
+        with self.lock:
+            self.active.discard(who)
+        return [int(t) for t in ids]
+
+    def build_prompt(self, input_ids=None, **_):
+        return self._run(0, input_ids)
+
+    def prompt_builder(self):
+        self.copies += 1
+        who = self.copies
+        return lambda input_ids=None, **_: self._run(who, input_ids)
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+def test_prompts_build_in_parallel_on_private_builders(workers: int) -> None:
+    """``tokenizer_workers`` threads build prompts at once, each borrowing a builder no other
+    thread holds (a HF fast tokenizer must not be shared by two threads); one worker uses the
+    engine's own tokenizer and makes no copy."""
+    eng = _SlowPromptEngine()
+    be = Backend(engine=eng, loop=_ThreadLoop(), limits=LIMITS, tokenizer_workers=workers)
+
+    async def main() -> list[list[int]]:
+        return await asyncio.gather(
+            *(be.build_prompt("input_ids", input_ids=[i, 1]) for i in range(6))
+        )
+
+    try:
+        got = asyncio.run(main())
+    finally:
+        be.close()
+    assert got == [[i, 1] for i in range(6)]
+    assert eng.copies == workers - 1
+    assert eng.peak == workers
