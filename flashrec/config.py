@@ -289,6 +289,12 @@ class ServerConfig(EngineConfig):
         30.0, "on SIGTERM, how long in-flight requests may take to finish"
     )
     warmup: bool = _opt(True, "run warm-up requests before /health reports ok")
+    gc_freeze: bool = _opt(
+        True,
+        "after warm-up, move every object alive (model, tokenizer, libraries) to Python's "
+        "permanent GC generation (gc.freeze): a full collection then walks only what requests "
+        "allocated (it stops every thread, the engine's included)",
+    )
     tokenizer_workers: int = _opt(
         4,
         "threads that build prompts (chat template + tokenization) in parallel, each with its "

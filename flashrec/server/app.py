@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import ipaddress
 import logging
 import signal
@@ -36,6 +37,7 @@ from flashrec.config import ServerConfig, add_config_args, config_from_args
 from flashrec.profiler import ProfileController
 from flashrec.server import handlers
 from flashrec.server.backend import Backend
+from flashrec.server.gcwatch import GcWatch, freeze_startup_objects
 from flashrec.server.handlers import STATE, ServerState
 from flashrec.server.metrics import ServerMetrics
 
@@ -117,6 +119,10 @@ async def start_engine(st: ServerState, warmup: bool) -> None:
         t0 = time.perf_counter()
         await asyncio.to_thread(be.loop.warmup)
         _log.info("warm-up done in %.2f s", time.perf_counter() - t0)
+    if st.config.gc_freeze:
+        t0 = time.perf_counter()
+        frozen = freeze_startup_objects(st.gc)
+        _log.info("gc: %d start-up objects frozen in %.2f s", frozen, time.perf_counter() - t0)
     be.ready = True
     _log.info("ready")
 
@@ -183,6 +189,10 @@ class Server:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
                     self._aloop.add_signal_handler(sig, self._stop.set)
+        st.gc = GcWatch().install()
+        add_hook = getattr(self.loop, "add_step_hook", None)
+        if add_hook is not None:
+            add_hook(st.gc.report_slow)  # logged on the engine thread, outside any collection
         starting = asyncio.ensure_future(start_engine(st, cfg.warmup))
         stopping = asyncio.ensure_future(self._stop.wait())
         await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
@@ -215,6 +225,10 @@ class Server:
         await runner.cleanup()
         await asyncio.to_thread(self.loop.stop)
         be.close()
+        if st.gc is not None:
+            st.gc.uninstall()
+        if self.config.gc_freeze:
+            gc.unfreeze()  # an in-process server (tests, embedding) leaves the process as found
         _log.info("stopped")
 
 

@@ -29,6 +29,7 @@ from flashrec.profiler import ProfileController, ProfileError
 from flashrec.server import protocol, responses
 from flashrec.server.backend import Backend
 from flashrec.server.errors import NOT_FOUND, APIError, bad_request, error_body
+from flashrec.server.gcwatch import GcWatch
 from flashrec.server.metrics import ServerMetrics
 
 _log = logging.getLogger("flashrec.server")
@@ -46,6 +47,7 @@ class ServerState:
     profiler: ProfileController
     model_name: str
     started: float = dataclasses.field(default_factory=time.time)
+    gc: GcWatch | None = None  # installed by ``Server.run``
 
     @property
     def limits(self) -> protocol.Limits:
@@ -334,7 +336,7 @@ async def metrics(request: web.Request) -> web.Response:
         "flashrec_http_inflight_requests": len(be.inflight),
         "flashrec_profiler_active": int(st.profiler.state == "active"),
     }
-    text = st.metrics.render(stats, extra)
+    text = st.metrics.render(stats, extra, st.gc.metrics() if st.gc is not None else None)
     return web.Response(
         text=text,
         content_type="text/plain",

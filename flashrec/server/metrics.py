@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 OUTCOMES = ("success", "invalid", "rejected", "too_large", "error", "cancelled")
@@ -137,8 +138,14 @@ class ServerMetrics:
         """End-to-end latency of one successful request."""
         self.latency.setdefault(endpoint, Histogram()).observe(seconds)
 
-    def render(self, stats: Mapping[str, float], extra: Mapping[str, float]) -> str:
-        """The full exposition text: engine ``stats``, ``extra`` gauges and own counters."""
+    def render(
+        self,
+        stats: Mapping[str, float],
+        extra: Mapping[str, float],
+        gc: Mapping[str, Any] | None = None,
+    ) -> str:
+        """The full exposition text: engine ``stats``, ``extra`` gauges, own counters and the
+        garbage collector's pauses (``GcWatch.metrics()``)."""
         out: list[str] = []
 
         def family(name: str, kind: str, help: str) -> None:
@@ -176,6 +183,36 @@ class ServerMetrics:
         )
         for ep, hist in sorted(self.latency.items()):
             out.extend(hist.lines("flashrec_request_latency_seconds", {"endpoint": ep}))
+        if gc is not None:
+            family(
+                "flashrec_gc_collections_total",
+                "counter",
+                "Python garbage collections by generation (each stops every thread).",
+            )
+            for g, n in enumerate(gc["collections"]):
+                out.append(f"flashrec_gc_collections_total{_labels({'generation': str(g)})} {n}")
+            family(
+                "flashrec_gc_pause_seconds_total",
+                "counter",
+                "Time spent in Python garbage collections, by generation.",
+            )
+            for g, sec in enumerate(gc["pause_s"]):
+                labels = _labels({"generation": str(g)})
+                out.append(f"flashrec_gc_pause_seconds_total{labels} {_fmt(sec)}")
+            family("flashrec_gc_pause_max_seconds", "gauge", "Longest garbage-collector pause.")
+            out.append(f"flashrec_gc_pause_max_seconds {_fmt(gc['max_pause_s'])}")
+            family(
+                "flashrec_gc_slow_pauses_total",
+                "counter",
+                "Garbage-collector pauses of 50 ms or more (logged as warnings).",
+            )
+            out.append(f"flashrec_gc_slow_pauses_total {gc['slow']}")
+            family(
+                "flashrec_gc_frozen_objects",
+                "gauge",
+                "Objects in the permanent GC generation (--gc-freeze).",
+            )
+            out.append(f"flashrec_gc_frozen_objects {gc['frozen']}")
         return "\n".join(out) + "\n"
 
 

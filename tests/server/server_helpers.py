@@ -103,6 +103,7 @@ def server_config(model_path: str = "", **overrides: Any) -> ServerConfig:
         kv_pool_tokens=1 << 16,
         max_seq_len=4096,
         shutdown_timeout_s=10.0,
+        gc_freeze=False,  # in-process servers: gc.collect() per start would slow the suite
     )
     values.update(overrides)
     return ServerConfig(**values)

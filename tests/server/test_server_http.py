@@ -293,3 +293,27 @@ def test_raw_socket_garbage_keeps_serving(fake: ServerThread) -> None:
             s.shutdown(socket.SHUT_WR)
             s.recv(4096)
     assert fake.get("/health").status_code == 200
+
+
+def test_gc_freeze_and_pause_metrics() -> None:
+    """``--gc-freeze``: once ready, the start-up objects sit in the permanent generation (a
+    full collection no longer walks them) and ``/metrics`` counts collections and pauses;
+    shutdown unfreezes them (an in-process server leaves the process as it found it)."""
+    import gc
+
+    assert gc.get_freeze_count() == 0
+    with fake_server(gc_freeze=True) as srv:
+        frozen = gc.get_freeze_count()
+        assert frozen > 1000
+        m = srv.metrics()  # the freeze's own full collection (~0.2 s+) is deliberate: not slow
+        assert m["flashrec_gc_slow_pauses_total"] == 0
+        gc.collect(2)  # one full collection, timed by the server's watch
+        m = srv.metrics()
+        assert m["flashrec_gc_frozen_objects"] > frozen // 2  # freed ones leave it
+        assert m['flashrec_gc_collections_total{generation="2"}'] >= 1
+        assert m['flashrec_gc_pause_seconds_total{generation="2"}'] > 0
+        assert m["flashrec_gc_pause_max_seconds"] > 0
+        assert "flashrec_gc_slow_pauses_total" in m
+    assert gc.get_freeze_count() == 0
+    with fake_server() as srv:  # the helper's default: no freeze
+        assert gc.get_freeze_count() == 0 and srv.metrics()["flashrec_gc_frozen_objects"] == 0

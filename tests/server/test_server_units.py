@@ -133,3 +133,31 @@ def test_gil_switch_interval_is_checked_and_applied(monkeypatch) -> None:
         assert seen["at"] == pytest.approx(0.00025)
     finally:
         sys.setswitchinterval(before)
+
+
+def test_gc_watch_times_collections_and_reports_slow_ones_once(caplog) -> None:
+    import gc
+    import logging
+
+    from flashrec.server.gcwatch import GcWatch
+
+    watch = GcWatch(slow_s=0.0).install()  # every pause counts as slow
+    try:
+        junk = [[] for _ in range(1000)]
+        for a, b in zip(junk, junk[1:]):
+            a.append(b), b.append(a)  # reference cycles: only the collector frees them
+        del junk, a, b
+        gc.collect(2)
+        assert watch.collections[2] >= 1 and watch.pause_s[2] > 0
+        assert watch.slow >= 1 and watch.max_pause_s > 0
+        with caplog.at_level(logging.WARNING, logger="flashrec.server"):
+            watch.report_slow(step=7)
+            watch.report_slow(step=8)  # nothing new: no second line
+        lines = [r.getMessage() for r in caplog.records if "garbage-collector" in r.getMessage()]
+        assert len(lines) == 1 and "by engine step 7" in lines[0] and "generation 2" in lines[0]
+    finally:
+        watch.uninstall()
+    assert watch._callback not in gc.callbacks
+    before = watch.collections[2]
+    gc.collect(2)
+    assert watch.collections[2] == before  # uninstalled: no longer counting
