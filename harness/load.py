@@ -7,6 +7,8 @@ Radix state is set the same way before every round: ``cold`` flushes the prefix 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -164,14 +166,34 @@ async def run_load(
     seed: int,
     on_done: OnDone | None = None,
 ) -> list[Record]:
-    """One round of a cell's load (closed loop, or open loop for ``poisson`` / ``constant``)."""
-    if client.mode == "closed":
-        return await closed_loop(session, target, requests, client.concurrency, label, on_done)
-    if client.rate is None:
+    """One round of a cell's load (closed loop, or open loop for ``poisson`` / ``constant``).
+
+    The client's own garbage collector is off while the round runs: a full collection of the
+    harness process stops its event loop and would delay reads and sends, i.e. be measured
+    as server latency. Reference counting still frees almost everything; the rest is
+    collected right after the round."""
+    if client.mode != "closed" and client.rate is None:
         raise ValueError(f"load mode '{client.mode}' needs a 'rate'")
-    duration = client.duration_s or len(requests) / client.rate
-    offsets = arrival_times(client.mode, client.rate, duration, seed)
-    return await open_loop(session, target, requests, offsets, label, on_done)
+    with gc_paused():
+        if client.mode == "closed":
+            return await closed_loop(session, target, requests, client.concurrency, label, on_done)
+        duration = client.duration_s or len(requests) / client.rate
+        offsets = arrival_times(client.mode, client.rate, duration, seed)
+        return await open_loop(session, target, requests, offsets, label, on_done)
+
+
+@contextlib.contextmanager
+def gc_paused():
+    """Python's garbage collector off inside, back to its previous state (and one collection)
+    after."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+            gc.collect()
 
 
 async def flush_cache(session: aiohttp.ClientSession, base_url: str) -> tuple[bool, str]:

@@ -19,6 +19,7 @@ import torch
 
 from flashrec.config import EngineConfig
 from flashrec.engine.engine import Engine
+from flashrec.server.gcwatch import freeze_startup_objects
 from flashrec.synth import synth_prompts
 
 
@@ -184,6 +185,7 @@ def main() -> int:
     )
     prompts = [eng.build_prompt(messages=m) for m in msgs]
     warm = closed_loop(eng, prompts[: args.concurrency], args.n, args.concurrency, args.max_tokens)
+    freeze_startup_objects()  # as the server does after warm-up (--gc-freeze)
     rounds = []
     for _ in range(args.rounds):
         eng.scheduler.flush_cache()

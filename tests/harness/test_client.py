@@ -136,3 +136,51 @@ def test_pending_bodies_past_the_limit_are_finished_at_once(fake_url):
     bad = Record("c", 0, "measure", 1, 0, 0.0)
     pending.add(bad, req, b"not json")
     assert bad.status == "error" and "JSONDecodeError" in bad.error
+
+
+def test_client_gc_is_off_during_a_round_only(fake_url):
+    """The harness's own garbage collector never runs inside a measured round (a full
+    collection would stall its event loop and read as server latency); it is back on, and
+    has collected, once the round is over."""
+    import gc
+
+    from harness.cells import ClientSettings
+    from harness.load import run_load
+
+    seen: list[bool] = []
+    reqs = [Request(Prompt(i, MESSAGES), 4, 4, 0.0) for i in range(4)]
+
+    async def run() -> list[Record]:
+        target = Target(fake_url, "chat", SidChecker(3), 10.0, [1])
+        async with aiohttp.ClientSession() as s:
+            return await run_load(
+                s,
+                target,
+                reqs,
+                ClientSettings(
+                    mode="closed",
+                    concurrency=2,
+                    rate=None,
+                    duration_s=None,
+                    requests=4,
+                    warmup_requests=0,
+                    beam_width=4,
+                    max_tokens=4,
+                    temperature=0.0,
+                    seed=None,
+                    radix="warm",
+                    request_timeout_s=10.0,
+                    median_tokens=16,
+                    spread=0.0,
+                    system_prompt_tokens=0,
+                ),
+                ("c", 0, "measure"),
+                0,
+                on_done=lambda rec: seen.append(gc.isenabled()),
+            )
+
+    assert gc.isenabled()
+    recs = asyncio.run(run())
+    assert len(recs) == 4 and all(r.ok for r in recs)
+    assert seen == [False] * 4
+    assert gc.isenabled()
