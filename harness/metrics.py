@@ -43,9 +43,11 @@ DIRECTIONS: dict[str, int] = {
     "server_tokenize_ms_mean": 0,
     "server_queue_ms_mean": 0,
     "server_engine_ms_mean": 0,
-    "outside_server_ms_mean": 0,  # client latency - the three above: HTTP, JSON, event loops
+    "server_respond_ms_mean": 0,  # FlashRec >= session 5: beams on the host -> answer text
+    "outside_server_ms_mean": 0,  # client latency - the phases above: HTTP, event loops
 }
 SERVER_PHASES = ("tokenize", "queue", "engine")
+OPTIONAL_SERVER_PHASES = ("respond",)  # counted where every timed request of a round has it
 QUALITY_PREFIXES = ("hit@", "recall@", "ndcg@", "mrr@")
 KEY_METRICS = (
     "qps",
@@ -107,12 +109,13 @@ def round_metrics(records: list[Record], extra: Extra | None = None) -> dict[str
             )
     timed = [r for r in ok if all(p in r.server_ms for p in SERVER_PHASES)]
     if timed:
-        for p in SERVER_PHASES:
+        phases = SERVER_PHASES + tuple(
+            p for p in OPTIONAL_SERVER_PHASES if all(p in r.server_ms for r in timed)
+        )
+        for p in phases:
             out[f"server_{p}_ms_mean"] = float(np.mean([r.server_ms[p] for r in timed]))
         out["outside_server_ms_mean"] = float(
-            np.mean(
-                [r.latency * 1000.0 - sum(r.server_ms[p] for p in SERVER_PHASES) for r in timed]
-            )
+            np.mean([r.latency * 1000.0 - sum(r.server_ms[p] for p in phases) for r in timed])
         )
     sums: dict[str, list[float]] = defaultdict(list)
     for r in ok:

@@ -179,28 +179,22 @@ def mfu_table(report: dict) -> Table | None:
 
 
 def server_timing_table(report: dict) -> Table | None:
-    """Where a request's latency goes, from the server's Server-Timing header."""
-    rows = []
-    for c in report["cells"]:
-        m = c.get("metrics") or {}
-        if "server_engine_ms_mean" not in m:
-            continue
-        rows.append(
-            [c["id"]]
-            + [
-                _med_ci(m.get(k), ".1f")
-                for k in (
-                    "latency_mean_ms",
-                    "server_tokenize_ms_mean",
-                    "server_queue_ms_mean",
-                    "server_engine_ms_mean",
-                    "outside_server_ms_mean",
-                )
-            ]
-        )
-    if not rows:
+    """Where a request's latency goes, from the server's Server-Timing header (the
+    ``respond`` column only where some cell has it)."""
+    cells = [c for c in report["cells"] if "server_engine_ms_mean" in (c.get("metrics") or {})]
+    if not cells:
         return None
-    head = ["cell", "client latency ms", "tokenize", "queue", "engine", "outside the server"]
+    respond = any("server_respond_ms_mean" in c["metrics"] for c in cells)
+    keys = ["latency_mean_ms", "server_tokenize_ms_mean", "server_queue_ms_mean"]
+    keys += ["server_engine_ms_mean"] + (["server_respond_ms_mean"] if respond else [])
+    keys += ["outside_server_ms_mean"]
+    rows = [
+        [c["id"]]
+        + [_med_ci(c["metrics"].get(k), ".1f") if k in c["metrics"] else "-" for k in keys]
+        for c in cells
+    ]
+    head = ["cell", "client latency ms", "tokenize", "queue", "engine"]
+    head += (["respond"] if respond else []) + ["outside the server"]
     return head, rows
 
 
@@ -317,8 +311,11 @@ MFU_NOTE = (
 SERVER_TIMING_NOTE = (
     "Means per round (median [95% CI] over rounds) of the phases the server reports in its "
     "Server-Timing header: tokenize (prompt built from the messages), queue (submitted -> "
-    "admitted for prefill), engine (admitted -> retired with its beams). Outside the server = "
-    "client latency - their sum: HTTP, JSON encoding and parsing, event-loop hand-offs."
+    "admitted for prefill), engine (admitted -> ranked beams on the host), respond (where the "
+    "server reports it: beams on the host -> answer text built, i.e. result objects, the "
+    "hand-off to the event loop and JSON encoding). Outside the server = client latency - "
+    "their sum: HTTP and event-loop time on both sides (and, for servers without respond, "
+    "the answer's encoding)."
 )
 TARGETS_NOTE = (
     "Targets are goals: a missed one is reported with the shortfall, the ratio actual / target "

@@ -59,6 +59,9 @@ class GenResult:
     # seconds (queued: arrival -> admitted for prefill; engine: admitted -> retired)
     queue_s: float | None = None
     engine_s: float | None = None
+    # time.monotonic() when the engine had the ranked beams on the host (engine_s ends here);
+    # the server's Server-Timing "respond" phase runs from it to the answer's text being built
+    done_at: float | None = None
 
     @property
     def completion_tokens(self) -> int:

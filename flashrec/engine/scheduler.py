@@ -443,6 +443,7 @@ class Scheduler:
                 st.cached_tokens,
                 queue_s=st.admitted_at - st.req.arrival,
                 engine_s=done_at - st.admitted_at,
+                done_at=done_at,
             )
         return out
 

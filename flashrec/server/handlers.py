@@ -170,10 +170,12 @@ async def _chat(request: web.Request) -> web.StreamResponse:
     st.metrics.completion_tokens += result.completion_tokens
     st.metrics.cached_tokens += result.cached_tokens
     model = req.model or st.model_name
-    timing = {"Server-Timing": server_timing(t_tok, [result])}
     if not req.stream:
-        return web.json_response(text=responses.chat_completion_json(result, model), headers=timing)
-    return await _send_sse(request, responses.chat_stream(result, model), timing)
+        text = responses.chat_completion_json(result, model)
+        timing = {"Server-Timing": server_timing(t_tok, [result])}
+        return web.json_response(text=text, headers=timing)
+    events = list(responses.chat_stream(result, model))
+    return await _send_sse(request, iter(events), {"Server-Timing": server_timing(t_tok, [result])})
 
 
 async def _generate(request: web.Request) -> web.StreamResponse:
@@ -209,24 +211,30 @@ async def _generate(request: web.Request) -> web.StreamResponse:
     for r in results:
         st.metrics.completion_tokens += r.completion_tokens
         st.metrics.cached_tokens += r.cached_tokens
-    timing = {"Server-Timing": server_timing(t_tok, results)}
     if not req.stream:
         texts = [responses.generate_result_json(r, latency) for r in results]
         text = f"[{', '.join(texts)}]" if req.batched else texts[0]
+        timing = {"Server-Timing": server_timing(t_tok, results)}
         return web.json_response(text=text, headers=timing)
     outs = [responses.generate_result(r, latency) for r in results]
     out: Any = outs if req.batched else outs[0]
-    return await _send_sse(request, iter([responses.sse(out), b"data: [DONE]\n\n"]), timing)
+    events = [responses.sse(out), b"data: [DONE]\n\n"]
+    return await _send_sse(request, iter(events), {"Server-Timing": server_timing(t_tok, results)})
 
 
 def server_timing(tokenize_s: float, results: list) -> str:
     """The ``Server-Timing`` header (W3C) of a generation response, in ms: ``tokenize`` (the
-    prompt built from messages / text), ``queue`` (submitted -> admitted for prefill) and
-    ``engine`` (admitted -> retired with its beams); for a batch, the slowest request's. What
-    the client measures beyond their sum is HTTP, JSON and event-loop time."""
+    prompt built from messages / text), ``queue`` (submitted -> admitted for prefill),
+    ``engine`` (admitted -> ranked beams on the host) and ``respond`` (from there to the
+    answer's text: the beams' host objects, the hand-off to the event loop, JSON); for a
+    batch, the slowest request's. Call it once the answer is built. What the client measures
+    beyond their sum is HTTP and the client's own event loop."""
     queue = max((r.queue_s or 0.0) for r in results) if results else 0.0
     engine = max((r.engine_s or 0.0) for r in results) if results else 0.0
-    parts = (("tokenize", tokenize_s), ("queue", queue), ("engine", engine))
+    parts = [("tokenize", tokenize_s), ("queue", queue), ("engine", engine)]
+    done = [r.done_at for r in results if getattr(r, "done_at", None) is not None]
+    if done:
+        parts.append(("respond", max(0.0, time.monotonic() - min(done))))
     return ", ".join(f"{name};dur={sec * 1000.0:.3f}" for name, sec in parts)
 
 

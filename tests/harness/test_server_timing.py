@@ -34,6 +34,19 @@ def test_round_metrics_break_the_latency_down():
     assert math.isclose(m["server_tokenize_ms_mean"], 2.0)
     assert math.isclose(m["server_queue_ms_mean"], 1.0)
     assert math.isclose(m["outside_server_ms_mean"], ((40 - 33) + (50 - 43)) / 2)
+    assert "server_respond_ms_mean" not in m  # a server without the respond phase
     assert "server_engine_ms_mean" not in round_metrics([_rec(0, 0.04, {})])  # no header
+    # with respond on every request it is its own column and leaves "outside"
+    both = [
+        _rec(0, 0.040, {"tokenize": 1.0, "queue": 2.0, "engine": 30.0, "respond": 3.0}),
+        _rec(1, 0.050, {"tokenize": 3.0, "queue": 0.0, "engine": 40.0, "respond": 1.0}),
+    ]
+    m = round_metrics(both)
+    assert math.isclose(m["server_respond_ms_mean"], 2.0)
+    assert math.isclose(m["outside_server_ms_mean"], ((40 - 36) + (50 - 44)) / 2)
+    # on only some requests it is left out (a mean over some would not add up)
+    m = round_metrics([both[0], recs[1]])
+    assert "server_respond_ms_mean" not in m
+    assert math.isclose(m["outside_server_ms_mean"], ((40 - 33) + (50 - 43)) / 2)
     assert Record("c", 0, "measure", 0, 0, 0.0).row().keys() >= {"latency_s"}
     assert _rec(0, 0.04, {"engine": 3.0}).row()["server_engine_ms"] == 3.0
