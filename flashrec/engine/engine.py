@@ -101,7 +101,10 @@ class Engine:
     def prompt_builder(self) -> Callable[..., list[int]]:
         """``build_prompt`` over a private copy of the tokenizer, for one more prompt-building
         thread of the server (a HF fast tokenizer must not be used by two threads at once)."""
-        tok = copy.deepcopy(self.tokenizer)
+        try:
+            tok = copy.deepcopy(self.tokenizer)
+        except Exception:  # noqa: BLE001 - a tokenizer that cannot be copied is loaded again
+            tok = load_tokenizer(self.config.model_path)
         return functools.partial(build_prompt_ids, tok, self.layout, self.vocab_size)
 
     def new_request(

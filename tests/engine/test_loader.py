@@ -156,3 +156,19 @@ def test_prompt_builder_owns_a_tokenizer_and_matches_build_prompt(tiny_model):
     msgs = [{"role": "system", "content": "s"}, {"role": "user", "content": "<s_a_1> hi " * 40}]
     for kw in ({"messages": msgs}, {"text": "plain words"}, {"input_ids": [3, 4, 5]}):
         assert build(**kw) == eng.build_prompt(**kw) == other(**kw)
+
+
+def test_prompt_builder_loads_a_tokenizer_it_cannot_copy(tiny_model, monkeypatch):
+    import types
+
+    import flashrec.engine.engine as engine_mod
+
+    eng = _engine(tiny_model)
+
+    def refuse(obj, memo=None):
+        raise TypeError("cannot pickle the tokenizer")
+
+    monkeypatch.setattr(engine_mod, "copy", types.SimpleNamespace(deepcopy=refuse))
+    build = eng.prompt_builder()
+    assert build.args[0] is not eng.tokenizer
+    assert build(text="plain words") == eng.build_prompt(text="plain words")
