@@ -26,6 +26,7 @@ from harness.cells import Cell
 from harness.client import Record, now
 from harness.load import Target, closed_loop, make_requests, prepare_radix, run_load
 from harness.server import Server, healthy
+from harness.server_metrics import gc_delta, scrape
 from harness.sids import SidChecker
 from harness.spec import MatrixSpec
 from harness.trace import (
@@ -65,6 +66,8 @@ class CellResult:
     duration_s: float = 0.0
     baseline: dict = field(default_factory=dict)  # {"hf": {...}} (harness.hf_baseline)
     mfu: dict | None = None  # what MFU needs (harness.flops.mfu_info)
+    # measured round -> server-side deltas over it (harness.server_metrics: GC pauses)
+    server_rounds: dict[int, dict[str, float]] = field(default_factory=dict)
 
 
 @dataclass
@@ -146,7 +149,9 @@ async def _prepare(ctx, cell, target, prime, rnd: int, phase: str, res: CellResu
 
 
 async def _load(ctx, cell, target, reqs, rnd: int, phase: str, res: CellResult) -> None:
-    """One round of the cell's load; its records are appended to the result."""
+    """One round of the cell's load; its records are appended to the result. Around a measured
+    round the server's ``/metrics`` is scraped (outside the timed load) for its GC pauses."""
+    before = await scrape(ctx.session, ctx.server.base_url) if phase == "measure" else None
     recs = await run_load(
         ctx.session,
         target,
@@ -158,6 +163,11 @@ async def _load(ctx, cell, target, reqs, rnd: int, phase: str, res: CellResult) 
     )
     res.records += recs
     await _check_server(ctx, recs, _health_timeout(cell))
+    if before is not None:
+        after = await scrape(ctx.session, ctx.server.base_url)
+        delta = gc_delta(before, after)
+        if delta:
+            res.server_rounds[rnd] = delta
 
 
 async def _traced_round(ctx, cell, target, reqs, prime, res: CellResult) -> None:

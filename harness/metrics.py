@@ -45,6 +45,10 @@ DIRECTIONS: dict[str, int] = {
     "server_engine_ms_mean": 0,
     "server_respond_ms_mean": 0,  # FlashRec >= session 5: beams on the host -> answer text
     "outside_server_ms_mean": 0,  # client latency - the phases above: HTTP, event loops
+    # the server's own counters over the round (harness.server_metrics), informational
+    "server_gc_pause_ms": 0,
+    "server_gc_full_collections": 0,
+    "server_gc_slow_pauses": 0,
 }
 SERVER_PHASES = ("tokenize", "queue", "engine")
 OPTIONAL_SERVER_PHASES = ("respond",)  # counted where every timed request of a round has it

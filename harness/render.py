@@ -185,9 +185,10 @@ def server_timing_table(report: dict) -> Table | None:
     if not cells:
         return None
     respond = any("server_respond_ms_mean" in c["metrics"] for c in cells)
+    gc = any("server_gc_pause_ms" in c["metrics"] for c in cells)
     keys = ["latency_mean_ms", "server_tokenize_ms_mean", "server_queue_ms_mean"]
     keys += ["server_engine_ms_mean"] + (["server_respond_ms_mean"] if respond else [])
-    keys += ["outside_server_ms_mean"]
+    keys += ["outside_server_ms_mean"] + (["server_gc_pause_ms"] if gc else [])
     rows = [
         [c["id"]]
         + [_med_ci(c["metrics"].get(k), ".1f") if k in c["metrics"] else "-" for k in keys]
@@ -195,6 +196,7 @@ def server_timing_table(report: dict) -> Table | None:
     ]
     head = ["cell", "client latency ms", "tokenize", "queue", "engine"]
     head += (["respond"] if respond else []) + ["outside the server"]
+    head += ["server GC pauses ms / round"] if gc else []
     return head, rows
 
 
@@ -315,7 +317,8 @@ SERVER_TIMING_NOTE = (
     "server reports it: beams on the host -> answer text built, i.e. result objects, the "
     "hand-off to the event loop and JSON encoding). Outside the server = client latency - "
     "their sum: HTTP and event-loop time on both sides (and, for servers without respond, "
-    "the answer's encoding)."
+    "the answer's encoding). Server GC pauses: the server's garbage-collector time during "
+    "the round (its /metrics before and after), which stops every server thread."
 )
 TARGETS_NOTE = (
     "Targets are goals: a missed one is reported with the shortfall, the ratio actual / target "

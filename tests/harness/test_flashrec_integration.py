@@ -58,6 +58,11 @@ def test_smoke_matrix_on_flashrec(tmp_path, tiny_model, marker):
         assert c["metrics"]["invalid_rate"]["median"] == 0
         assert c["metrics"]["qps"]["n"] == 3
         assert c["server"]["info"], "get_server_info answered"
+        # every measured round carries the server's GC deltas (scraped around it) and the
+        # Server-Timing respond phase
+        for r in c["round_metrics"]:
+            assert r["server_gc_pause_ms"] >= 0 and r["server_gc_slow_pauses"] >= 0, r
+            assert r["server_respond_ms_mean"] >= 0, r
     assert cells["chat,beam_width=4,concurrency=1"]["metrics"]["cached_frac"]["median"] > 0
     trace = cells["chat,beam_width=4,concurrency=1"]["trace"]
     assert trace["status"] == "complete", trace

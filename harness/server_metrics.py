@@ -1,0 +1,98 @@
+"""Server-side counters around each measured round, from the server's Prometheus ``/metrics``.
+
+FlashRec exports its garbage-collector pauses (``flashrec_gc_*``). A full collection stops
+every thread of the server, the engine's included, so a slow round with a long pause in it
+has its explanation. The harness scrapes ``/metrics`` before and after each measured round
+(outside the timed load) and keeps the deltas as round metrics:
+``server_gc_pause_ms`` (every generation), ``server_gc_full_collections`` and
+``server_gc_slow_pauses`` (>= 50 ms). A server without these families (another engine, an
+older FlashRec) simply has none.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+import aiohttp
+
+from harness.metrics import Extra
+
+GC_PAUSE = "flashrec_gc_pause_seconds_total"
+GC_COLLECTIONS_FULL = 'flashrec_gc_collections_total{generation="2"}'
+GC_SLOW = "flashrec_gc_slow_pauses_total"
+
+
+def parse_prometheus(text: str) -> dict[str, float]:
+    """``{"name{labels}": value}`` of every sample line of a text exposition."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        key, _, value = line.rpartition(" ")
+        try:
+            out[key] = float(value)
+        except ValueError:
+            continue
+    return out
+
+
+async def scrape(session: aiohttp.ClientSession, base_url: str) -> dict[str, float] | None:
+    """The server's ``/metrics`` samples; None when it has none (or does not answer)."""
+    try:
+        timeout = aiohttp.ClientTimeout(total=10)
+        async with session.get(f"{base_url}/metrics", timeout=timeout) as r:
+            if r.status != 200:
+                return None
+            return parse_prometheus(await r.text())
+    except (aiohttp.ClientError, asyncio.TimeoutError, OSError, UnicodeDecodeError):
+        return None
+
+
+def _sum(samples: dict[str, float], family: str) -> float | None:
+    vals = [v for k, v in samples.items() if k == family or k.startswith(family + "{")]
+    return sum(vals) if vals else None
+
+
+def gc_delta(before: dict[str, float] | None, after: dict[str, float] | None) -> dict[str, float]:
+    """The round's GC metrics from two scrapes ({} without the families in both)."""
+    if not before or not after:
+        return {}
+    out: dict[str, float] = {}
+    b, a = _sum(before, GC_PAUSE), _sum(after, GC_PAUSE)
+    if b is not None and a is not None:
+        out["server_gc_pause_ms"] = (a - b) * 1000.0
+    for name, key in (
+        ("server_gc_full_collections", GC_COLLECTIONS_FULL),
+        ("server_gc_slow_pauses", GC_SLOW),
+    ):
+        if key in before and key in after:
+            out[name] = after[key] - before[key]
+    return {k: v for k, v in out.items() if math.isfinite(v)}
+
+
+def round_extra(server_rounds: dict[int, dict[str, float]]) -> Extra | None:
+    """An ``Extra`` adding each round's server deltas (keyed by the records' round)."""
+    if not server_rounds:
+        return None
+
+    def extra(ok, out):
+        return dict(server_rounds.get(ok[0].round, {})) if ok else {}
+
+    return extra
+
+
+def chain(*extras: Extra | None) -> Extra | None:
+    """Several ``Extra`` functions as one (each sees the metrics of those before it)."""
+    live = [e for e in extras if e is not None]
+    if not live:
+        return None
+
+    def extra(ok, out):
+        res: dict[str, float] = {}
+        for e in live:
+            res.update(e(ok, {**out, **res}))
+        return res
+
+    return extra
