@@ -140,8 +140,8 @@ def test_pending_bodies_past_the_limit_are_finished_at_once(fake_url):
 
 def test_client_gc_is_off_during_a_round_only(fake_url):
     """The harness's own garbage collector never runs inside a measured round (a full
-    collection would stall its event loop and read as server latency); it is back on, and
-    has collected, once the round is over."""
+    collection would stall its event loop and read as server latency); it is back on once
+    the round is over."""
     import gc
 
     from harness.cells import ClientSettings
