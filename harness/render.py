@@ -279,6 +279,16 @@ def trace_lines(report: dict) -> list[str]:
                         for g in f["largest_gaps_us"][:3]
                     )
                 )
+            if f.get("limit"):
+                out.append(f"  - **limit: {f['limit']}**")
+                if f.get("gpu_idle_by_host"):
+                    out.append(
+                        "  - GPU idle while the host is in: "
+                        + ", ".join(
+                            f"{r['span']} {r['idle_us'] / 1000:.1f} ms ({r['pct_of_window']:.1f}%)"
+                            for r in f["gpu_idle_by_host"]
+                        )
+                    )
     return out
 
 

@@ -4,10 +4,17 @@ GPU fields: busy fraction (union of kernel / memcpy / memset time over the span 
 to the last of them), the largest gaps between them, CUDA-graph replays (``cudaGraphLaunch``
 runtime calls), top kernels by time and whether the GEMMs are FP8 kernels. On a CPU-only trace
 those fields are ``"n/a"`` and the CPU operator time is what the summary reports.
+
+Where the GPU waits (``gpu_idle_by_host``): every gap between GPU operations is charged to the
+outermost host annotation (``record_function`` span, e.g. ``flashrec.prefill``) running at its
+midpoint, or to ``(no host span)`` when none is: then the host was outside annotated code,
+e.g. an engine waiting for requests. ``limit`` reads the result: ``gpu-bound`` when the GPU is
+busy >= 80% of the window, else ``host-bound`` naming the host span it waited on most.
 """
 
 from __future__ import annotations
 
+import bisect
 import gzip
 import json
 import re
@@ -25,6 +32,8 @@ FP8 = re.compile(r"fp8|e4m3|e5m2|scaled_mm|f8f8|nvjet_sm\d+_qq", re.I)
 GRAPH_LAUNCH = {"cudaGraphLaunch", "cuGraphLaunch", "hipGraphLaunch"}
 STEP_SPANS = ("flashrec.schedule", "flashrec.step")
 KERNEL_LAUNCH = {"cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernelEx"}
+NO_SPAN = "(no host span)"
+GPU_BOUND_BUSY = 0.8  # busy fraction from which a trace reads as GPU-bound
 
 
 def load_events(path: str | Path) -> list[dict]:
@@ -119,6 +128,77 @@ def _gpu(events: list[dict], top_k: int, gaps_k: int) -> dict[str, Any]:
     }
 
 
+def _outermost_spans(events: list[dict]) -> list[tuple[float, float, str]]:
+    """Host annotations not nested in a longer one that started before them, by start."""
+    spans = sorted(
+        (
+            (float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)), str(e.get("name", "")))
+            for e in events
+            if e.get("ph") == "X"
+            and e.get("cat") == "user_annotation"
+            and not str(e.get("name", "")).startswith("ProfilerStep#")
+        ),
+        key=lambda s: (s[0], -s[1]),
+    )
+    out: list[tuple[float, float, str]] = []
+    for sp in spans:
+        if out and sp[1] <= out[-1][1]:
+            continue  # inside the previous outer span
+        out.append(sp)
+    return out
+
+
+def idle_by_host(events: list[dict], top_k: int = 6) -> dict[str, Any]:
+    """GPU idle time (the gaps of the merged GPU busy intervals) by the outermost host span
+    running at each gap's midpoint; ``limit`` as in the module docstring. {} without GPU ops."""
+    gpu = [
+        (float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)), "")
+        for e in events
+        if e.get("ph") == "X" and e.get("cat") in GPU_CATS
+    ]
+    if not gpu:
+        return {}
+    merged = _union(gpu)
+    window = merged[-1][1] - merged[0][0]
+    busy = sum(m[1] - m[0] for m in merged)
+    outer = _outermost_spans(events)
+    starts = [sp[0] for sp in outer]
+    idle: dict[str, float] = defaultdict(float)
+    for a, b in zip(merged, merged[1:]):
+        gap = b[0] - a[1]
+        if gap <= 0:
+            continue
+        mid = a[1] + gap / 2
+        i = bisect.bisect_right(starts, mid) - 1
+        # the latest span starting before mid, or an earlier long one still running
+        name = NO_SPAN
+        for j in range(i, max(-1, i - 8), -1):
+            if outer[j][0] <= mid <= outer[j][1]:
+                name = outer[j][2]
+                break
+        idle[name] += gap
+    total = sum(idle.values())
+    rows = [
+        {"span": n, "idle_us": round(t, 1), "pct_of_window": round(100 * t / window, 2)}
+        for n, t in sorted(idle.items(), key=lambda kv: -kv[1])[:top_k]
+    ]
+    frac = busy / window if window > 0 else 1.0
+    if frac >= GPU_BOUND_BUSY or not rows:
+        limit = f"gpu-bound: the GPU is busy {100 * frac:.1f}% of the traced window"
+    else:
+        top = rows[0]
+        where = (
+            "while no annotated host work runs (e.g. the engine waiting for requests)"
+            if top["span"] == NO_SPAN
+            else f"while the host is in {top['span']}"
+        )
+        limit = (
+            f"host-bound: the GPU waits {100 * (1 - frac):.1f}% of the traced window, most "
+            f"{where} ({top['pct_of_window']:.1f}% of the window)"
+        )
+    return {"gpu_idle_us": round(total, 1), "gpu_idle_by_host": rows, "limit": limit}
+
+
 def _cpu(events: list[dict], top_k: int) -> dict[str, Any]:
     ops: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
     per_thread: dict[tuple, list[tuple[float, float, str]]] = defaultdict(list)
@@ -166,6 +246,7 @@ def summarize_events(events: list[dict], top_k: int = 10, gaps_k: int = 5) -> di
         **_steps(events),
         "device": "cpu" if gpu["gpu_busy_fraction"] == NA else "gpu",
         **gpu,
+        **idle_by_host(events),
         **_cpu(events, top_k),
     }
 

@@ -156,3 +156,36 @@ def test_trace_prefix_is_accepted_by_flashrec_for_long_cell_ids(tmp_path: Path) 
     assert prefixes[2] == "flashrec_beam_width_50"  # short ids keep their readable form
     with pytest.raises(ProfileError, match="1-64"):
         parse_options({"profile_prefix": "x" * 65}, tmp_path)
+
+
+def test_gpu_idle_is_charged_to_the_outermost_host_span():
+    """Gaps between GPU work (merged intervals) go to the outermost host span running at the
+    gap's midpoint, never to a span nested in it, else to "(no host span)"; the limit line
+    names the span the GPU waited on most, or says GPU-bound from 80% busy on."""
+    from harness.trace_summary import NO_SPAN, idle_by_host
+
+    k = lambda ts, dur: {"ph": "X", "cat": "kernel", "name": "k", "ts": ts, "dur": dur}  # noqa: E731
+
+    def a(name, ts, dur):
+        return {"ph": "X", "cat": "user_annotation", "name": name, "ts": ts, "dur": dur}
+
+    events = [
+        k(0, 10),
+        k(5, 10),  # overlaps the first: one busy interval 0-15
+        k(115, 5),  # gap 15-115 (100 us), midpoint 65: inside prefill (and its nested layer)
+        k(150, 10),  # gap 120-150 (30 us), midpoint 135: no span
+        k(200, 10),  # gap 160-200 (40 us), midpoint 180: results
+        a("flashrec.prefill", 10, 100),
+        a("flashrec.layer", 50, 30),
+        a("flashrec.results", 170, 20),
+        a("ProfilerStep#1", 0, 300),  # profiler step markers never count
+    ]
+    s = idle_by_host(events)
+    rows = {r["span"]: r["idle_us"] for r in s["gpu_idle_by_host"]}
+    assert rows == {"flashrec.prefill": 100.0, "flashrec.results": 40.0, NO_SPAN: 30.0}
+    assert s["gpu_idle_us"] == 170.0
+    assert s["gpu_idle_by_host"][0]["pct_of_window"] == pytest.approx(100 * 100 / 210, abs=0.01)
+    assert s["limit"].startswith("host-bound") and "flashrec.prefill" in s["limit"]
+    busy = [k(0, 90), k(95, 5), a("flashrec.decode", 0, 100)]
+    assert idle_by_host(busy)["limit"].startswith("gpu-bound: the GPU is busy 95.0%")
+    assert idle_by_host([a("x", 0, 5)]) == {}  # no GPU work: nothing to say
