@@ -17,12 +17,14 @@ set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-reports/gpu/$(date +%Y%m%d-%H%M%S)}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-if ls .whl/*.whl >/dev/null 2>&1; then
+if [ -f /tmp/flashrec-site/.installed ]; then  # a warm machine: installed by an earlier call
+  export PYTHONPATH=$PYTHONPATH:/tmp/flashrec-site
+elif ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/flashrec-site .whl/*.whl \
     && export PYTHONPATH=$PYTHONPATH:/tmp/flashrec-site
   # pip stamps what it installs with the install time, so FlashInfer's headers would look newer
   # than a carried JIT build (below) and ninja would rebuild it all: age them instead
-  find /tmp/flashrec-site -exec touch -h -d '2000-01-01' {} +
+  find /tmp/flashrec-site -exec touch -h -d '2000-01-01' {} + && touch /tmp/flashrec-site/.installed
 fi
 MODEL=${MODEL:-$PWD/.cache/onerec}
 STAGES=" ${STAGES:-tests cells matrix} "
