@@ -136,6 +136,39 @@ def _default(f) -> str:
     return "-" if d is None else f"`{d}`"
 
 
+# Knobs by situation, each with the measurement behind its default. Every figure is in
+# docs/baselines.md with its command, commit and machine (H200 unless marked CPU).
+TUNING_EN = [
+    "Measured on the lent H200 with the synthetic onerec-1.7b preset; every figure, with its "
+    "command and commit, is in `docs/baselines.md`. CPU figures come from the 2-core CI "
+    "machine and are marked so.",
+    "",
+    "| situation | knob | measured |",
+    "| --- | --- | --- |",
+    "| one request at a time, prompt <= 2,048 tokens | `--prefill-graph-max-tokens` (2048 on GPU by default; replays only while nothing else runs) | p=1,000, n=256, c=1, BF16: 35.3 -> 17.5 ms offline, session 4 |",
+    "| many concurrent requests | `--gil-switch-interval-ms` (0.2 by default; Python's is 5) | n=50, c=32, FP8: 75.3 -> 78.9 QPS served, one pair, session 5; c=1 not paired |",
+    "| bursts of long prompts | `--tokenizer-workers` (4 by default) | CPU: mean tokenize 6.9-7.3 -> 4.8-5.4 ms at c=8, 2,000-token prompts, 2 workers; not yet on the H200 |",
+    "| long-running servers | `--gc-freeze` (on by default) | CPU: a full garbage collection 164 -> 1.7 ms; GC pauses are in `/metrics` (`flashrec_gc_*`) |",
+    "| whole decode step as one graph | `--enable-step-graph` (off by default) | n=50: +4% in one pair; p=1,000: no change; one capture failure seen (FP8, triton backend), so off |",
+    "| every beam of every request in flight | `--batch-slots` = `--cuda-graph-max-bs` >= n x concurrency | the H200 target matrices use max(512, n x c) |",
+    "| wide beams (n >= 512) | `--lpm-aging-ms 150`, 4,096 slots and graph rows | the deploy notes' settings (`matrices/wide_beam.yaml`) |",
+]
+TUNING_ZH = [
+    "在借用的 H200 上用合成 onerec-1.7b 预设测得；每个数字及其命令和提交都在 "
+    "`docs/baselines.md`。CPU 数字来自 2 核 CI 机器，已标明。",
+    "",
+    "| 场景 | 参数 | 实测 |",
+    "| --- | --- | --- |",
+    "| 一次一个请求，prompt <= 2,048 token | `--prefill-graph-max-tokens`（GPU 上默认 2048；仅在没有其他请求运行时重放） | p=1,000、n=256、c=1、BF16：离线 35.3 -> 17.5 ms（第 4 次会话） |",
+    "| 大量并发请求 | `--gil-switch-interval-ms`（默认 0.2；Python 默认 5） | n=50、c=32、FP8：服务端 75.3 -> 78.9 QPS，一组对照（第 5 次会话）；c=1 未对照 |",
+    "| 长 prompt 突发 | `--tokenizer-workers`（默认 4） | CPU：c=8、2,000 token prompt、2 个线程时平均分词 6.9-7.3 -> 4.8-5.4 ms；尚未在 H200 上测 |",
+    "| 长时间运行的服务 | `--gc-freeze`（默认开） | CPU：一次完整垃圾回收 164 -> 1.7 ms；GC 停顿见 `/metrics`（`flashrec_gc_*`） |",
+    "| 整个解码步作为一个 graph | `--enable-step-graph`（默认关） | n=50：一组对照 +4%；p=1,000：无变化；曾出现一次捕获失败（FP8、triton 后端），故默认关 |",
+    "| 所有请求的所有 beam 同时在飞 | `--batch-slots` = `--cuda-graph-max-bs` >= n x 并发 | H200 目标矩阵用 max(512, n x c) |",
+    "| 宽 beam（n >= 512） | `--lpm-aging-ms 150`，4,096 个 slot 和 graph 行 | 部署笔记的设置（`matrices/wide_beam.yaml`） |",
+]
+
+
 def render(lang: str) -> str:
     en = lang == "en"
     server_only = {f.name for f in dataclasses.fields(ServerConfig)} - {
@@ -231,6 +264,8 @@ def render(lang: str) -> str:
             "",
             '目录名带 "fp8" 不会启用 FP8：只有 `quantization_config` 或显式参数会。',
         ]
+    out += ["", "## " + ("Tuning, with what was measured" if en else "调优（附实测）"), ""]
+    out += TUNING_EN if en else TUNING_ZH
     return "\n".join(out) + "\n"
 
 
