@@ -70,12 +70,18 @@ def _top(totals: dict[str, list[float]], total: float, k: int) -> list[dict]:
     ]
 
 
-def _gpu(events: list[dict], top_k: int, gaps_k: int) -> dict[str, Any]:
-    spans = [
+def _gpu_spans(events: list[dict]) -> list[tuple[float, float, str]]:
+    """(start, end, name) of every kernel / memcpy / memset."""
+    return [
         (float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)), str(e.get("name", "")))
         for e in events
         if e.get("ph") == "X" and e.get("cat") in GPU_CATS
     ]
+
+
+def _gpu(
+    events: list[dict], spans: list[tuple[float, float, str]], merged: list, top_k: int, gaps_k: int
+) -> dict[str, Any]:
     runtime = [e.get("name") for e in events if e.get("cat") in ("cuda_runtime", "cuda_driver")]
     graph = sum(1 for n in runtime if n in GRAPH_LAUNCH)
     launches = sum(1 for n in runtime if n in KERNEL_LAUNCH)
@@ -89,7 +95,6 @@ def _gpu(events: list[dict], top_k: int, gaps_k: int) -> dict[str, Any]:
             "top_kernels": NA,
             "gemm": NA,
         }
-    merged = _union(spans)
     busy = sum(m[1] - m[0] for m in merged)
     span = merged[-1][1] - merged[0][0]
     gaps = sorted(
@@ -148,17 +153,14 @@ def _outermost_spans(events: list[dict]) -> list[tuple[float, float, str]]:
     return out
 
 
-def idle_by_host(events: list[dict], top_k: int = 6) -> dict[str, Any]:
+def idle_by_host(events: list[dict], top_k: int = 6, merged: list | None = None) -> dict[str, Any]:
     """GPU idle time (the gaps of the merged GPU busy intervals) by the outermost host span
-    running at each gap's midpoint; ``limit`` as in the module docstring. {} without GPU ops."""
-    gpu = [
-        (float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)), "")
-        for e in events
-        if e.get("ph") == "X" and e.get("cat") in GPU_CATS
-    ]
-    if not gpu:
+    running at each gap's midpoint; ``limit`` as in the module docstring. {} without GPU ops.
+    ``merged``: the union of the GPU spans when the caller has it already."""
+    if merged is None:
+        merged = _union(_gpu_spans(events))
+    if not merged:
         return {}
-    merged = _union(gpu)
     window = merged[-1][1] - merged[0][0]
     busy = sum(m[1] - m[0] for m in merged)
     outer = _outermost_spans(events)
@@ -240,13 +242,15 @@ def _steps(events: list[dict]) -> dict[str, Any]:
 
 def summarize_events(events: list[dict], top_k: int = 10, gaps_k: int = 5) -> dict[str, Any]:
     """Summary of a list of chrome trace events (see the module docstring)."""
-    gpu = _gpu(events, top_k, gaps_k)
+    spans = _gpu_spans(events)
+    merged = _union(spans)
+    gpu = _gpu(events, spans, merged, top_k, gaps_k)
     return {
         "events": len(events),
         **_steps(events),
         "device": "cpu" if gpu["gpu_busy_fraction"] == NA else "gpu",
         **gpu,
-        **idle_by_host(events),
+        **idle_by_host(events, merged=merged),
         **_cpu(events, top_k),
     }
 

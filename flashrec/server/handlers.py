@@ -232,7 +232,7 @@ def server_timing(tokenize_s: float, results: list) -> str:
     queue = max((r.queue_s or 0.0) for r in results) if results else 0.0
     engine = max((r.engine_s or 0.0) for r in results) if results else 0.0
     parts = [("tokenize", tokenize_s), ("queue", queue), ("engine", engine)]
-    done = [r.done_at for r in results if getattr(r, "done_at", None) is not None]
+    done = [r.done_at for r in results if r.done_at is not None]
     if done:
         parts.append(("respond", max(0.0, time.monotonic() - min(done))))
     return ", ".join(f"{name};dur={sec * 1000.0:.3f}" for name, sec in parts)
