@@ -168,6 +168,10 @@ class EngineConfig:
         None,
         "a prefill of ONE prompt with no cached prefix and at most this many tokens, while no other request is running, replays a CUDA graph of the whole forward, captured per 128-token bucket (padding tokens write to reserved scratch slots; attention through SDPA; radix matches shorter than one bucket are then recomputed, raising --prefix-cache-min-match to 128); 0 = off; default: 2048 where CUDA graphs are captured (GPU without --disable-cuda-graph), 0 on CPU. For one-request-at-a-time latency, where eager launches dominate. On CPU a non-zero value runs the same padded forward eagerly",
     )
+    piecewise_prefill_max_tokens: int | None = _opt(
+        None,
+        "a prefill batch of at most this many new tokens (any number of prompts up to 256, cached prefixes included) that does not replay the whole-forward prefill graph replays piecewise CUDA graphs: one graph per layer for everything but attention, captured per token bucket (steps of 256 / 512 / 1,024 tokens), with attention run eagerly on the real tokens between them (padding tokens write to reserved scratch slots). Cuts the ~10 launches per layer of the eager prefill to one replay plus the attention call; costs three copies per layer and the padding. 0 = off; capped at --max-prefill-tokens; default: 8192 where CUDA graphs are captured (GPU without --disable-cuda-graph), 0 on CPU. On CPU a non-zero value runs the same padded pieces eagerly",
+    )
     attention_backend: str | None = _opt(
         None,
         "attention backend: torch (reference, CPU), triton (GPU: SDPA prefill + shared-prompt Triton beam decode) or flashinfer (GPU: FlashInfer ragged prefill + the Triton beam decode); default: flashinfer on a GPU where it is installed and supports the model (bf16/fp16, head_dim 64/128/256), else triton; torch on CPU",
@@ -212,6 +216,13 @@ class EngineConfig:
         if self.prefix_cache_min_match < 1:
             raise ValueError(
                 f"--prefix-cache-min-match must be >= 1, got {self.prefix_cache_min_match}"
+            )
+        if self.piecewise_prefill_max_tokens is not None and not (
+            0 <= self.piecewise_prefill_max_tokens <= 65536
+        ):
+            raise ValueError(
+                "--piecewise-prefill-max-tokens must be in 0..65536, got "
+                f"{self.piecewise_prefill_max_tokens}"
             )
         if self.prefill_graph_max_tokens is not None and not (
             0 <= self.prefill_graph_max_tokens <= 65536
@@ -267,6 +278,13 @@ class EngineConfig:
         if self.prefill_graph_max_tokens is not None:
             return self.prefill_graph_max_tokens
         return 2048 if self.graphs_on else 0
+
+    @property
+    def resolved_piecewise_prefill_max_tokens(self) -> int:
+        top = self.piecewise_prefill_max_tokens
+        if top is None:
+            top = 8192 if self.graphs_on else 0
+        return min(top, self.max_prefill_tokens)
 
     @property
     def resolved_batch_slots(self) -> int:

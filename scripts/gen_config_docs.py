@@ -72,6 +72,7 @@ ZH = {
     "cuda_graph_max_bs": "以 CUDA graph 捕获的最大 decode 批（beam 行数）",
     "disable_cuda_graph": "decode 走 eager（从不静默回退）",
     "prefix_cache_min_match": "radix 匹配短于该 token 数时不使用：prompt 整段 prefill（如 chat template 开头这类很短的共享前缀，从 pool 按层、按整个 batch gather 的代价高于重算）",
+    "piecewise_prefill_max_tokens": "不走整段 prefill graph、新 token 数不超过该值的 prefill 批（任意条 prompt，至多 256 条，含缓存前缀）重放分段 CUDA graph：每层除 attention 以外的部分各一张 graph，按 token 桶（步长 256 / 512 / 1,024）捕获，attention 在两段之间以 eager 方式只在真实 token 上运行（padding token 写入预留的 scratch 槽位）。把 eager prefill 每层约 10 次 launch 降为一次重放加一次 attention 调用；代价是每层三次拷贝和 padding。0 = 关闭；不超过 --max-prefill-tokens；默认：捕获 CUDA graph 时（GPU 且未 --disable-cuda-graph）为 8192，CPU 上为 0。CPU 上设非零值时同一组 padding 分段以 eager 运行",
     "prefill_graph_max_tokens": "单个 prompt（无缓存前缀、不超过该 token 数，且没有其他请求在运行）的 prefill 重放整段前向的 CUDA graph，按 128 token 分桶捕获（padding token 写入预留的 scratch 槽位；attention 走 SDPA；短于一个桶的 radix 匹配随之重算，即 --prefix-cache-min-match 提到 128）；0 = 关闭；默认：捕获 CUDA graph 时（GPU 且未 --disable-cuda-graph）为 2048，CPU 上为 0。面向逐请求延迟（eager launch 开销占主导时）。CPU 上设非零值时同一 padding 前向以 eager 运行",
     "enable_step_graph": "每个 decode step 一次 CUDA graph 重放：模型前向 + 受限 LM head + trie 掩码 + top-n + beam 扩展 + KV 重排（仅当批内请求都满足 n = --beam-width 且 temperature 0；否则模型 graph + eager 扩展）；CPU 上同一静态 step 以 eager 运行。默认关闭：H200 上 n=50 c=32 的一组 A/B 仅快 4%，p=1,000 c=1 无收益，且一次测试运行中开启时 decode graph 捕获失败过（见 docs/baselines.md）",
     "decode_max_splits": "GPU beam-decode attention 在窄 batch 上对 prompt 的最大切分数（split-K，1-8；1 = 不切分）",

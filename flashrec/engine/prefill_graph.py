@@ -32,14 +32,17 @@ BUCKET = 128
 
 
 class PrefillGraphRunner:
-    def __init__(self, runner, max_tokens: int, pool=None) -> None:
+    def __init__(self, runner, max_tokens: int, pool=None, pad_slots=None) -> None:
         self.runner = runner
         dev = runner.device
         top = max_tokens
         self.sizes = sorted({min(top, k * BUCKET) for k in range(1, -(-top // BUCKET) + 1)})
         t = self.sizes[-1]
-        # scratch pool slots for padding tokens, held for the engine's lifetime
-        self.pad_slots = torch.tensor(runner.kv.tokens.alloc(t), dtype=torch.long, device=dev)
+        # scratch pool slots for padding tokens, held for the engine's lifetime (the runner
+        # reserves them, shared with the piecewise prefill)
+        if pad_slots is None:
+            pad_slots = torch.tensor(runner.kv.tokens.alloc(t), dtype=torch.long, device=dev)
+        self.pad_slots = pad_slots[:t]
         self.ids = torch.zeros(t, dtype=torch.long, device=dev)
         self.pos = torch.arange(t, dtype=torch.long, device=dev)
         self.loc = self.pad_slots.clone()

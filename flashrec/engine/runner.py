@@ -129,14 +129,32 @@ class ModelRunner:
             self.graphs = DecodeGraphRunner(self, BLOCK_M)
             self.graphs.capture()
         self.prefill_graphs = None
+        self.piecewise = None
         max_tokens = config.resolved_prefill_graph_max_tokens
-        if max_tokens and not (on_gpu and config.disable_cuda_graph):
+        pw_tokens = config.resolved_piecewise_prefill_max_tokens
+        # scratch pool slots for the padding tokens of both prefill graph kinds, held for the
+        # engine's lifetime (the scheduler counts them as reserved)
+        self.pad_slots = None
+        graphs_ok = not (on_gpu and config.disable_cuda_graph)
+        max_tokens = max_tokens if graphs_ok else 0
+        pw_tokens = pw_tokens if graphs_ok else 0
+        if max_tokens or pw_tokens:  # each graph kind's largest bucket is its max tokens
+            slots = self.kv.tokens.alloc(max(max_tokens, pw_tokens))
+            self.pad_slots = torch.tensor(slots, dtype=torch.long, device=self.device)
+        graph_pool = self.graphs.pool if self.graphs is not None else None
+        if max_tokens:
             from flashrec.engine.prefill_graph import PrefillGraphRunner
 
-            graph_pool = self.graphs.pool if self.graphs is not None else None
-            self.prefill_graphs = PrefillGraphRunner(self, max_tokens, graph_pool)
+            self.prefill_graphs = PrefillGraphRunner(self, max_tokens, graph_pool, self.pad_slots)
             if on_gpu:
                 self.prefill_graphs.capture()
+                graph_pool = self.prefill_graphs.pool
+        if pw_tokens:
+            from flashrec.engine.piecewise import PiecewisePrefill
+
+            self.piecewise = PiecewisePrefill(self, pw_tokens, self.pad_slots, graph_pool)
+            if on_gpu:
+                self.piecewise.capture()
         log.info(
             "model %s on %s: dtype %s, fp8 %s, KV pool %d tokens (%s), %d beam-row slots",
             model_config.architecture,
@@ -242,12 +260,15 @@ class ModelRunner:
         self, input_ids: torch.Tensor, meta: PrefillMeta, alone: bool = True
     ) -> torch.Tensor:
         """Runs the new tokens of a prefill batch; returns [B, K] level-0 logprobs. ``alone``:
-        no other request is running, the only case a prefill graph is replayed (one request
-        at a time is launch-bound; under load the GPU is busy and FlashInfer's unpadded
-        prefill is kept)."""
+        no other request is running, the only case the whole-forward prefill graph of one
+        prompt is replayed (its SDPA attention is padded to the bucket). Other batches up to
+        ``--piecewise-prefill-max-tokens`` replay the piecewise graphs (attention eager, on
+        the real tokens); larger ones run eagerly."""
         with trace_range("flashrec.prefill"):
             if alone and self.prefill_graphs is not None and self.prefill_graphs.fits(meta):
                 return self.prefill_graphs.run(input_ids, meta)
+            if self.piecewise is not None and self.piecewise.fits(meta):
+                return self.piecewise.run(input_ids, meta)
             h = self.model(input_ids, meta.positions, meta, self.ctx, select=meta.last_index)
             return self.lm_head.level_logprobs(h, 0)
 

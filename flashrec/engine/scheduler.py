@@ -118,8 +118,8 @@ class Scheduler:
     @property
     def kv_reserved_tokens(self) -> int:
         """Pool slots held for the engine's lifetime (the prefill graphs' padding slots)."""
-        pg = self.runner.prefill_graphs
-        return pg.pad_slots.numel() if pg is not None else 0
+        pad = getattr(self.runner, "pad_slots", None)
+        return pad.numel() if pad is not None else 0
 
     @property
     def kv_used_tokens(self) -> int:

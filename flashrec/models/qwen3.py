@@ -29,7 +29,9 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(self.d, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(self.d, cfg.rms_norm_eps) if cfg.qk_norm else None
 
-    def forward(self, x, positions, meta, ctx, x_fp8=None, a_scale=None) -> torch.Tensor:
+    def project(self, x, positions, meta, ctx, x_fp8=None, a_scale=None):
+        """QKV projection, q/k norm and RoPE (plus the KV write, when the fused kernel does it):
+        ``(q, k, v, stored)``."""
         qkv = (
             self.qkv_proj(x)
             if x_fp8 is None
@@ -40,17 +42,22 @@ class Attention(nn.Module):
         q = qkv[:, : self.hq * self.d].view(t, self.hq, self.d)
         k = qkv[:, self.hq * self.d : (self.hq + self.hkv) * self.d].view(t, self.hkv, self.d)
         v = qkv[:, (self.hq + self.hkv) * self.d :].view(t, self.hkv, self.d)
-        stored = False
         if ctx.fused_qk_rope_kv is not None:
-            q, k, v, stored = ctx.fused_qk_rope_kv(self, qkv, positions, meta)
-        else:
-            if self.q_norm is not None:
-                q, k = self.q_norm(q), self.k_norm(k)
-            q = apply_rope(q, positions, ctx.cos_sin)
-            k = apply_rope(k, positions, ctx.cos_sin)
+            return ctx.fused_qk_rope_kv(self, qkv, positions, meta)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = apply_rope(q, positions, ctx.cos_sin)
+        k = apply_rope(k, positions, ctx.cos_sin)
+        return q, k, v, False
+
+    def attend(self, q, k, v, stored, meta, ctx) -> torch.Tensor:
+        """Attention through the context's backend: ``[T, Hq*D]`` (before ``o_proj``)."""
         q = q if ctx.attn.takes_strided_q(meta) else q.contiguous()
-        out = ctx.attn.forward(q, k, v, self.layer_id, meta, skip_store=stored)
-        return self.o_proj(out)
+        return ctx.attn.forward(q, k, v, self.layer_id, meta, skip_store=stored)
+
+    def forward(self, x, positions, meta, ctx, x_fp8=None, a_scale=None) -> torch.Tensor:
+        q, k, v, stored = self.project(x, positions, meta, ctx, x_fp8, a_scale)
+        return self.o_proj(self.attend(q, k, v, stored, meta, ctx))
 
 
 class MLP(nn.Module):
@@ -90,22 +97,36 @@ class DecoderLayer(nn.Module):
     def _use_fused_quant(self, ctx) -> bool:
         return ctx.fused_rms_fp8 and self.self_attn.qkv_proj.is_fp8
 
-    def forward(self, x, residual, positions, meta, ctx):
+    def pre(self, x, residual, positions, meta, ctx):
+        """The layer up to attention: (residual add +) input norm, QKV, q/k norm, RoPE (and KV
+        write). Returns ``(q, k, v, stored, residual)``. ``x``: the previous layer's MLP output
+        (the embeddings for layer 0, with ``residual`` None)."""
         if self._use_fused_quant(ctx):
             x8, s, residual = self.input_layernorm.quant_fp8(x, residual)
-            # x / h below only carry the activation dtype: the GEMMs read the FP8 inputs
-            h = self.self_attn(residual, positions, meta, ctx, x8, s)
-            x8, s, residual = self.post_attention_layernorm.quant_fp8(h, residual)
-            return self.mlp(h, ctx, x8, s), residual
+            # ``residual`` only carries the activation dtype here: the GEMM reads the FP8 input
+            return (*self.self_attn.project(residual, positions, meta, ctx, x8, s), residual)
         f = ctx.fused_rms
         if residual is None:
             residual = x
             x = self.input_layernorm(x, fused=f)
         else:
             x, residual = self.input_layernorm(x, residual, fused=f)
-        h = self.self_attn(x, positions, meta, ctx)
-        h, residual = self.post_attention_layernorm(h, residual, fused=f)
+        return (*self.self_attn.project(x, positions, meta, ctx), residual)
+
+    def post(self, attn, residual, ctx):
+        """The layer after attention: ``o_proj``, residual add + norm, MLP. Returns
+        ``(mlp_out, residual)``."""
+        h = self.self_attn.o_proj(attn)
+        if self._use_fused_quant(ctx):
+            # h only carries the activation dtype below: the GEMMs read the FP8 inputs
+            x8, s, residual = self.post_attention_layernorm.quant_fp8(h, residual)
+            return self.mlp(h, ctx, x8, s), residual
+        h, residual = self.post_attention_layernorm(h, residual, fused=ctx.fused_rms)
         return self.mlp(h, ctx), residual
+
+    def forward(self, x, residual, positions, meta, ctx):
+        q, k, v, stored, residual = self.pre(x, residual, positions, meta, ctx)
+        return self.post(self.self_attn.attend(q, k, v, stored, meta, ctx), residual, ctx)
 
 
 class Qwen3ForCausalLM(nn.Module):
@@ -134,6 +155,10 @@ class Qwen3ForCausalLM(nn.Module):
         for layer in self.layers:
             with trace_range("flashrec.layer"):
                 x, residual = layer(x, residual, positions, meta, ctx)
+        return self.final(x, residual, ctx, select)
+
+    def final(self, x, residual, ctx, select: torch.Tensor | None = None) -> torch.Tensor:
+        """The final residual add + norm over the rows in ``select`` (all when None)."""
         if select is not None:
             x, residual = x[select], residual[select]
         x, _ = self.norm(x, residual, fused=ctx.fused_rms)

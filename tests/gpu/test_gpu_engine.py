@@ -107,7 +107,8 @@ def test_triton_backend_equals_torch_backend(tiny_model):
 def test_graph_replay_equals_eager(synth_model, preset):
     tiny_model = synth_model(preset, catalog_size=2000)
     a = _run(tiny_model, dtype="bfloat16", quantization="fp8", disable_cuda_graph=True)
-    b = _run(tiny_model, dtype="bfloat16", quantization="fp8")
+    # the decode graphs only: the piecewise prefill pads the GEMMs' M (its own test below)
+    b = _run(tiny_model, dtype="bfloat16", quantization="fp8", piecewise_prefill_max_tokens=0)
     _same(a, b, 1e-3)
 
 
@@ -366,4 +367,47 @@ def test_prefill_graph_equals_eager_prefill(synth_model, quantization):
     # fp8: the padded bucket changes the GEMMs' M (cuBLAS picks other tiles); a last-bit change
     # before a per-token FP8 quantisation can flip a rounding (the H200 showed 0.06-0.11 nat
     # with FlashInfer on the eager side), so fp8 gets the cross-kernel tolerance (0.1 nat)
+    _similar(runs[0], runs[1], tol=5e-2 if quantization == "none" else 0.1, overlap=0.9)
+
+
+def _record_prefix_lens(pw, used: list) -> None:
+    orig = pw.run
+    pw.run = lambda ids, meta: used.append(list(meta.prefix_lens)) or orig(ids, meta)
+
+
+@pytest.mark.parametrize("backend", ["triton", "flashinfer"])
+@pytest.mark.parametrize("quantization", ["none", "fp8"])
+def test_piecewise_prefill_equals_eager_prefill(synth_model, quantization, backend):
+    """--piecewise-prefill-max-tokens: prefill batches (several prompts; then a radix hit with
+    new tokens next to a cold prompt) replay the per-layer graphs with attention eager between
+    them; the beams match the eager prefill's. Padding changes the GEMMs' M, so the tolerance
+    is the prefill graph test's."""
+    if backend == "flashinfer":
+        _flashinfer_or_skip()
+    path = synth_model("tiny", catalog_size=2000, **_HD128)
+    kw = dict(dtype="bfloat16", quantization=quantization, attention_backend=backend)
+    if quantization == "fp8":
+        kw["kv_cache_dtype"] = "fp8_e4m3"
+    runs = []
+    for top in (0, 1024):
+        eng = Engine(
+            EngineConfig(
+                model_path=str(path), sid_vocab_file=str(path / "catalog.json"), device="cuda",
+                beam_width=16, cuda_graph_max_bs=128, batch_slots=256,
+                prefill_graph_max_tokens=0, piecewise_prefill_max_tokens=top, **kw,
+            )
+        )  # fmt: skip
+        used: list[list[int]] = []
+        if top:
+            pw = eng.runner.piecewise
+            assert len(pw.graphs) == len(pw.sizes)  # captured, every bucket
+            _record_prefix_lens(pw, used)
+        prompts = [eng.build_prompt(messages=p) for p in PROMPTS]
+        out = eng.generate([eng.new_request(p, n=16) for p in prompts])  # one batch
+        ext = prompts[2] + prompts[0][-6:]  # the third prompt's KV is cached: a radix hit
+        out += eng.generate([eng.new_request(ext, n=16), eng.new_request(prompts[0][:-3], n=8)])
+        runs.append(out)
+        if top:
+            assert len(used) == 2 and used[0] == [0, 0, 0]
+            assert used[1][0] > 0  # the cached prefix went through the pieces
     _similar(runs[0], runs[1], tol=5e-2 if quantization == "none" else 0.1, overlap=0.9)

@@ -1,0 +1,194 @@
+"""Piecewise CUDA-graph prefill of a batch (``--piecewise-prefill-max-tokens``).
+
+Under load every prefill batch ran eagerly: ~10 launches per layer, some of them Triton
+kernels whose Python launch path costs 50-100 us, and ``_scaled_mm`` ~70 us of host time per
+call. The H200 traces of session 5 show the GPU waiting for that host work for 18-28% of the
+n=50 and n=512 runs. Attention is the only part of a layer whose launch depends on the batch's
+composition (how many prompts, their lengths, cached prefixes); everything else is row-wise
+over the batch's tokens. So the forward is cut at attention:
+
+- piece 0: embeddings, layer 0 up to attention (norm, QKV GEMM, q/k norm, RoPE, KV write);
+- piece i (1..L-1): layer i-1 after attention (``o_proj``, residual add + norm, MLP), then
+  layer i up to attention;
+- piece L: the last layer after attention, the final norm of each prompt's last token and the
+  level-0 logprobs.
+
+Each piece is captured once per token bucket and replayed; attention runs eagerly between the
+pieces on the batch's real tokens (FlashInfer's ragged prefill, planned once per forward, or
+the SDPA path), reading q/k/v from and writing its output into static buffers. The batch is
+padded to its bucket: padding tokens sit after the real ones, write their K/V into the scratch
+slots reserved for the prefill graphs, and are never attended to or read back.
+
+Per layer this is one graph replay and one attention call instead of ~10 launches. The price:
+three copies per layer (q/k/v into the static buffer, the residual, the attention output) and
+the padding, a few percent of GPU time on large batches, so the largest bucket is a knob.
+
+On CPU the same padded pieces run eagerly (the tests compare them with the plain forward).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from flashrec.layers.attention import PrefillMeta
+from flashrec.profiler import trace_range
+
+log = logging.getLogger("flashrec")
+
+MAX_SEQS = 256  # prompts per prefill batch with a graph; a larger batch runs eagerly
+
+
+def bucket_sizes(max_tokens: int) -> list[int]:
+    """Token buckets up to ``max_tokens``: steps of 256 to 2,048, of 512 to 8,192, then of
+    1,024 (padding stays under ~12% on the smallest batches, ~6% above 2,048)."""
+    sizes, t = [], 0
+    while t < max_tokens:
+        t += 256 if t < 2048 else 512 if t < 8192 else 1024
+        sizes.append(min(t, max_tokens))
+    return sizes
+
+
+class PiecewisePrefill:
+    def __init__(self, runner, max_tokens: int, pad_slots: torch.Tensor, pool=None) -> None:
+        self.runner = runner
+        dev, dtype = runner.device, runner.dtype
+        mc = runner.model_config
+        self.sizes = bucket_sizes(max_tokens)
+        t = self.sizes[-1]
+        if pad_slots.numel() < t:
+            raise ValueError(f"{pad_slots.numel()} padding slots for a {t}-token bucket")
+        self.pad_slots = pad_slots[:t]
+        self.layers = list(runner.model.layers)
+        self.hq, self.hkv, self.d = mc.num_attention_heads, mc.num_key_value_heads, mc.head_dim
+        q_w, kv_w = self.hq * self.d, self.hkv * self.d
+        # static inputs of every bucket (views [:t])
+        self.ids = torch.zeros(t, dtype=torch.long, device=dev)
+        self.pos = torch.arange(t, dtype=torch.long, device=dev)
+        self.loc = self.pad_slots.clone()
+        self.last = torch.zeros(MAX_SEQS, dtype=torch.long, device=dev)
+        self._last_used = 0  # entries of ``last`` the previous forward set
+        self.arange = torch.arange(t, dtype=torch.long, device=dev)
+        # state carried from piece to piece: q/k/v (one row per token, as the fused QKV GEMM
+        # lays them out), the residual stream, and attention's output
+        self.qkv = torch.zeros(t, q_w + 2 * kv_w, dtype=dtype, device=dev)
+        self.q = self.qkv[:, :q_w].view(t, self.hq, self.d)
+        self.k = self.qkv[:, q_w : q_w + kv_w].view(t, self.hkv, self.d)
+        self.v = self.qkv[:, q_w + kv_w :].view(t, self.hkv, self.d)
+        self.residual = torch.zeros(t, mc.hidden_size, dtype=dtype, device=dev)
+        self.attn = torch.zeros(t, q_w, dtype=dtype, device=dev)
+        self.metas = {s: self._meta(s) for s in self.sizes}
+        self.graphs: dict[int, list] = {}
+        self.output: dict[int, torch.Tensor] = {}
+        self.stored: list[bool] = []  # per layer: the piece wrote the KV (fused kernel)
+        self.pool = pool
+
+    def _meta(self, t: int) -> PrefillMeta:
+        meta = PrefillMeta(self.pos[:t], self.loc[:t], [self.loc[:t]], [t], [0], self.last)
+        meta.input_ids = self.ids[:t]
+        return meta
+
+    def fits(self, meta: PrefillMeta) -> bool:
+        return len(meta.new_lens) <= MAX_SEQS and sum(meta.new_lens) <= self.sizes[-1]
+
+    # ---- the pieces -----------------------------------------------------------------------
+    def _keep(self, t: int, q, k, v, residual) -> None:
+        """Copy one layer's q/k/v and residual into the static buffers (one copy for q/k/v
+        when they are the fused QKV row, as the fused kernel returns them)."""
+        base = q._base  # noqa: SLF001 - the QKV GEMM output the views share, if any
+        w = self.qkv.shape[1]
+        row = base is not None and base.shape == (t, w) and base.is_contiguous()
+        if row and q.data_ptr() == base.data_ptr() and k._base is base and v._base is base:  # noqa: SLF001
+            self.qkv[:t].copy_(base)
+        else:
+            self.q[:t].copy_(q)
+            self.k[:t].copy_(k)
+            self.v[:t].copy_(v)
+        if residual.data_ptr() != self.residual.data_ptr():
+            self.residual[:t].copy_(residual)
+
+    def _piece(self, t: int, i: int):
+        run, ctx, meta = self.runner, self.runner.ctx, self.metas[t]
+        if i == 0:
+            x, residual = run.model.embed_tokens(self.ids[:t]), None
+        else:
+            x, residual = self.layers[i - 1].post(self.attn[:t], self.residual[:t], ctx)
+        if i == len(self.layers):
+            h = run.model.final(x, residual, ctx, self.last)
+            return run.lm_head.level_logprobs(h, 0)
+        q, k, v, stored, residual = self.layers[i].pre(x, residual, self.pos[:t], meta, ctx)
+        if len(self.stored) == i:
+            self.stored.append(stored)
+        self._keep(t, q, k, v, residual)
+        return None
+
+    def capture(self) -> None:
+        from flashrec.engine.graph import FIX_KNOBS, capture_graph
+
+        n = len(self.layers) + 1
+        try:
+            for t in reversed(self.sizes):
+                graphs = []
+                for i in range(n):
+                    g, out = capture_graph(lambda t=t, i=i: self._piece(t, i), self.pool)
+                    if self.pool is None:
+                        self.pool = g.pool()
+                    graphs.append(g)
+                self.graphs[t] = graphs
+                self.output[t] = out
+            torch.cuda.synchronize()
+        except Exception as exc:
+            raise RuntimeError(
+                f"CUDA graph capture of the piecewise prefill failed at {t} tokens: {exc}. "
+                f"Fix with --piecewise-prefill-max-tokens 0 (eager prefill under load) or "
+                f"{FIX_KNOBS}."
+            ) from exc
+        log.info(
+            "captured %d piecewise prefill CUDA graphs (%d pieces x %d token buckets up to %d)",
+            n * len(self.sizes),
+            n,
+            len(self.sizes),
+            self.sizes[-1],
+        )
+
+    # ---- one forward ----------------------------------------------------------------------
+    @torch.inference_mode()
+    def run(self, input_ids: torch.Tensor, meta: PrefillMeta) -> torch.Tensor:
+        """[B, K] level-0 logprobs of each prompt's last token (a copy)."""
+        n = int(sum(meta.new_lens))
+        b = len(meta.new_lens)
+        t = next(s for s in self.sizes if s >= n)
+        with trace_range("flashrec.graph_inputs"):
+            self.ids[:n].copy_(input_ids)
+            self.pos[:n].copy_(meta.positions)
+            self.loc[:n].copy_(meta.out_loc)
+            if t > n:
+                self.ids[n:t].zero_()
+                self.pos[n:t].copy_(self.arange[n:t])
+                self.loc[n:t].copy_(self.pad_slots[n:t])
+            self.last[:b].copy_(meta.last_index)
+            if self._last_used > b:  # stale indexes of a larger batch may lie past this bucket
+                self.last[b : self._last_used].zero_()
+            self._last_used = b
+        graphs = self.graphs.get(t)
+        if graphs is None:  # CPU: the same padded pieces, eagerly
+            out = self._piece(t, 0)
+        else:
+            graphs[0].replay()
+        # the fused kernel of piece 0 decided (at capture, on the static meta) whether q/k/v
+        # carry the stored FP8 k/v; attention reads the real batch's meta
+        meta.kv_rounded = bool(self.metas[t].kv_rounded)
+        ctx = self.runner.ctx
+        for i, layer in enumerate(self.layers):
+            o = layer.self_attn.attend(
+                self.q[:n], self.k[:n], self.v[:n], self.stored[i], meta, ctx
+            )
+            self.attn[:n].copy_(o)
+            if graphs is None:
+                out = self._piece(t, i + 1)
+            else:
+                graphs[i + 1].replay()
+        if graphs is not None:
+            out = self.output[t]
+        return out[:b].clone()
