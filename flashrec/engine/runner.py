@@ -137,7 +137,7 @@ class ModelRunner:
         self.pad_slots = None
         graphs_ok = not (on_gpu and config.disable_cuda_graph)
         max_tokens = max_tokens if graphs_ok else 0
-        pw_tokens = pw_tokens if graphs_ok else 0
+        pw_tokens = self._fit_piecewise(pw_tokens if graphs_ok else 0, max_tokens)
         if max_tokens or pw_tokens:  # each graph kind's largest bucket is its max tokens
             slots = self.kv.tokens.alloc(max(max_tokens, pw_tokens))
             self.pad_slots = torch.tensor(slots, dtype=torch.long, device=self.device)
@@ -165,6 +165,31 @@ class ModelRunner:
             kv_dtype,
             config.resolved_batch_slots,
         )
+
+    def _fit_piecewise(self, top: int, whole: int) -> int:
+        """The piecewise prefill's largest bucket, within what the KV pool can spare for its
+        padding slots (a quarter of the pool): the default shrinks to fit, with a log line; an
+        explicit --piecewise-prefill-max-tokens that does not fit is refused."""
+        spare = self.kv.pool_tokens // 4
+        if top <= max(spare, whole):
+            return top
+        if self.config.piecewise_prefill_max_tokens is not None:
+            raise ValueError(
+                f"--piecewise-prefill-max-tokens {top} reserves {top} KV pool slots for padding; "
+                f"the pool has {self.kv.pool_tokens} (at most a quarter may be reserved). "
+                "Lower it, or raise --kv-pool-tokens / --mem-fraction-static."
+            )
+        from flashrec.engine.piecewise import bucket_sizes
+
+        fit = max((b for b in bucket_sizes(top) if b <= max(spare, whole)), default=0)
+        log.info(
+            "piecewise prefill graphs up to %d tokens, not %d: the KV pool (%d tokens) spares "
+            "a quarter for padding slots",
+            fit,
+            top,
+            self.kv.pool_tokens,
+        )
+        return fit
 
     def _pick_backend(self) -> str:
         name = self.config.resolved_attention_backend

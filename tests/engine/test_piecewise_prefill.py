@@ -137,3 +137,21 @@ def test_batches_over_max_seqs_run_eagerly(tiny_model):
     assert not pw.fits(meta)
     meta = PrefillMeta(None, None, [], [1] * MAX_SEQS, [0] * MAX_SEQS, None)
     assert pw.fits(meta)
+
+
+def test_padding_reservation_fits_the_pool(tiny_model):
+    """The padding slots may take at most a quarter of the KV pool: the default shrinks to a
+    bucket that fits (cuda defaults on a small pool would otherwise fail at start-up); an
+    explicit value that does not fit is refused with the knobs that fix it."""
+    from flashrec.engine.runner import ModelRunner
+
+    eng = _engine(tiny_model, kv_pool_tokens=4096, piecewise_prefill_max_tokens=1024)
+    assert eng.runner.piecewise.sizes[-1] == 1024
+    with pytest.raises(ValueError, match="kv-pool-tokens"):
+        _engine(tiny_model, kv_pool_tokens=4096, piecewise_prefill_max_tokens=2048)
+    # the default (here forced as on a GPU) shrinks instead
+    runner = eng.runner
+    object.__setattr__(runner.config, "piecewise_prefill_max_tokens", None)
+    assert ModelRunner._fit_piecewise(runner, 8192, 0) == 1024
+    assert ModelRunner._fit_piecewise(runner, 8192, 2048) == 2048  # reserved for the whole graph
+    assert ModelRunner._fit_piecewise(runner, 512, 0) == 512
