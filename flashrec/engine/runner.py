@@ -358,17 +358,34 @@ class ModelRunner:
         return out
 
 
+ALIGN_BYTES = 16  # Triton specializes pointer arguments on 16-byte alignment
+
+
 def host_to_device(arrays: list, device, dtype=np.int64) -> list[torch.Tensor]:
     """Many small integer host arrays -> device views through ONE copy (pinned on CUDA, so
-    the copy is asynchronous: no per-array launches, no sync)."""
+    the copy is asynchronous: no per-array launches, no sync).
+
+    Every view starts at a 16-byte boundary of the buffer. Triton compiles one variant of a
+    kernel per pattern of pointer alignments: a view at an offset set by the batch (``T``
+    positions before the KV slots, an odd ``T`` leaving them 8-byte aligned) would switch a
+    kernel such as the fused q/k norm + RoPE + KV write between two variants, and the first
+    batch of the unseen parity would stop the engine for a compile (~0.5 s) mid-run."""
+    step = max(1, ALIGN_BYTES // np.dtype(dtype).itemsize)
     sizes = [len(a) for a in arrays]
-    host = torch.from_numpy(np.concatenate([np.asarray(a, dtype=dtype) for a in arrays]))
+    starts, total = [], 0
+    for n in sizes:
+        starts.append(total)
+        total += -(-n // step) * step
+    host_np = np.zeros(total, dtype=dtype)
+    for a, start, n in zip(arrays, starts, sizes):
+        host_np[start : start + n] = a
+    host = torch.from_numpy(host_np)
     dev = torch.device(device)
     if dev.type == "cuda":
         buf = host.pin_memory().to(dev, non_blocking=True)
     else:
         buf = host
-    return list(torch.split(buf, sizes))
+    return [buf[start : start + n] for start, n in zip(starts, sizes)]
 
 
 def make_prefill_meta(seqs, device, ids=None) -> PrefillMeta:

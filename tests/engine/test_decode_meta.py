@@ -122,3 +122,39 @@ def test_graph_buffers_hold_every_batch_that_fits_a_bucket(beams, lens, heads, m
     assert pk.work.shape[0] <= gr._num_work(size)  # noqa: SLF001
     assert pk.slots.shape[0] <= gr.slots.shape[0]
     assert pk.n.shape[0] <= gr.head.shape[1]
+
+
+def _offsets_aligned(tensors) -> bool:
+    """Every view starts at a 16-byte offset of the one buffer they share."""
+    base = min(t.untyped_storage().data_ptr() for t in tensors)
+    return all((t.data_ptr() - base) % 16 == 0 for t in tensors)
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.int32])
+def test_host_to_device_views_start_on_16_byte_boundaries(dtype):
+    """Triton specializes kernels on pointer alignment: a view whose alignment depended on the
+    batch (an odd token count before it) switched the fused q/k norm + RoPE + KV-write kernel
+    between two compiled variants, and the first batch of the unseen kind compiled mid-run."""
+    from flashrec.engine.runner import host_to_device
+
+    arrays = [np.arange(n, dtype=dtype) + 10 * n for n in (3, 0, 1, 5, 2, 7)]
+    views = host_to_device(arrays, "cpu", dtype)
+    assert [v.tolist() for v in views] == [a.tolist() for a in arrays]
+    assert all(v.dtype == torch.from_numpy(arrays[0]).dtype for v in views)
+    assert len({v.untyped_storage().data_ptr() for v in views}) == 1  # one buffer, one copy
+    assert _offsets_aligned([v for v in views if v.numel()])
+
+
+def test_prefill_and_decode_meta_fields_are_aligned_for_odd_sizes():
+    seqs = [(0, [7, 8, 9], [7, 8, 9]), (2, [1, 2], [5, 6, 1, 2])]  # 5 new tokens: odd
+    meta = make_prefill_meta(seqs, "cpu", ids=[11, 12, 13, 14, 15])
+    fields = [meta.positions, meta.out_loc, meta.last_index, meta.input_ids, *meta.seq_slots]
+    assert _offsets_aligned(fields)
+    assert meta.out_loc.tolist() == [7, 8, 9, 1, 2] and meta.positions.tolist() == [0, 1, 2, 2, 3]
+    reqs = [(np.array([5, 2, 9]), np.array([10, 11, 12])), (np.array([0]), np.arange(20, 25))]
+    groups_in = [(r, s, torch.from_numpy(s), 1, len(s)) for r, s in reqs]
+    dm = make_decode_meta(groups_in, 4, "cpu", packed=True, group_size=2)
+    pk = dm.packed
+    assert _offsets_aligned([dm.positions, dm.rows, dm.out_loc])
+    assert _offsets_aligned([pk.slots, pk.row_start, pk.n, pk.slot_start, pk.length, pk.step,
+                             pk.work, pk.ctrl])  # fmt: skip

@@ -411,3 +411,37 @@ def test_piecewise_prefill_equals_eager_prefill(synth_model, quantization, backe
             assert len(used) == 2 and used[0] == [0, 0, 0]
             assert used[1][0] > 0  # the cached prefix went through the pieces
     _similar(runs[0], runs[1], tol=5e-2 if quantization == "none" else 0.1, overlap=0.9)
+
+
+def _compiled_variants(fn) -> int:
+    caches = getattr(fn, "device_caches", None)
+    if caches is None:
+        pytest.skip("this Triton keeps no per-device kernel cache to count")
+    return sum(len(entry[0]) for entry in caches.values())
+
+
+def test_eager_prefill_compiles_no_kernel_variant_per_batch_size(synth_model):
+    """The batch metadata reaches the device as views of one buffer; each view starts on a
+    16-byte boundary, so a batch with an odd token count gives the fused q/k norm + RoPE +
+    KV-write kernel the same pointer alignments as an even one. Before, the KV-slot view came
+    right after T positions: an odd T made it 8-byte aligned, Triton compiled a second variant,
+    and the first such batch stopped the engine for the compile (the n=512 cell's one slow
+    round per server, sessions 5-6)."""
+    from flashrec.kernels.tl.qk_rope import qk_norm_rope_store_kernel
+
+    path = synth_model("tiny", catalog_size=2000, **_HD128)
+    eng = Engine(
+        EngineConfig(
+            model_path=str(path), sid_vocab_file=str(path / "catalog.json"), device="cuda",
+            dtype="bfloat16", beam_width=16, cuda_graph_max_bs=128, batch_slots=256,
+            prefill_graph_max_tokens=0, piecewise_prefill_max_tokens=0,
+            enable_prefix_cache=False,
+        )
+    )  # fmt: skip
+    p = eng.build_prompt(messages=PROMPTS[1])
+    eng.generate([eng.new_request(p, n=4)])
+    before = _compiled_variants(qk_norm_rope_store_kernel)
+    for extra in range(1, 4):  # token counts of both parities, batches of one and two
+        eng.generate([eng.new_request(p + p[-extra:], n=4)])
+        eng.generate([eng.new_request(p[:-extra], n=4), eng.new_request(p, n=4)])
+    assert _compiled_variants(qk_norm_rope_store_kernel) == before
