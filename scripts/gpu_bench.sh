@@ -10,6 +10,7 @@
 # ONLY (space-separated harness --only filters) narrows the matrix stage, e.g. one cell per call:
 #   STAGES=matrix ONLY="beam_width=256,concurrency=1" bash scripts/gpu_bench.sh matrices/h200_targets.yaml
 # MODEL (default .cache/onerec) and the FlashInfer JIT cache stay between calls of a warm machine.
+# TAR=1 adds $OUT/matrix.tgz, the whole report directory in one file.
 # STAGES=ab runs A/B pairs, same machine, same call (see docs/baselines.md): the defaults
 # against the step graph on, at p=1000 and n=50, and at p=1000 also against the prefill graph
 # off (no HF baseline in these runs: the pairs compare FlashRec with itself).
@@ -58,5 +59,8 @@ if [ $# -ge 1 ] && case $STAGES in *" matrix "*) true;; *) false;; esac; then
   bench="python -m harness"; command -v flashrec-bench >/dev/null && bench=flashrec-bench
   only=(); for f in ${ONLY:-}; do only+=(--only "$f"); done  # ONLY="beam_width=256,concurrency=1 ..."
   MODEL_PATH=$MODEL SID_VOCAB_FILE=$MODEL/catalog.json $bench "$1" --out "$OUT/matrix" "${only[@]}" 2>&1 | tail -5
+  # TAR=1: also one archive of the report directory (traces and per-cell folders included),
+  # for transfers that drop deep or oddly named paths (the lent device's does)
+  [ "${TAR:-0}" = 1 ] && tar czf "$OUT/matrix.tgz" -C "$OUT" matrix
 fi
 echo "results in $OUT"
