@@ -22,6 +22,9 @@ slots reserved for the prefill graphs, and are never attended to or read back.
 Per layer this is one graph replay and one attention call instead of ~10 launches. The price:
 three copies per layer (q/k/v into the static buffer, the residual, the attention output) and
 the padding, a few percent of GPU time on large batches, so the largest bucket is a knob.
+Served on the H200 (session 6, docs/baselines.md): n=512 c=8 +8-21%, p=5,000 c=8 +2-4%; the
+~14.8k-token batches of n=50 c=32 are GPU-bound and lost 2.9% when covered (16,384), hence
+the default of 8,192.
 
 On CPU the same padded pieces run eagerly (the tests compare them with the plain forward).
 """
