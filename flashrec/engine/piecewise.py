@@ -35,8 +35,8 @@ import logging
 
 import torch
 
+from flashrec.engine.prefill_graph import PaddedInputs
 from flashrec.layers.attention import PrefillMeta
-from flashrec.profiler import trace_range
 
 log = logging.getLogger("flashrec")
 
@@ -53,26 +53,16 @@ def bucket_sizes(max_tokens: int) -> list[int]:
     return sizes
 
 
-class PiecewisePrefill:
+class PiecewisePrefill(PaddedInputs):
     def __init__(self, runner, max_tokens: int, pad_slots: torch.Tensor, pool=None) -> None:
         self.runner = runner
         dev, dtype = runner.device, runner.dtype
         mc = runner.model_config
-        self.sizes = bucket_sizes(max_tokens)
+        super().__init__(dev, bucket_sizes(max_tokens), pad_slots, MAX_SEQS)
         t = self.sizes[-1]
-        if pad_slots.numel() < t:
-            raise ValueError(f"{pad_slots.numel()} padding slots for a {t}-token bucket")
-        self.pad_slots = pad_slots[:t]
         self.layers = list(runner.model.layers)
         self.hq, self.hkv, self.d = mc.num_attention_heads, mc.num_key_value_heads, mc.head_dim
         q_w, kv_w = self.hq * self.d, self.hkv * self.d
-        # static inputs of every bucket (views [:t])
-        self.ids = torch.zeros(t, dtype=torch.long, device=dev)
-        self.pos = torch.arange(t, dtype=torch.long, device=dev)
-        self.loc = self.pad_slots.clone()
-        self.last = torch.zeros(MAX_SEQS, dtype=torch.long, device=dev)
-        self._last_used = 0  # entries of ``last`` the previous forward set
-        self.arange = torch.arange(t, dtype=torch.long, device=dev)
         # state carried from piece to piece: q/k/v (one row per token, as the fused QKV GEMM
         # lays them out), the residual stream, and attention's output
         self.qkv = torch.zeros(t, q_w + 2 * kv_w, dtype=dtype, device=dev)
@@ -81,16 +71,10 @@ class PiecewisePrefill:
         self.v = self.qkv[:, q_w + kv_w :].view(t, self.hkv, self.d)
         self.residual = torch.zeros(t, mc.hidden_size, dtype=dtype, device=dev)
         self.attn = torch.zeros(t, q_w, dtype=dtype, device=dev)
-        self.metas = {s: self._meta(s) for s in self.sizes}
         self.graphs: dict[int, list] = {}
         self.output: dict[int, torch.Tensor] = {}
         self.stored: list[bool] = []  # per layer: the piece wrote the KV (fused kernel)
         self.pool = pool
-
-    def _meta(self, t: int) -> PrefillMeta:
-        meta = PrefillMeta(self.pos[:t], self.loc[:t], [self.loc[:t]], [t], [0], self.last)
-        meta.input_ids = self.ids[:t]
-        return meta
 
     def fits(self, meta: PrefillMeta) -> bool:
         return len(meta.new_lens) <= MAX_SEQS and sum(meta.new_lens) <= self.sizes[-1]
@@ -159,21 +143,7 @@ class PiecewisePrefill:
     @torch.inference_mode()
     def run(self, input_ids: torch.Tensor, meta: PrefillMeta) -> torch.Tensor:
         """[B, K] level-0 logprobs of each prompt's last token (a copy)."""
-        n = int(sum(meta.new_lens))
-        b = len(meta.new_lens)
-        t = next(s for s in self.sizes if s >= n)
-        with trace_range("flashrec.graph_inputs"):
-            self.ids[:n].copy_(input_ids)
-            self.pos[:n].copy_(meta.positions)
-            self.loc[:n].copy_(meta.out_loc)
-            if t > n:
-                self.ids[n:t].zero_()
-                self.pos[n:t].copy_(self.arange[n:t])
-                self.loc[n:t].copy_(self.pad_slots[n:t])
-            self.last[:b].copy_(meta.last_index)
-            if self._last_used > b:  # stale indexes of a larger batch may lie past this bucket
-                self.last[b : self._last_used].zero_()
-            self._last_used = b
+        n, t = self.load(input_ids, meta)
         graphs = self.graphs.get(t)
         if graphs is None:  # CPU: the same padded pieces, eagerly
             out = self._piece(t, 0)
@@ -194,4 +164,4 @@ class PiecewisePrefill:
                 graphs[i + 1].replay()
         if graphs is not None:
             out = self.output[t]
-        return out[:b].clone()
+        return out[: len(meta.new_lens)].clone()

@@ -31,38 +31,69 @@ log = logging.getLogger("flashrec")
 BUCKET = 128
 
 
-class PrefillGraphRunner:
-    def __init__(self, runner, max_tokens: int, pool=None, pad_slots=None) -> None:
+class PaddedInputs:
+    """The static inputs of a prefill graph padded to token buckets (``sizes``): token ids,
+    positions and KV slots of the largest bucket (each bucket replays on views ``[:t]``), and
+    the index of each prompt's last token (``max_seqs`` prompts at most). ``load`` puts a
+    batch's real tokens first; the padding after them gets token 0, positions that continue the
+    count, and the reserved scratch slots ``pad_slots`` as KV slots."""
+
+    def __init__(self, device, sizes: list[int], pad_slots: torch.Tensor, max_seqs: int) -> None:
+        self.sizes = sizes
+        t = sizes[-1]
+        if pad_slots.numel() < t:
+            raise ValueError(f"{pad_slots.numel()} padding slots for a {t}-token bucket")
+        # scratch pool slots, reserved by the runner for the engine's lifetime and shared by
+        # both prefill graph kinds
+        self.pad_slots = pad_slots[:t]
+        self.ids = torch.zeros(t, dtype=torch.long, device=device)
+        self.pos = torch.arange(t, dtype=torch.long, device=device)
+        self.loc = self.pad_slots.clone()
+        self.last = torch.zeros(max_seqs, dtype=torch.long, device=device)
+        self._last_used = 0  # entries of ``last`` the previous batch set
+        self.arange = torch.arange(t, dtype=torch.long, device=device)
+        self.metas = {s: self._meta(s) for s in sizes}
+
+    def _meta(self, t: int) -> PrefillMeta:
+        meta = PrefillMeta(self.pos[:t], self.loc[:t], [self.loc[:t]], [t], [0], self.last)
+        meta.input_ids = self.ids[:t]
+        return meta
+
+    def load(self, input_ids: torch.Tensor, meta: PrefillMeta) -> tuple[int, int]:
+        """Copy a batch into the static inputs; returns (real tokens, bucket)."""
+        n, b = int(sum(meta.new_lens)), len(meta.new_lens)
+        t = next(s for s in self.sizes if s >= n)
+        with trace_range("flashrec.graph_inputs"):
+            self.ids[:n].copy_(input_ids)
+            self.pos[:n].copy_(meta.positions)
+            self.loc[:n].copy_(meta.out_loc)
+            if t > n:
+                self.ids[n:t].zero_()
+                self.pos[n:t].copy_(self.arange[n:t])
+                self.loc[n:t].copy_(self.pad_slots[n:t])
+            self.last[:b].copy_(meta.last_index)
+            if self._last_used > b:  # stale indexes of a larger batch may lie past this bucket
+                self.last[b : self._last_used].zero_()
+            self._last_used = b
+        return n, t
+
+
+class PrefillGraphRunner(PaddedInputs):
+    def __init__(self, runner, max_tokens: int, pad_slots: torch.Tensor, pool=None) -> None:
         self.runner = runner
         dev = runner.device
         top = max_tokens
-        self.sizes = sorted({min(top, k * BUCKET) for k in range(1, -(-top // BUCKET) + 1)})
-        t = self.sizes[-1]
-        # scratch pool slots for padding tokens, held for the engine's lifetime (the runner
-        # reserves them, shared with the piecewise prefill)
-        if pad_slots is None:
-            pad_slots = torch.tensor(runner.kv.tokens.alloc(t), dtype=torch.long, device=dev)
-        self.pad_slots = pad_slots[:t]
-        self.ids = torch.zeros(t, dtype=torch.long, device=dev)
-        self.pos = torch.arange(t, dtype=torch.long, device=dev)
-        self.loc = self.pad_slots.clone()
-        self.last = torch.zeros(1, dtype=torch.long, device=dev)
-        self.arange = torch.arange(t, dtype=torch.long, device=dev)
+        sizes = sorted({min(top, k * BUCKET) for k in range(1, -(-top // BUCKET) + 1)})
+        super().__init__(dev, sizes, pad_slots, 1)
         mc = runner.model_config
         sdpa = "triton" if dev.type == "cuda" else "torch"  # both prefill through SDPA
         attn = create_backend(
             sdpa, runner.kv, mc.num_attention_heads, mc.num_key_value_heads, mc.head_dim
         )
         self.ctx = dataclasses.replace(runner.ctx, attn=attn)
-        self.metas = {s: self._meta(s) for s in self.sizes}
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
         self.pool = pool
-
-    def _meta(self, t: int) -> PrefillMeta:
-        meta = PrefillMeta(self.pos[:t], self.loc[:t], [self.loc[:t]], [t], [0], self.last)
-        meta.input_ids = self.ids[:t]
-        return meta
 
     def fits(self, meta: PrefillMeta) -> bool:
         return (
@@ -96,17 +127,7 @@ class PrefillGraphRunner:
     @torch.inference_mode()
     def run(self, input_ids: torch.Tensor, meta: PrefillMeta) -> torch.Tensor:
         """[1, K] level-0 logprobs of the prompt's last token (a copy)."""
-        n = meta.new_lens[0]
-        t = next(s for s in self.sizes if s >= n)
-        with trace_range("flashrec.graph_inputs"):
-            self.ids[:n].copy_(input_ids)
-            self.pos[:n].copy_(meta.positions)
-            self.loc[:n].copy_(meta.out_loc)
-            if t > n:
-                self.ids[n:t].zero_()
-                self.pos[n:t].copy_(self.arange[n:t])
-                self.loc[n:t].copy_(self.pad_slots[n:t])
-            self.last.fill_(n - 1)
+        _, t = self.load(input_ids, meta)
         if t in self.graphs:
             self.graphs[t].replay()
             return self.outputs[t].clone()

@@ -145,7 +145,7 @@ class ModelRunner:
         if max_tokens:
             from flashrec.engine.prefill_graph import PrefillGraphRunner
 
-            self.prefill_graphs = PrefillGraphRunner(self, max_tokens, graph_pool, self.pad_slots)
+            self.prefill_graphs = PrefillGraphRunner(self, max_tokens, self.pad_slots, graph_pool)
             if on_gpu:
                 self.prefill_graphs.capture()
                 graph_pool = self.prefill_graphs.pool

@@ -118,7 +118,7 @@ class Scheduler:
     @property
     def kv_reserved_tokens(self) -> int:
         """Pool slots held for the engine's lifetime (the prefill graphs' padding slots)."""
-        pad = getattr(self.runner, "pad_slots", None)
+        pad = self.runner.pad_slots
         return pad.numel() if pad is not None else 0
 
     @property
