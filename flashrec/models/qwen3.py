@@ -20,6 +20,9 @@ from flashrec.profiler import trace_range
 
 
 class Attention(nn.Module):
+    """No ``forward``: the layer runs ``project`` -> ``attend`` -> ``o_proj`` (the piecewise
+    prefill graphs are cut between them)."""
+
     def __init__(self, cfg: ModelConfig, layer_id: int) -> None:
         super().__init__()
         self.layer_id = layer_id
@@ -54,10 +57,6 @@ class Attention(nn.Module):
         """Attention through the context's backend: ``[T, Hq*D]`` (before ``o_proj``)."""
         q = q if ctx.attn.takes_strided_q(meta) else q.contiguous()
         return ctx.attn.forward(q, k, v, self.layer_id, meta, skip_store=stored)
-
-    def forward(self, x, positions, meta, ctx, x_fp8=None, a_scale=None) -> torch.Tensor:
-        q, k, v, stored = self.project(x, positions, meta, ctx, x_fp8, a_scale)
-        return self.o_proj(self.attend(q, k, v, stored, meta, ctx))
 
 
 class MLP(nn.Module):
