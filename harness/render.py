@@ -257,7 +257,8 @@ def trace_lines(report: dict) -> list[str]:
             out.append(
                 f"  - device {f['device']}; GPU busy {f['gpu_busy_fraction']}; "
                 f"CUDA-graph decode {f['decode_graph_replay']} "
-                f"({f['cuda_graph_launches']} graph launches); FP8 GEMMs: {fp8}"
+                f"({f.get('decode_graph_launches', 'n/a')} of {f['cuda_graph_launches']} graph "
+                f"launches inside decode spans); FP8 GEMMs: {fp8}"
             )
             tops = f["top_kernels"] if isinstance(f["top_kernels"], list) else f["top_cpu_ops"]
             label = "kernels" if isinstance(f["top_kernels"], list) else "CPU ops"

@@ -2,7 +2,8 @@
 
 GPU fields: busy fraction (union of kernel / memcpy / memset time over the span from the first
 to the last of them), the largest gaps between them, CUDA-graph replays (``cudaGraphLaunch``
-runtime calls), top kernels by time and whether the GEMMs are FP8 kernels. On a CPU-only trace
+runtime calls; ``decode_graph_replay`` counts only those inside FlashRec's decode spans, since
+prefill replays graphs too), top kernels by time and whether the GEMMs are FP8 kernels. On a CPU-only trace
 those fields are ``"n/a"`` and the CPU operator time is what the summary reports.
 
 Where the GPU waits (``gpu_idle_by_host``): every gap between GPU operations is charged to the
@@ -31,6 +32,9 @@ ATTENTION = re.compile(r"sdpa|fmha|flash|attention|attn|beam_decode", re.I)
 FP8 = re.compile(r"fp8|e4m3|e5m2|scaled_mm|f8f8|nvjet_sm\d+_qq", re.I)
 GRAPH_LAUNCH = {"cudaGraphLaunch", "cuGraphLaunch", "hipGraphLaunch"}
 STEP_SPANS = ("flashrec.schedule", "flashrec.step")
+# FlashRec's decode host spans: a graph launch inside one is a decode replay (the prefill
+# graphs launch inside flashrec.prefill)
+DECODE_SPANS = ("flashrec.decode", "flashrec.decode_step")
 KERNEL_LAUNCH = {"cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernelEx"}
 NO_SPAN = "(no host span)"
 GPU_BOUND_BUSY = 0.8  # busy fraction from which a trace reads as GPU-bound
@@ -79,19 +83,45 @@ def _gpu_spans(events: list[dict]) -> list[tuple[float, float, str]]:
     ]
 
 
+def _decode_graph_launches(events: list[dict]) -> int | None:
+    """Graph launches inside FlashRec's decode spans; None when the trace has no decode span
+    (another engine's trace, or one without decode steps)."""
+    decode = [
+        (float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)), "")
+        for e in events
+        if e.get("ph") == "X" and e.get("name") in DECODE_SPANS
+    ]
+    if not decode:
+        return None
+    merged = _union(decode)
+    starts = [m[0] for m in merged]
+    n = 0
+    for e in events:
+        if e.get("cat") in ("cuda_runtime", "cuda_driver") and e.get("name") in GRAPH_LAUNCH:
+            ts = float(e.get("ts", 0))
+            i = bisect.bisect_right(starts, ts) - 1
+            n += i >= 0 and ts <= merged[i][1]
+    return n
+
+
 def _gpu(
     events: list[dict], spans: list[tuple[float, float, str]], merged: list, top_k: int, gaps_k: int
 ) -> dict[str, Any]:
     runtime = [e.get("name") for e in events if e.get("cat") in ("cuda_runtime", "cuda_driver")]
     graph = sum(1 for n in runtime if n in GRAPH_LAUNCH)
     launches = sum(1 for n in runtime if n in KERNEL_LAUNCH)
+    decode = _decode_graph_launches(events)
+    # FlashRec traces: replays inside decode spans; others: any graph launch
+    replay = decode > 0 if decode is not None else graph > 0
+    decode_field = decode if decode is not None else NA
     if not spans:
         return {
             "gpu_busy_fraction": NA,
             "largest_gaps_us": NA,
             "cuda_graph_launches": graph if runtime else NA,
+            "decode_graph_launches": decode_field if runtime else NA,
             "kernel_launches": launches if runtime else NA,
-            "decode_graph_replay": (graph > 0) if runtime else NA,
+            "decode_graph_replay": replay if runtime else NA,
             "top_kernels": NA,
             "gemm": NA,
         }
@@ -120,8 +150,9 @@ def _gpu(
         "gpu_busy_fraction": round(busy / span, 4) if span > 0 else NA,
         "largest_gaps_us": gaps,
         "cuda_graph_launches": graph,
+        "decode_graph_launches": decode_field,
         "kernel_launches": launches,
-        "decode_graph_replay": graph > 0,
+        "decode_graph_replay": replay,
         "top_kernels": _top(kernels, busy, top_k),
         "gemm": {
             "total_us": round(gemm_us, 1),

@@ -118,11 +118,41 @@ def test_gpu_summary():
     gaps = s["largest_gaps_us"]
     assert gaps[0]["gap_us"] == 300 and gaps[0]["before"] == "rmsnorm"
     assert gaps[1]["gap_us"] == 100 and gaps[1]["after"] == "fp8_scaled_mm_kernel"
+    # no FlashRec decode span in this trace: any graph launch counts (another engine's trace)
     assert s["decode_graph_replay"] is True and s["cuda_graph_launches"] == 1
+    assert s["decode_graph_launches"] == "n/a"
     assert s["kernel_launches"] == 2
     assert s["top_kernels"][0]["name"] == "sm90_fp8_e4m3_gemm"
     assert s["gemm"]["total_us"] == 80 and s["gemm"]["fp8_us"] == 70
     assert s["gemm"]["is_fp8"] is True
+
+
+def _span(name: str, ts: float, dur: float) -> dict:
+    return {"ph": "X", "cat": "user_annotation", "name": name, "ts": ts, "dur": dur}
+
+
+def test_decode_graph_replay_counts_only_launches_inside_decode_spans():
+    """The prefill graphs (one-prompt and piecewise) launch graphs too: a trace whose decode
+    ran eagerly must not read as CUDA-graph decode."""
+
+    def rt(ts: float) -> dict:
+        return {"ph": "X", "cat": "cuda_runtime", "name": "cudaGraphLaunch", "ts": ts, "dur": 1}
+
+    kernel = {"ph": "X", "cat": "kernel", "name": "k", "ts": 0, "dur": 10}
+    eager = [
+        kernel,
+        _span("flashrec.prefill", 0, 100),
+        rt(10),
+        rt(20),
+        _span("flashrec.decode", 200, 50),
+    ]
+    s = summarize_events(eager)
+    assert s["cuda_graph_launches"] == 2 and s["decode_graph_launches"] == 0
+    assert s["decode_graph_replay"] is False
+    graphed = eager + [rt(210), _span("flashrec.decode_step", 300, 50), rt(349)]
+    s = summarize_events(graphed)
+    assert s["cuda_graph_launches"] == 4 and s["decode_graph_launches"] == 2
+    assert s["decode_graph_replay"] is True
 
 
 def test_cpu_summary_says_gpu_fields_are_na(tmp_path):
