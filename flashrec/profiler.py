@@ -121,14 +121,27 @@ def _typed(body: Mapping[str, Any], key: str, kind: type | tuple[type, ...]) -> 
     return v
 
 
+def _inside(path: Path, base: Path) -> bool:
+    return path == base or base in path.parents
+
+
 def parse_options(body: Mapping[str, Any], base_dir: Path) -> ProfileOptions:
-    """Validate a ``/start_profile`` body; ``output_dir`` must resolve inside ``base_dir``."""
+    """Validate a ``/start_profile`` body; ``output_dir`` must resolve inside ``base_dir``.
+
+    A relative ``output_dir`` that already names a place inside ``base_dir`` from the server's
+    working directory (``./profiles/run1`` with ``FLASHREC_TORCH_PROFILER_DIR=./profiles``) is
+    taken as it is; any other relative one is under ``base_dir`` (``run1``)."""
     if not isinstance(body, Mapping):
         raise ProfileError("the body must be a JSON object")
     base = base_dir.resolve()
     raw_dir = _typed(body, "output_dir", str)
-    out = (base / raw_dir).resolve() if raw_dir else base  # an absolute raw_dir replaces base
-    if out != base and base not in out.parents:
+    out = base
+    if raw_dir:
+        from_cwd = Path(raw_dir).resolve()
+        # an absolute raw_dir replaces base; a relative one naming a place inside base from
+        # the working directory is not put under base a second time
+        out = from_cwd if _inside(from_cwd, base) else (base / raw_dir).resolve()
+    if not _inside(out, base):
         raise ProfileError(
             f"'output_dir' must be inside the profiler directory {base} ({PROFILER_DIR_ENV})"
         )
@@ -188,6 +201,9 @@ class ProfileController:
         self._steps = 0
         self._exports: list[Future] = []
         self.last_files: list[str] = []
+        # the trace export of a profile that stopped itself after num_steps, until a
+        # /stop_profile collects it (it then answers with that trace, as if it had stopped it)
+        self._auto_stopped: Future | None = None
         loop.add_step_hook(self._on_step)
 
     @property
@@ -208,6 +224,7 @@ class ProfileController:
             self._opts = opts
             self._state = _PENDING
             self._countdown = opts.start_step
+            self._auto_stopped = None
         if opts.start_step == 0:
             try:
                 self._on_engine(self._begin)
@@ -223,10 +240,16 @@ class ProfileController:
         }
 
     def stop(self) -> dict[str, Any]:
-        """End the running profile and wait for its trace file; 400 when none is running."""
+        """End the running profile and wait for its trace file. A profile that already stopped
+        itself after ``num_steps`` answers with its trace once (``auto_stopped``: true), so a
+        script's start / load / stop works either way; 400 when there is nothing to stop."""
         with self._lock:
-            state = self._state
+            state, auto = self._state, self._auto_stopped
+            if state == _IDLE:
+                self._auto_stopped = None
         if state == _IDLE:
+            if auto is not None:
+                return {"files": auto.result(timeout=ENGINE_CALL_TIMEOUT_S), "auto_stopped": True}
             hint = f" (the last one wrote {self.last_files})" if self.last_files else ""
             raise ProfileError(f"no profile is running{hint}")
         export = self._on_engine(self._end)
@@ -267,7 +290,7 @@ class ProfileController:
         if start:
             self._begin()
         elif stop:
-            self._end()
+            self._end(auto=True)
 
     def _begin(self) -> None:
         with self._lock:
@@ -283,15 +306,19 @@ class ProfileController:
             self._prof, self._state, self._steps = prof, _ACTIVE, 0
         _log.info("profiler started: %s", self._opts)
 
-    def _end(self) -> Future | None:
+    def _end(self, auto: bool = False) -> Future | None:
+        """Stop the profiler; its trace is written on a thread (the returned future). ``auto``:
+        stopped after ``num_steps``, kept for the next ``/stop_profile`` to answer with."""
         with self._lock:
             prof, opts, self._prof = self._prof, self._opts, None
             self._state = _IDLE
-        if prof is None or opts is None:
-            return None
+            if prof is None or opts is None:
+                return None
+            fut: Future = Future()
+            self._exports.append(fut)
+            if auto:
+                self._auto_stopped = fut
         prof.stop()
-        fut: Future = Future()
-        self._exports.append(fut)
         threading.Thread(
             target=self._export, args=(prof, opts, fut), name="flashrec-trace-export", daemon=True
         ).start()

@@ -74,6 +74,21 @@ def test_parse_options_symlink_escape(tmp_path: Path) -> None:
     assert opts.output_dir == (base / "sub").resolve() and opts.activities == ("CPU",)
 
 
+def test_output_dir_named_from_the_working_directory(tmp_path: Path, monkeypatch) -> None:
+    """The design notes' example: FLASHREC_TORCH_PROFILER_DIR=./profiles with output_dir
+    "./profiles/run1" lands in ./profiles/run1, not ./profiles/profiles/run1."""
+    monkeypatch.chdir(tmp_path)
+    base = tmp_path / "profiles"
+    assert parse_options({"output_dir": "./profiles/run1"}, base).output_dir == base / "run1"
+    assert parse_options({"output_dir": "run1"}, base).output_dir == base / "run1"
+    assert parse_options({"output_dir": "profiles"}, base).output_dir == base
+    assert parse_options({}, base).output_dir == base
+    other = parse_options({"output_dir": "./elsewhere/run1"}, base).output_dir
+    assert other == base / "elsewhere" / "run1"  # not inside from here: under the directory
+    with pytest.raises(ProfileError):
+        parse_options({"output_dir": "../x"}, base)
+
+
 def test_profile_endpoints(profiler_dir: Path) -> None:
     with fake_server() as srv:
         err = srv.post("/stop_profile")
@@ -108,7 +123,11 @@ def test_profile_num_steps_and_start_step(profiler_dir: Path) -> None:
         srv.post("/v1/chat/completions", CHAT)  # four engine steps
         (path,) = wait_files(profiler_dir / "auto", "*.trace.json.gz")
         assert trace_names(path)
-        assert srv.post("/stop_profile").status_code == 400  # auto-stopped already
+        # auto-stopped already: the next stop answers with that trace, once
+        stop = srv.post("/stop_profile")
+        assert stop.status_code == 200, stop.text
+        assert stop.json()["files"] == [str(path)] and stop.json()["auto_stopped"] is True
+        assert srv.post("/stop_profile").status_code == 400
         r = srv.post("/start_profile", {"output_dir": "delayed", "start_step": 2, "num_steps": 1})
         assert r.json()["state"] == "pending"
         assert not list((profiler_dir / "delayed").glob("*.gz"))
