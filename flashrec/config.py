@@ -134,7 +134,7 @@ class EngineConfig:
     )
     quantization: str | None = _opt(
         None,
-        "fp8 = W8A8 per-channel FP8; any other value = unquantized weights in --dtype (default: fp8 on cuda, none on cpu)",
+        "fp8 = W8A8 per-channel FP8 (a BF16 checkpoint is quantized at load); any other value = unquantized weights in --dtype (an FP8 checkpoint is dequantized); default: FP8 only for a checkpoint whose quantization_config says FP8, on any device (a directory name containing fp8 does not count)",
     )
     kv_cache_dtype: str = _opt(
         "auto", "KV cache dtype: auto (= --dtype) or fp8_e4m3", ("auto", "fp8_e4m3")
@@ -249,14 +249,6 @@ class EngineConfig:
         if self.dtype:
             return self.dtype
         return "bfloat16" if self.resolved_device == "cuda" else "float32"
-
-    @property
-    def use_fp8(self) -> bool:
-        """FP8 GEMMs: only --quantization fp8 (or an FP8 checkpoint's quantization_config)."""
-        q = self.quantization
-        if q is None:
-            return self.resolved_device == "cuda"
-        return q.lower() == "fp8"
 
     @property
     def resolved_attention_backend(self) -> str:

@@ -63,7 +63,7 @@ ZH = {
     "sid": "覆盖 SID 布局：START:END/SIZE[,begin=ID][,end=ID]（token id START..END-1 为每级 SIZE 个 code 的 codebook）",
     "device": "cpu 或 cuda（默认：有 GPU 时 cuda）",
     "dtype": "激活 / 非量化权重的 dtype（默认 cuda 上 bfloat16，cpu 上 float32）",
-    "quantization": "fp8 = W8A8 per-channel FP8；其它任何值 = --dtype 的非量化权重（默认 cuda 上 fp8，cpu 上 none）",
+    "quantization": "fp8 = W8A8 per-channel FP8（BF16 checkpoint 在加载时量化）；其它任何值 = --dtype 的非量化权重（FP8 checkpoint 会被反量化）；默认：仅当 checkpoint 的 quantization_config 声明 FP8 时启用 FP8，与设备无关（目录名含 fp8 不算）",
     "kv_cache_dtype": "KV cache dtype：auto（= --dtype）或 fp8_e4m3",
     "logprob_scope": "log_softmax 的范围：当前层 code（level，默认最快）/ 整个 SID 区间（sid）/ 全词表（full，HF 语义）",
     "length_penalty": "sequence_score = cum_logprob / gen_len ** length_penalty",

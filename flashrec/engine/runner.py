@@ -264,9 +264,13 @@ class ModelRunner:
         return torch.cuda.get_device_properties(self.device).multi_processor_count
 
     def _resolve_fp8(self, mc: ModelConfig) -> bool:
+        """FP8 GEMMs only when asked: ``--quantization fp8``, or a checkpoint whose
+        ``quantization_config`` says FP8 (then ``--quantization`` of another value dequantizes
+        it). A BF16 checkpoint is never quantized at load unless the flag says so: on-load
+        quantization moves beam overlap with HF (the design notes' FP8 rule)."""
         q = self.config.quantization
         if q is None:
-            return mc.is_fp8_checkpoint or self.config.resolved_device == "cuda"
+            return mc.is_fp8_checkpoint
         return q.lower() == "fp8"
 
     def _pool_tokens(self, mc: ModelConfig, kv_dtype: torch.dtype) -> int:

@@ -66,6 +66,27 @@ def test_directory_name_does_not_turn_on_fp8(tiny_model, tmp_path):
     assert not _engine(d).runner.use_fp8
 
 
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_fp8_only_when_asked_on_any_device(synth_model, tiny_model, device):
+    """The design notes' rule: without quantization_config, FP8 GEMMs need an explicit
+    --quantization fp8, on a GPU too (a BF16 checkpoint is not quantized at load by default);
+    an FP8 checkpoint is FP8 unless another --quantization dequantizes it."""
+    from types import SimpleNamespace
+
+    from flashrec.config import EngineConfig, ModelConfig
+    from flashrec.engine.runner import ModelRunner
+
+    fp8_dir = synth_model("tiny", catalog_size=2000, dtype="fp8")
+
+    def resolve(path, **kw) -> bool:
+        cfg = EngineConfig(model_path=str(path), device=device, **kw)
+        return ModelRunner._resolve_fp8(SimpleNamespace(config=cfg), ModelConfig.from_path(path))
+
+    assert not resolve(tiny_model)
+    assert resolve(tiny_model, quantization="fp8")
+    assert resolve(fp8_dir) and not resolve(fp8_dir, quantization="none")
+
+
 def _broken(tiny_model, tmp_path, edit):
     d = tmp_path / "broken"
     shutil.copytree(tiny_model, d)
