@@ -132,6 +132,12 @@ def compare_main(argv: list[str]) -> int:
         action="store_true",
         help="exit 1 when a metric regressed (significant and beyond the noise band)",
     )
+    p.add_argument(
+        "--require-comparable",
+        action="store_true",
+        help="exit 2 when the two runs differ in model, workload or load settings (the "
+        "differences are always printed and written to compare.md)",
+    )
     p.add_argument("--out", type=Path, help="where compare.json / compare.md go (default: NEW)")
     p.add_argument("--metrics", help="comma-separated metric names (default: all directional)")
     p.add_argument("--alpha", type=float, help="significance level (default: NEW's stats.alpha)")
@@ -156,11 +162,15 @@ def compare_main(argv: list[str]) -> int:
             f"({r['delta_pct']:+.1f}%, band {r['band_pct']:.1f}%, p {r['p_value']:.3g})",
             file=sys.stderr,
         )
+    for d in comparison["comparability"]:
+        print(f"NOT COMPARABLE {d['field']}: base {d['base']!r}, new {d['new']!r}", file=sys.stderr)
     print(
         f"compare: {comparison['verdict']}; gates {comparison['gates']['status']}; "
         f"{out}/compare.md",
         file=sys.stderr,
     )
+    if args.require_comparable and comparison["comparability"]:
+        return EXIT_USAGE
     if comparison["gates"]["status"] == "fail":
         return EXIT_GATE
     if args.fail_on_regression and comparison["regressions"]:

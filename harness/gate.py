@@ -133,6 +133,33 @@ def report_side(r: dict) -> dict:
     }
 
 
+# what must stay fixed for two runs to be comparable (the design notes: the same model and
+# catalog, the same load, the same radix temperature); rounds and timeouts may differ
+LOAD_FIELDS = ("mode", "concurrency", "rate", "duration_s", "max_tokens", "temperature", "seed",
+               "radix", "beam_width")  # fmt: skip
+WORKLOAD_FIELDS = ("kind", "path", "requests", "warmup_requests", "median_tokens", "spread",
+                   "system_prompt_tokens", "seed", "shuffle")  # fmt: skip
+
+
+def comparability(base: dict, new: dict) -> list[dict]:
+    """What differs between two reports' runs that makes their numbers incomparable: the
+    model (its content hash), the workload and the load settings. Empty when nothing does (or
+    when a report lacks the field: older reports are not flagged)."""
+    out: list[dict] = []
+
+    def check(field: str, a: Any, b: Any) -> None:
+        if a is not None and b is not None and a != b:
+            out.append({"field": field, "base": a, "new": b})
+
+    check("model.hash", (base.get("model") or {}).get("hash"), (new.get("model") or {}).get("hash"))
+    bm, nm = base.get("matrix") or {}, new.get("matrix") or {}
+    for section, fields in (("workload", WORKLOAD_FIELDS), ("load", LOAD_FIELDS)):
+        bs, ns = bm.get(section) or {}, nm.get(section) or {}
+        for f in fields:
+            check(f"{section}.{f}", bs.get(f), ns.get(f))
+    return out
+
+
 def compare_reports(
     base: dict,
     new: dict,
@@ -140,7 +167,8 @@ def compare_reports(
     alpha: float | None = None,
     test: str | None = None,
 ) -> dict:
-    """Cell-by-cell, metric-by-metric comparison of two reports."""
+    """Cell-by-cell, metric-by-metric comparison of two reports. ``comparability`` lists what
+    differs between the two runs' model, workload and load (empty: comparable)."""
     stats = new.get("matrix", {}).get("stats", {})
     alpha = alpha if alpha is not None else stats.get("alpha", 0.05)
     test = test or stats.get("test", "welch")
@@ -182,6 +210,7 @@ def compare_reports(
         "regressions": regressions,
         "improvements": improvements,
         "verdict": "regressed" if regressions else "ok",
+        "comparability": comparability(base, new),
     }
 
 

@@ -485,8 +485,15 @@ def write_compare_markdown(comparison: dict, path: Path) -> None:
         "significant and beyond the noise band",
         f"- verdict: **{comparison['verdict']}** ({len(comparison['regressions'])} regressed, "
         f"{len(comparison['improvements'])} improved)",
-        "",
     ]
+    diffs = comparison.get("comparability") or []
+    if diffs:
+        lines.append(
+            "- **not comparable**: the runs differ in "
+            + "; ".join(f"{d['field']} ({d['base']!r} -> {d['new']!r})" for d in diffs)
+            + ". Numbers from different models, workloads or loads do not measure the change."
+        )
+    lines.append("")
     head = ["cell", "metric", "base", "new", "delta", "band", "p", "verdict"]
     rows = []
     for c in comparison["cells"]:

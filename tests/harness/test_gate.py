@@ -66,6 +66,42 @@ def test_compare_verdict_details():
     assert compare_reports(base, other)["cells"][0]["base_id"] == "e,concurrency=1"
 
 
+def test_compare_lists_what_makes_two_runs_incomparable():
+    base = report([100, 101, 99, 100, 100], [10, 10.1, 9.9, 10, 10])
+    new = report([100, 101, 99, 100, 100], [10, 10.1, 9.9, 10, 10])
+    for r, model, radix, tokens in ((base, "aaa", "cold", 2465), (new, "aaa", "cold", 2465)):
+        r["model"] = {"hash": model}
+        r["matrix"].update(load={"radix": radix, "rounds": 3}, workload={"median_tokens": tokens})
+    assert compare_reports(base, new)["comparability"] == []
+    new["matrix"]["load"]["rounds"] = 5  # rounds may differ
+    assert compare_reports(base, new)["comparability"] == []
+    new["model"]["hash"] = "bbb"
+    new["matrix"]["load"]["radix"] = "warm"
+    new["matrix"]["workload"]["median_tokens"] = 1000
+    diffs = compare_reports(base, new)["comparability"]
+    assert {d["field"] for d in diffs} == {"model.hash", "load.radix", "workload.median_tokens"}
+    assert {"field": "load.radix", "base": "cold", "new": "warm"} in diffs
+    # an older report without those fields is not flagged
+    assert compare_reports(report([1, 2], [1, 2]), new)["comparability"] == []
+
+
+def test_compare_cli_require_comparable(tmp_path):
+    from harness.cli import compare_main
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    for d, radix in ((a, "cold"), (b, "warm")):
+        d.mkdir()
+        r = report([100, 101, 99, 100, 100], [10, 10.1, 9.9, 10, 10])
+        m = base_matrix(fake_engine(name="e"))
+        m["load"]["radix"] = radix
+        r["matrix"] = {**m, "stats": r["matrix"]["stats"]}  # a valid matrix: the CLI reads gates
+        (d / "report.json").write_text(json.dumps(r))
+    assert compare_main([str(a), str(b)]) == 0  # printed and written, not fatal
+    assert "not comparable" in (b / "compare.md").read_text()
+    assert compare_main([str(a), str(b), "--require-comparable"]) == 2
+    assert compare_main([str(a), str(a), "--require-comparable", "--out", str(tmp_path)]) == 0
+
+
 def test_gates():
     base = report([100, 101, 99, 100, 100], [10, 10.1, 9.9, 10, 10])
     slow = report([80, 81, 79, 80, 80], [12, 12.1, 11.9, 12, 12])
