@@ -270,18 +270,18 @@ def _regression(gate: GateSpec, comparison: dict | None) -> dict:
             missing.append(cell["id"])
             continue
         worse = -d * r["delta_pct"]
-        excess = worse - (r["band_pct"] if gate.beyond_noise else 0.0)
+        band = r["band_pct"] if gate.beyond_noise else 0.0
         significant = _finite(r.get("p_value")) and r["p_value"] < comparison["alpha"]
-        bad = excess > gate.max_regression_pct and (significant or not gate.beyond_noise)
-        checks.append(
-            {
-                "target": cell["id"],
-                "worse_pct": worse,
-                "band_pct": r["band_pct"],
-                "p_value": r.get("p_value"),
-                "ok": not bad,
-            }
-        )
+        counts = significant or not gate.beyond_noise  # a change the statistics support
+        check = {"target": cell["id"], "band_pct": r["band_pct"], "p_value": r.get("p_value")}
+        if gate.max_regression_pct is not None:  # fails on a supported loss over the limit
+            check.update(
+                worse_pct=worse, ok=not (worse - band > gate.max_regression_pct and counts)
+            )
+        else:  # passes only on a supported gain of at least the minimum, beyond the band
+            gain = -worse
+            check.update(better_pct=gain, ok=counts and gain - band >= gate.min_improvement_pct)
+        checks.append(check)
     return _verdict(gate, checks, missing)
 
 
@@ -299,8 +299,7 @@ def _verdict(gate: GateSpec, checks: list[dict], missing: list[str]) -> dict:
 def evaluate_gates(gates: list[GateSpec], report: dict, comparison: dict | None = None) -> dict:
     """Evaluate every gate; overall ``pass`` / ``fail`` / ``none`` (no gates)."""
     results = [
-        _regression(g, comparison) if g.max_regression_pct is not None else _absolute(g, report)
-        for g in gates
+        _regression(g, comparison) if g.relative_kind else _absolute(g, report) for g in gates
     ]
     if not results:
         status = "none"

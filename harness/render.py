@@ -299,7 +299,7 @@ def gates_table(report: dict) -> Table:
             g["name"],
             g["status"],
             "; ".join(
-                f"{c['target']}: {c.get('value', c.get('worse_pct'))}"
+                f"{c['target']}: {c.get('value', c.get('worse_pct', c.get('better_pct')))}"
                 for c in g.get("checks", [])
                 if not c["ok"]
             )

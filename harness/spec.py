@@ -211,6 +211,8 @@ class GateSpec(_Base):
     op: Literal["<", "<=", "==", "!=", ">=", ">"] | None = None
     value: float | None = None
     max_regression_pct: float | None = Field(None, ge=0)
+    # "keep only if it beats the baseline": the metric must improve by at least this much
+    min_improvement_pct: float | None = Field(None, ge=0)
     beyond_noise: bool = True
     cells: str | None = None
     required: bool = False
@@ -220,11 +222,25 @@ class GateSpec(_Base):
         if bool(self.metric) == bool(self.path):
             raise ValueError("give exactly one of 'metric' (a cell metric) or 'path' (report path)")
         absolute = self.op is not None and self.value is not None
-        if absolute == (self.max_regression_pct is not None):
-            raise ValueError("give either 'op' + 'value' or 'max_regression_pct'")
-        if self.max_regression_pct is not None and not self.metric:
-            raise ValueError("'max_regression_pct' applies to a 'metric'")
+        kinds = [
+            absolute,
+            self.max_regression_pct is not None,
+            self.min_improvement_pct is not None,
+        ]
+        if sum(kinds) != 1:
+            raise ValueError(
+                "give exactly one of 'op' + 'value', 'max_regression_pct' or 'min_improvement_pct'"
+            )
+        if self.relative_kind and not self.metric:
+            raise ValueError("'max_regression_pct' / 'min_improvement_pct' apply to a 'metric'")
         return self
+
+    @property
+    def relative_kind(self) -> str | None:
+        """``regress`` / ``improve`` for a gate against a baseline; None for a threshold."""
+        if self.max_regression_pct is not None:
+            return "regress"
+        return "improve" if self.min_improvement_pct is not None else None
 
     @property
     def label(self) -> str:
@@ -234,6 +250,8 @@ class GateSpec(_Base):
         target = self.metric or self.path
         if self.max_regression_pct is not None:
             return f"{target} regression <= {self.max_regression_pct}%"
+        if self.min_improvement_pct is not None:
+            return f"{target} improvement >= {self.min_improvement_pct}%"
         return f"{target} {self.op} {self.value:g}"
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 from bench_helpers import base_matrix, fake_engine, processes_with, run_cli, write_matrix
 
 from harness.gate import compare_reports, evaluate_gates, resolve_path
@@ -129,6 +130,23 @@ def test_gates():
     res = evaluate_gates([GateSpec(metric="qps", max_regression_pct=25)], slow, comparison)
     assert res["status"] == "pass"
     assert evaluate_gates([], slow)["status"] == "none"
+    # keep only if it beats the baseline: a 25% gain passes a 2% bar, the A/A rerun and a
+    # 25% loss do not, and a gain needs the band cleared (not just the median moved)
+    better = GateSpec(metric="qps", min_improvement_pct=2)
+    assert better.label == "qps improvement >= 2.0%"
+    fast = report([125, 126, 124, 125, 125], [8, 8.1, 7.9, 8, 8])
+    same = report([100, 101.5, 99, 100.5, 99.5], [10, 10.1, 9.9, 10, 10])
+    res = evaluate_gates([better], fast, compare_reports(base, fast))
+    assert res["status"] == "pass" and res["results"][0]["checks"][0]["better_pct"] > 24
+    assert evaluate_gates([better], same, compare_reports(base, same))["status"] == "fail"
+    assert evaluate_gates([better], slow, compare_reports(base, slow))["status"] == "fail"
+    too_high = GateSpec(metric="qps", min_improvement_pct=30)
+    assert evaluate_gates([too_high], fast, compare_reports(base, fast))["status"] == "fail"
+    assert evaluate_gates([better], fast)["results"][0]["status"] == "skipped"  # no baseline
+    with pytest.raises(ValueError, match="exactly one"):
+        GateSpec(metric="qps", max_regression_pct=3, min_improvement_pct=2)
+    with pytest.raises(ValueError, match="apply to a 'metric'"):
+        GateSpec(path="parity.x", min_improvement_pct=2)
     assert resolve_path(slow, "cells.0.metrics.qps.n") == 5
 
 
