@@ -57,6 +57,10 @@ def collect() -> dict:
     info["flashinfer"] = _version("flashinfer")
     info["triton"] = _version("triton")
     info["transformers"] = _version("transformers")
+    # the design notes' troubleshooting list names sgl-kernel: FlashRec does not use it (its
+    # wheels are built against other torch versions; Triton and torch._scaled_mm cover it)
+    sgl = _version("sgl_kernel")
+    info["sgl_kernel"] = f"{sgl} (not used)" if sgl else "not needed"
     return info
 
 

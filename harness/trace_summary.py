@@ -295,3 +295,24 @@ def summarize_trace(path: str | Path, top_k: int = 10, gaps_k: int = 5) -> dict[
     except (OSError, ValueError, EOFError) as exc:
         out["error"] = f"{type(exc).__name__}: {exc}"
     return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m harness.trace_summary TRACE...``: each trace's summary as JSON."""
+    import argparse
+
+    p = argparse.ArgumentParser(
+        prog="python -m harness.trace_summary",
+        description="Summarize chrome traces (.json / .json.gz): GPU busy share, gaps by host "
+        "span, graph replays, top kernels, FP8 GEMMs.",
+    )
+    p.add_argument("traces", nargs="+", help="trace files")
+    p.add_argument("--top", type=int, default=10, help="top kernels / ops to list")
+    args = p.parse_args(argv)
+    for path in args.traces:
+        print(json.dumps(summarize_trace(path, top_k=args.top), indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -219,3 +219,18 @@ def test_gpu_idle_is_charged_to_the_outermost_host_span():
     busy = [k(0, 90), k(95, 5), a("flashrec.decode", 0, 100)]
     assert idle_by_host(busy)["limit"].startswith("gpu-bound: the GPU is busy 95.0%")
     assert idle_by_host([a("x", 0, 5)]) == {}  # no GPU work: nothing to say
+
+
+def test_trace_summary_command(tmp_path):
+    import subprocess
+    import sys
+
+    p = tmp_path / "t.trace.json.gz"
+    with gzip.open(p, "wt") as fh:
+        json.dump({"traceEvents": gpu_events()}, fh)
+    out = subprocess.run(
+        [sys.executable, "-m", "harness.trace_summary", str(p), "--top", "2"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    s = json.loads(out.stdout)
+    assert s["device"] == "gpu" and len(s["top_kernels"]) == 2 and s["cuda_graph_launches"] == 1
