@@ -280,6 +280,22 @@ def trace_lines(report: dict) -> list[str]:
                         for g in f["largest_gaps_us"][:3]
                     )
                 )
+            stalls = f.get("host_stalls")
+            if isinstance(stalls, dict):
+                calls = ", ".join(
+                    f"{k} x{v['count']} {v['total_us'] / 1000:.1f} ms" for k, v in stalls.items()
+                )
+                out.append(f"  - allocator calls and syncs: {calls or 'none'}")
+            if f.get("decode_steps"):
+                out.append(
+                    f"  - decode: {f['decode_steps']} steps, {f['decode_span_us_mean'] / 1000:.2f}"
+                    f" ms each on the host, one every "
+                    + (
+                        f"{f['decode_interval_us_mean'] / 1000:.2f} ms"
+                        if isinstance(f.get("decode_interval_us_mean"), float)
+                        else "n/a"
+                    )
+                )
             if f.get("limit"):
                 out.append(f"  - **limit: {f['limit']}**")
                 if f.get("gpu_idle_by_host"):

@@ -11,6 +11,9 @@ outermost host annotation (``record_function`` span, e.g. ``flashrec.prefill``) 
 midpoint, or to ``(no host span)`` when none is: then the host was outside annotated code,
 e.g. an engine waiting for requests. ``limit`` reads the result: ``gpu-bound`` when the GPU is
 busy >= 80% of the window, else ``host-bound`` naming the host span it waited on most.
+
+Also: ``host_stalls`` (allocator calls and synchronizations, count and time) and the decode
+cadence (``decode_steps``, mean decode span, mean interval between decode starts).
 """
 
 from __future__ import annotations
@@ -271,6 +274,49 @@ def _steps(events: list[dict]) -> dict[str, Any]:
     return {"steps": 0, "steps_from": None}
 
 
+# host calls that stall the host or the device mid-run: allocator traffic (a caching
+# allocator that misses calls cudaMalloc / cudaFree; cudaFree synchronizes) and explicit syncs
+STALL_CALLS = ("cudaMalloc", "cudaMallocAsync", "cudaFree", "cudaFreeAsync", "cudaHostAlloc",
+               "cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize")  # fmt: skip
+
+
+def host_stalls(events: list[dict]) -> dict[str, Any]:
+    """Allocator calls and synchronizations by runtime call: count and total time (``n/a`` on a
+    trace without CUDA runtime events). A steady-state step should show none of the allocator
+    calls and one synchronization (the results' copy); many of either are the first things to
+    look at when the GPU waits."""
+    runtime = [e for e in events if e.get("cat") in ("cuda_runtime", "cuda_driver")]
+    if not runtime:
+        return {"host_stalls": NA}
+    out: dict[str, dict[str, float]] = {}
+    for e in runtime:
+        name = str(e.get("name", ""))
+        if name in STALL_CALLS:
+            row = out.setdefault(name, {"count": 0, "total_us": 0.0})
+            row["count"] += 1
+            row["total_us"] = round(row["total_us"] + float(e.get("dur", 0)), 1)
+    return {"host_stalls": out}
+
+
+def decode_cadence(events: list[dict]) -> dict[str, Any]:
+    """FlashRec's decode steps: how many, how long each host span took on average, and the
+    mean time from one decode step's start to the next (the cadence; a step much shorter than
+    the cadence means the host spends the rest outside decode)."""
+    starts = sorted(
+        (float(e["ts"]), float(e.get("dur", 0)))
+        for e in events
+        if e.get("ph") == "X" and e.get("name") in DECODE_SPANS
+    )
+    if not starts:
+        return {"decode_steps": 0}
+    gaps = [b[0] - a[0] for a, b in zip(starts, starts[1:])]
+    return {
+        "decode_steps": len(starts),
+        "decode_span_us_mean": round(sum(d for _, d in starts) / len(starts), 1),
+        "decode_interval_us_mean": round(sum(gaps) / len(gaps), 1) if gaps else NA,
+    }
+
+
 def summarize_events(events: list[dict], top_k: int = 10, gaps_k: int = 5) -> dict[str, Any]:
     """Summary of a list of chrome trace events (see the module docstring)."""
     spans = _gpu_spans(events)
@@ -282,6 +328,8 @@ def summarize_events(events: list[dict], top_k: int = 10, gaps_k: int = 5) -> di
         "device": "cpu" if gpu["gpu_busy_fraction"] == NA else "gpu",
         **gpu,
         **idle_by_host(events, merged=merged),
+        **host_stalls(events),
+        **decode_cadence(events),
         **_cpu(events, top_k),
     }
 

@@ -234,3 +234,34 @@ def test_trace_summary_command(tmp_path):
     )  # fmt: skip
     s = json.loads(out.stdout)
     assert s["device"] == "gpu" and len(s["top_kernels"]) == 2 and s["cuda_graph_launches"] == 1
+
+
+def test_host_stalls_and_decode_cadence():
+    def rt(name, ts, dur):
+        return {
+            "ph": "X",
+            "cat": "cuda_runtime",
+            "name": name,
+            "ts": ts,
+            "dur": dur,
+        }
+
+    events = [
+        {"ph": "X", "cat": "kernel", "name": "k", "ts": 0, "dur": 10},
+        rt("cudaMalloc", 1, 300),
+        rt("cudaStreamSynchronize", 400, 50),
+        rt("cudaStreamSynchronize", 900, 30),
+        rt("cudaLaunchKernel", 2, 1),
+        _span("flashrec.decode", 100, 200),
+        _span("flashrec.decode", 1100, 400),
+        _span("flashrec.decode_step", 2100, 300),
+    ]
+    s = summarize_events(events)
+    assert s["host_stalls"] == {
+        "cudaMalloc": {"count": 1, "total_us": 300.0},
+        "cudaStreamSynchronize": {"count": 2, "total_us": 80.0},
+    }
+    assert s["decode_steps"] == 3 and s["decode_span_us_mean"] == 300.0
+    assert s["decode_interval_us_mean"] == 1000.0
+    cpu = summarize_events([{"ph": "X", "cat": "cpu_op", "name": "op", "ts": 0, "dur": 5}])
+    assert cpu["host_stalls"] == "n/a" and cpu["decode_steps"] == 0
