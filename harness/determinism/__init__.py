@@ -88,7 +88,7 @@ def run_stage(section: Any, ctx: Any) -> dict:
     returns :func:`compact` of the result with ``details`` naming the full JSON.
 
     Section keys: requests, processes, mode, concurrency, server_args, server_env, protocol,
-    ns, median_tokens, seed, device (the model comes from the matrix).
+    ns, median_tokens, seed, device, strict_concurrent (the model comes from the matrix).
     """
     spec = section.model_dump() if hasattr(section, "model_dump") else dict(section)
     spec.pop("enabled", None)

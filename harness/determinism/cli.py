@@ -73,12 +73,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", choices=["cpu", "cuda"])
     p.add_argument("--no-localise", action="store_true", help="skip the step-hash replay")
+    p.add_argument(
+        "--strict-concurrent",
+        action="store_true",
+        help="concurrent-mode drift fails the run too (results must not depend on what else "
+        "is batched with a request); by default it is reported only",
+    )
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``flashrec-bench determinism``. Exit codes: 0 pass, 1 sequential drift, 2 usage,
-    3 a server failed to start or requests failed."""
+    """``flashrec-bench determinism``. Exit codes: 0 pass, 1 sequential drift (or concurrent
+    drift with --strict-concurrent), 2 usage, 3 a server failed to start or requests failed."""
     from harness.server import ServerError, install_signal_handlers
 
     args = build_parser().parse_args(argv)
@@ -107,13 +113,14 @@ def main(argv: list[str] | None = None) -> int:
             args.device,
             not args.no_localise,
             log=lambda msg: print(msg, file=sys.stderr),
+            strict_concurrent=args.strict_concurrent,
         )
     except ServerError as exc:
         print(f"determinism: {exc}\n{exc.log_tail}", file=sys.stderr)
         return 3
     print(
         json.dumps(
-            {k: result[k] for k in ("status", "duration_s")}
+            {k: result[k] for k in ("status", "acceptance", "duration_s")}
             | {
                 m: {k: result[m][k] for k in ("drifting_requests", "max_score_diff", "errors")}
                 for m in ("sequential", "concurrent")

@@ -160,3 +160,31 @@ def test_matrix_stage_adapter(monkeypatch, tmp_path):
     assert (
         det.run_stage(section, SimpleNamespace(model=None, out_dir=tmp_path))["status"] == "error"
     )
+
+
+def test_verdict_concurrent_drift_fails_only_when_strict():
+    from harness.determinism.run import verdict
+
+    res = {
+        "sequential": {"errors": 0, "drifting_requests": 0},
+        "concurrent": {"errors": 0, "drifting_requests": 3},
+    }
+    modes = ["sequential", "concurrent"]
+    assert verdict(res, modes) == "pass"
+    assert verdict(res, modes, strict_concurrent=True) == "fail"
+    res["sequential"]["drifting_requests"] = 1
+    assert verdict(res, modes) == "fail"
+    res["concurrent"]["errors"] = 2
+    assert verdict(res, modes, strict_concurrent=True) == "error"
+    assert (
+        verdict({"sequential": {"errors": 0, "drifting_requests": 0}}, ["sequential"], True)
+        == "pass"
+    )
+
+
+def test_cli_flag_strict_concurrent():
+    from harness.determinism import build_parser
+
+    args = build_parser().parse_args(["--model-path", "m", "--strict-concurrent"])
+    assert args.strict_concurrent is True
+    assert build_parser().parse_args(["--model-path", "m"]).strict_concurrent is False
