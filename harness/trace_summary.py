@@ -38,6 +38,8 @@ STEP_SPANS = ("flashrec.schedule", "flashrec.step")
 # FlashRec's decode host spans: a graph launch inside one is a decode replay (the prefill
 # graphs launch inside flashrec.prefill)
 DECODE_SPANS = ("flashrec.decode", "flashrec.decode_step")
+# host spans that launch one model forward: GPU idle inside them is launch overhead
+FORWARD_SPANS = ("flashrec.prefill", *DECODE_SPANS, "flashrec.layer")
 KERNEL_LAUNCH = {"cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernelEx"}
 NO_SPAN = "(no host span)"
 GPU_BOUND_BUSY = 0.8  # busy fraction from which a trace reads as GPU-bound
@@ -228,9 +230,15 @@ def idle_by_host(events: list[dict], top_k: int = 6, merged: list | None = None)
             if top["span"] == NO_SPAN
             else f"while the host is in {top['span']}"
         )
+        if top["span"] in FORWARD_SPANS:
+            kind = "launch-bound: the host launching a forward's kernels"
+        elif top["span"] == NO_SPAN:
+            kind = "between steps"
+        else:
+            kind = "host work between forwards"
         limit = (
-            f"host-bound: the GPU waits {100 * (1 - frac):.1f}% of the traced window, most "
-            f"{where} ({top['pct_of_window']:.1f}% of the window)"
+            f"host-bound ({kind}): the GPU waits {100 * (1 - frac):.1f}% of the traced "
+            f"window, most {where} ({top['pct_of_window']:.1f}% of the window)"
         )
     return {"gpu_idle_us": round(total, 1), "gpu_idle_by_host": rows, "limit": limit}
 

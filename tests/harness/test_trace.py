@@ -216,6 +216,12 @@ def test_gpu_idle_is_charged_to_the_outermost_host_span():
     assert s["gpu_idle_us"] == 170.0
     assert s["gpu_idle_by_host"][0]["pct_of_window"] == pytest.approx(100 * 100 / 210, abs=0.01)
     assert s["limit"].startswith("host-bound") and "flashrec.prefill" in s["limit"]
+    assert "launch-bound" in s["limit"]  # the prefill launches a forward
+    # the same gaps with the host in the scheduler's results span instead of a forward
+    between = [k(0, 15), k(115, 5), a("flashrec.results", 15, 100)]
+    limit = idle_by_host(between)["limit"]
+    assert limit.startswith("host-bound (host work between forwards)"), limit
+    assert idle_by_host([k(0, 10), k(200, 10)])["limit"].startswith("host-bound (between steps)")
     busy = [k(0, 90), k(95, 5), a("flashrec.decode", 0, 100)]
     assert idle_by_host(busy)["limit"].startswith("gpu-bound: the GPU is busy 95.0%")
     assert idle_by_host([a("x", 0, 5)]) == {}  # no GPU work: nothing to say
