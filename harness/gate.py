@@ -253,7 +253,8 @@ def _absolute(gate: GateSpec, report: dict) -> dict:
     return _verdict(gate, checks, missing)
 
 
-def _regression(gate: GateSpec, comparison: dict | None) -> dict:
+def _relative(gate: GateSpec, comparison: dict | None) -> dict:
+    """A gate against a baseline (max_regression_pct or min_improvement_pct), per compared cell."""
     if comparison is None:
         return {
             "name": gate.label,
@@ -298,9 +299,7 @@ def _verdict(gate: GateSpec, checks: list[dict], missing: list[str]) -> dict:
 
 def evaluate_gates(gates: list[GateSpec], report: dict, comparison: dict | None = None) -> dict:
     """Evaluate every gate; overall ``pass`` / ``fail`` / ``none`` (no gates)."""
-    results = [
-        _regression(g, comparison) if g.relative_kind else _absolute(g, report) for g in gates
-    ]
+    results = [_relative(g, comparison) if g.relative_kind else _absolute(g, report) for g in gates]
     if not results:
         status = "none"
     else:
