@@ -6,6 +6,7 @@ Results equal the plain eager prefill; padding writes only to the reserved scrat
 from __future__ import annotations
 
 import pytest
+from prefill_helpers import make_engine, make_prompts
 
 from flashrec.config import EngineConfig
 from flashrec.engine.engine import Engine
@@ -13,22 +14,11 @@ from flashrec.engine.piecewise import MAX_SEQS, bucket_sizes
 
 
 def _engine(model_dir, **kw) -> Engine:
-    return Engine(
-        EngineConfig(
-            model_path=str(model_dir),
-            sid_vocab_file=str(model_dir / "catalog.json"),
-            batch_slots=256,
-            **kw,
-        )
-    )
+    return make_engine(model_dir, **kw)
 
 
 def _prompts(eng: Engine) -> list[list[int]]:
-    out = []
-    for i, words in enumerate((3, 20, 40, 90, 7)):
-        text = " ".join(f"item{i}_{j}" for j in range(words))
-        out.append(eng.build_prompt(messages=[{"role": "user", "content": text}]))
-    return out
+    return make_prompts(eng, (3, 20, 40, 90, 7))
 
 
 def _spy(eng: Engine) -> list[list[int]]:

@@ -7,28 +7,18 @@ request runs."""
 from __future__ import annotations
 
 import pytest
+from prefill_helpers import make_engine, make_prompts
 
 from flashrec.config import EngineConfig
 from flashrec.engine.engine import Engine
 
 
 def _engine(model_dir, **kw) -> Engine:
-    return Engine(
-        EngineConfig(
-            model_path=str(model_dir),
-            sid_vocab_file=str(model_dir / "catalog.json"),
-            batch_slots=256,
-            **kw,
-        )
-    )
+    return make_engine(model_dir, **kw)
 
 
 def _prompts(eng: Engine) -> list[list[int]]:
-    out = []
-    for i, words in enumerate((3, 20, 40, 90)):  # ~50, ~200, ~380, ~830 tokens: 128, 256, over
-        text = " ".join(f"item{i}_{j}" for j in range(words))
-        out.append(eng.build_prompt(messages=[{"role": "user", "content": text}]))
-    return out
+    return make_prompts(eng)
 
 
 def test_padded_prefill_equals_plain_prefill(tiny_model):
