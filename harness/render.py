@@ -306,6 +306,14 @@ def trace_lines(report: dict) -> list[str]:
                             for r in f["gpu_idle_by_host"]
                         )
                     )
+                if isinstance(f.get("gpu_idle_by_python"), list) and f["gpu_idle_by_python"]:
+                    out.append(
+                        "  - GPU idle by Python frame: "
+                        + ", ".join(
+                            f"{r['frame'][:70]} {r['idle_us'] / 1000:.1f} ms"
+                            for r in f["gpu_idle_by_python"][:5]
+                        )
+                    )
     return out
 
 

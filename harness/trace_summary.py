@@ -325,6 +325,48 @@ def decode_cadence(events: list[dict]) -> dict[str, Any]:
     }
 
 
+def idle_by_python(events: list[dict], merged: list, top_k: int = 8) -> dict[str, Any]:
+    """GPU idle time by the innermost Python frame running at each gap's midpoint on the
+    threads that run FlashRec's host spans (the engine thread). Needs a trace recorded with
+    Python stacks (``with_stack``: ``python_function`` events); ``n/a`` otherwise. Finer than
+    ``gpu_idle_by_host``: it names the function the host was in, e.g. a kernel's launcher."""
+    engine_threads = {
+        (e.get("pid"), e.get("tid"))
+        for e in events
+        if e.get("ph") == "X" and str(e.get("name", "")).startswith("flashrec.")
+    }
+    frames = sorted(
+        (float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)), str(e.get("name", "")))
+        for e in events
+        if e.get("ph") == "X"
+        and e.get("cat") == "python_function"
+        and (not engine_threads or (e.get("pid"), e.get("tid")) in engine_threads)
+    )
+    if not frames or not merged:
+        return {"gpu_idle_by_python": NA}
+    window = merged[-1][1] - merged[0][0]
+    gaps = sorted(
+        (a[1] + (b[0] - a[1]) / 2, b[0] - a[1]) for a, b in zip(merged, merged[1:]) if b[0] > a[1]
+    )
+    idle: dict[str, float] = defaultdict(float)
+    stack: list[tuple[float, float, str]] = []  # the frames open at the sweep point, nested
+    i = 0
+    for mid, gap in gaps:
+        while i < len(frames) and frames[i][0] <= mid:
+            while stack and stack[-1][1] < frames[i][0]:
+                stack.pop()
+            stack.append(frames[i])
+            i += 1
+        while stack and stack[-1][1] < mid:
+            stack.pop()
+        idle[stack[-1][2] if stack else NO_SPAN] += gap
+    rows = [
+        {"frame": n[:160], "idle_us": round(t, 1), "pct_of_window": round(100 * t / window, 2)}
+        for n, t in sorted(idle.items(), key=lambda kv: -kv[1])[:top_k]
+    ]
+    return {"gpu_idle_by_python": rows}
+
+
 def summarize_events(events: list[dict], top_k: int = 10, gaps_k: int = 5) -> dict[str, Any]:
     """Summary of a list of chrome trace events (see the module docstring)."""
     spans = _gpu_spans(events)
@@ -336,6 +378,7 @@ def summarize_events(events: list[dict], top_k: int = 10, gaps_k: int = 5) -> di
         "device": "cpu" if gpu["gpu_busy_fraction"] == NA else "gpu",
         **gpu,
         **idle_by_host(events, merged=merged),
+        **idle_by_python(events, merged),
         **host_stalls(events),
         **decode_cadence(events),
         **_cpu(events, top_k),

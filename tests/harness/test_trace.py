@@ -271,3 +271,72 @@ def test_host_stalls_and_decode_cadence():
     assert s["decode_interval_us_mean"] == 1000.0
     cpu = summarize_events([{"ph": "X", "cat": "cpu_op", "name": "op", "ts": 0, "dur": 5}])
     assert cpu["host_stalls"] == "n/a" and cpu["decode_steps"] == 0
+
+
+def test_gpu_idle_by_python_frame():
+    """With Python stacks in the trace, each GPU gap goes to the innermost frame running on
+    the engine thread (the one with flashrec.* spans) at its midpoint."""
+
+    def k(ts, dur):
+        return {"ph": "X", "cat": "kernel", "name": "k", "ts": ts, "dur": dur, "tid": 9}
+
+    def py(name, ts, dur, tid=1):
+        return {"ph": "X", "cat": "python_function", "name": name, "ts": ts, "dur": dur,
+                "pid": 1, "tid": tid}  # fmt: skip
+
+    events = [
+        {"ph": "X", "cat": "user_annotation", "name": "flashrec.prefill", "ts": 0, "dur": 1000,
+         "pid": 1, "tid": 1},  # fmt: skip
+        py("runner.py(280): prefill", 0, 1000),
+        py("fp8.py(150): fp8_linear", 100, 300),
+        py("jit.py(700): run", 150, 100),
+        py("other_thread.py(1): spin", 0, 2000, tid=2),  # not the engine thread
+        k(0, 150), k(250, 10),  # gap 150-250, midpoint 200: in jit.py run
+        k(460, 40), k(560, 10),  # gap 260-460 (mid 360: fp8_linear), 500-560 (mid 530: prefill)
+        k(1800, 10),  # gap 570-1800, midpoint 1185: no frame on the engine thread
+    ]  # fmt: skip
+    s = summarize_events(events)
+    rows = {r["frame"]: r["idle_us"] for r in s["gpu_idle_by_python"]}
+    assert rows == {
+        "jit.py(700): run": 100.0,
+        "fp8.py(150): fp8_linear": 200.0,
+        "runner.py(280): prefill": 60.0,
+        "(no host span)": 1230.0,
+    }
+    assert summarize_events(events[:1] + events[6:])["gpu_idle_by_python"] == "n/a"
+
+
+def test_report_trace_lines_show_the_new_fields(tmp_path):
+    """REPORT.md's trace section prints the limit, the idle split by host span and by Python
+    frame, the allocator / sync calls and the decode cadence of a summary."""
+    from harness.render import trace_lines
+
+    p = tmp_path / "t.trace.json.gz"
+    events = gpu_events() + [
+        _span("flashrec.prefill", 40, 120),
+        _span("flashrec.decode", 300, 100),
+        {
+            "ph": "X",
+            "cat": "python_function",
+            "name": "runner.py(1): prefill",
+            "ts": 40,
+            "dur": 120,
+            "pid": 0,
+            "tid": 0,
+        },  # fmt: skip
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaStreamSynchronize", "ts": 450, "dur": 7},
+    ]
+    for e in events:
+        e.setdefault("pid", 0)
+        e.setdefault("tid", 0)
+    with gzip.open(p, "wt") as fh:
+        json.dump({"traceEvents": events}, fh)
+    report = {
+        "cells": [{"id": "c", "trace": {"status": "complete", "files": [summarize_trace(p)]}}]
+    }
+    text = "\n".join(trace_lines(report))
+    assert "**limit: host-bound" in text and "GPU idle while the host is in" in text
+    (frames,) = [line for line in text.splitlines() if "GPU idle by Python frame" in line]
+    assert "runner.py(1): prefill 0.1 ms" in frames
+    assert "allocator calls and syncs: cudaStreamSynchronize x1" in text
+    assert "decode: 1 steps" in text
