@@ -88,14 +88,19 @@ def _gpu_spans(events: list[dict]) -> list[tuple[float, float, str]]:
     ]
 
 
+def _decode_spans(events: list[dict]) -> list[tuple[float, float, str]]:
+    """(start, end, name) of FlashRec's decode host spans, by start."""
+    return sorted(
+        (float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)), str(e["name"]))
+        for e in events
+        if e.get("ph") == "X" and e.get("name") in DECODE_SPANS
+    )
+
+
 def _decode_graph_launches(events: list[dict]) -> int | None:
     """Graph launches inside FlashRec's decode spans; None when the trace has no decode span
     (another engine's trace, or one without decode steps)."""
-    decode = [
-        (float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)), "")
-        for e in events
-        if e.get("ph") == "X" and e.get("name") in DECODE_SPANS
-    ]
+    decode = _decode_spans(events)
     if not decode:
         return None
     merged = _union(decode)
@@ -310,17 +315,13 @@ def decode_cadence(events: list[dict]) -> dict[str, Any]:
     """FlashRec's decode steps: how many, how long each host span took on average, and the
     mean time from one decode step's start to the next (the cadence; a step much shorter than
     the cadence means the host spends the rest outside decode)."""
-    starts = sorted(
-        (float(e["ts"]), float(e.get("dur", 0)))
-        for e in events
-        if e.get("ph") == "X" and e.get("name") in DECODE_SPANS
-    )
-    if not starts:
+    spans = _decode_spans(events)
+    if not spans:
         return {"decode_steps": 0}
-    gaps = [b[0] - a[0] for a, b in zip(starts, starts[1:])]
+    gaps = [b[0] - a[0] for a, b in zip(spans, spans[1:])]
     return {
-        "decode_steps": len(starts),
-        "decode_span_us_mean": round(sum(d for _, d in starts) / len(starts), 1),
+        "decode_steps": len(spans),
+        "decode_span_us_mean": round(sum(end - start for start, end, _ in spans) / len(spans), 1),
         "decode_interval_us_mean": round(sum(gaps) / len(gaps), 1) if gaps else NA,
     }
 

@@ -83,7 +83,7 @@ def test_cached_prefixes_go_through_the_pieces(tiny_model):
     assert [len(ext) - res[2][0].cached_tokens, len(short)] in used
 
 
-def test_fp32_model_and_default_off_on_cpu(tiny_model):
+def test_default_off_on_cpu_and_capped_on_gpu(tiny_model):
     eng = _engine(tiny_model)
     assert eng.config.resolved_piecewise_prefill_max_tokens == 0
     assert eng.runner.piecewise is None and eng.scheduler.kv_reserved_tokens == 0
