@@ -11,10 +11,12 @@ log-sum-exp merge in fused backends).
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.bias import causal_lower_right
 
 from flashrec.engine.kv import KVCache
@@ -169,14 +171,29 @@ class AttentionBackend:
             kh = kh.repeat_interleave(g, dim=1)
             vh = vh.repeat_interleave(g, dim=1)
         kh, vh = kh.contiguous(), vh.contiguous()
-        if mask is None:
-            o = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, scale=self.scale)
-        else:
-            o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, scale=self.scale)
+        with _sdpa_backends(qh):
+            if mask is None:
+                o = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, scale=self.scale)
+            else:
+                o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, scale=self.scale)
         return o.transpose(1, 2)
 
     def decode(self, q, layer_id: int, meta: DecodeMeta) -> torch.Tensor:
         raise NotImplementedError
+
+
+# SDPA without cuDNN: cuDNN builds an execution plan for every new sequence length (~40 ms
+# each on the H200, ~700 ms for the first masked call; scripts/sdpa_length_probe.py), which an
+# eager prefill of arbitrary prompt lengths pays per length. Flash / efficient have no such cost.
+_EAGER_SDPA = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+def _sdpa_backends(q: torch.Tensor):
+    """SDPA's backend choice for ``q``: on CUDA outside a graph capture, no cuDNN; inside a
+    capture (one fixed shape per bucket, its plan built once) and on CPU, SDPA's own choice."""
+    if q.is_cuda and not torch.cuda.is_current_stream_capturing():
+        return sdpa_kernel(_EAGER_SDPA)
+    return contextlib.nullcontext()
 
 
 def _attend(

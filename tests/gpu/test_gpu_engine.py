@@ -445,3 +445,31 @@ def test_eager_prefill_compiles_no_kernel_variant_per_batch_size(synth_model):
         eng.generate([eng.new_request(p + p[-extra:], n=4)])
         eng.generate([eng.new_request(p[:-extra], n=4), eng.new_request(p, n=4)])
     assert _compiled_variants(qk_norm_rope_store_kernel) == before
+
+
+def test_eager_sdpa_prefill_launches_no_cudnn_kernel(synth_model):
+    """The triton backend's eager prefill is SDPA over whatever prompt lengths arrive. cuDNN
+    builds an execution plan per new length (~40 ms each on the H200,
+    ``scripts/sdpa_length_probe.py``), so eager SDPA leaves cuDNN out; only the captured
+    prefill-graph buckets, one fixed shape each, may use it."""
+    from torch.profiler import ProfilerActivity, profile
+
+    path = synth_model("tiny", catalog_size=2000, **_HD128)
+    eng = Engine(
+        EngineConfig(
+            model_path=str(path), sid_vocab_file=str(path / "catalog.json"), device="cuda",
+            dtype="bfloat16", beam_width=16, cuda_graph_max_bs=128, batch_slots=256,
+            attention_backend="triton", prefill_graph_max_tokens=0,
+            piecewise_prefill_max_tokens=0, enable_prefix_cache=False,
+        )
+    )  # fmt: skip
+    p = eng.build_prompt(messages=PROMPTS[1])
+    eng.generate([eng.new_request(p, n=4)])
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        eng.generate([eng.new_request(p + p[-3:], n=4)])  # a new length
+        eng.generate([eng.new_request(p[:-5], n=4), eng.new_request(p[:-5], n=4)])  # batched
+        torch.cuda.synchronize()
+    kernels = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    assert kernels, "the profiler saw no CUDA kernel"
+    assert any("flash" in k.lower() or "fmha" in k.lower() for k in kernels), sorted(set(kernels))
+    assert not [k for k in kernels if "cudnn" in k.lower()]
