@@ -5,7 +5,8 @@ every thread of the server, the engine's included, so a slow round with a long p
 has its explanation. The harness scrapes ``/metrics`` before and after each measured round
 (outside the timed load) and keeps the deltas as round metrics:
 ``server_gc_pause_ms`` (every generation), ``server_gc_full_collections`` and
-``server_gc_slow_pauses`` (>= 50 ms). A server without these families (another engine, an
+``server_gc_slow_pauses`` (>= 50 ms), summed over the server's processes (its engine
+process's samples carry ``process="engine"``). A server without these families (another engine, an
 older FlashRec) simply has none.
 """
 
@@ -19,8 +20,9 @@ import aiohttp
 from harness.metrics import Extra
 
 GC_PAUSE = "flashrec_gc_pause_seconds_total"
-GC_COLLECTIONS_FULL = 'flashrec_gc_collections_total{generation="2"}'
+GC_COLLECTIONS = "flashrec_gc_collections_total"
 GC_SLOW = "flashrec_gc_slow_pauses_total"
+FULL = 'generation="2"'  # the label of full collections
 
 
 def parse_prometheus(text: str) -> dict[str, float]:
@@ -50,8 +52,15 @@ async def scrape(session: aiohttp.ClientSession, base_url: str) -> dict[str, flo
         return None
 
 
-def _sum(samples: dict[str, float], family: str) -> float | None:
-    vals = [v for k, v in samples.items() if k == family or k.startswith(family + "{")]
+def _sum(samples: dict[str, float], family: str, label: str = "") -> float | None:
+    """The sum of ``family``'s samples (with ``label`` among their labels, when given): a
+    server with its engine in a process of its own exports both processes' GC samples, the
+    engine's labelled ``process="engine"``."""
+    vals = [
+        v
+        for k, v in samples.items()
+        if (k == family or k.startswith(family + "{")) and (not label or label in k)
+    ]
     return sum(vals) if vals else None
 
 
@@ -63,12 +72,13 @@ def gc_delta(before: dict[str, float] | None, after: dict[str, float] | None) ->
     b, a = _sum(before, GC_PAUSE), _sum(after, GC_PAUSE)
     if b is not None and a is not None:
         out["server_gc_pause_ms"] = (a - b) * 1000.0
-    for name, key in (
-        ("server_gc_full_collections", GC_COLLECTIONS_FULL),
-        ("server_gc_slow_pauses", GC_SLOW),
+    for name, family, label in (
+        ("server_gc_full_collections", GC_COLLECTIONS, FULL),
+        ("server_gc_slow_pauses", GC_SLOW, ""),
     ):
-        if key in before and key in after:
-            out[name] = after[key] - before[key]
+        b, a = _sum(before, family, label), _sum(after, family, label)
+        if b is not None and a is not None:
+            out[name] = a - b
     return {k: v for k, v in out.items() if math.isfinite(v)}
 
 

@@ -140,18 +140,10 @@ class Engine:
         return [done[r.rid] for r in requests]
 
     def check_request(self, r: GenRequest) -> None:
-        if r.n < 1 or r.n > self.max_beam_rows:
-            raise ValueError(f"n={r.n} must be in [1, {self.max_beam_rows}] (--batch-slots)")
-        if r.max_tokens < 1:
-            raise ValueError("max_tokens must be >= 1")
-        if r.prompt_len > self.config.max_seq_len:
-            raise ValueError(
-                f"prompt of {r.prompt_len} tokens exceeds --max-seq-len {self.config.max_seq_len}"
-            )
-        if r.prompt_len > self.runner.kv.pool_tokens:
-            raise ValueError(
-                f"prompt of {r.prompt_len} tokens exceeds the KV pool ({self.runner.kv.pool_tokens})"
-            )
+        """ValueError for a request this engine can never serve."""
+        check_request_limits(
+            r, self.max_beam_rows, self.config.max_seq_len, self.runner.kv.pool_tokens
+        )
 
     def server_info(self) -> dict[str, Any]:
         import dataclasses
@@ -185,3 +177,16 @@ class Engine:
         if torch.cuda.is_available():
             info["gpu"] = torch.cuda.get_device_name(0)
         return info
+
+
+def check_request_limits(r: GenRequest, max_rows: int, max_seq_len: int, pool_tokens: int) -> None:
+    """ValueError for a request outside an engine's limits (beam rows, --max-seq-len, KV pool);
+    shared with the server process's view of an engine in its own process."""
+    if r.n < 1 or r.n > max_rows:
+        raise ValueError(f"n={r.n} must be in [1, {max_rows}] (--batch-slots)")
+    if r.max_tokens < 1:
+        raise ValueError("max_tokens must be >= 1")
+    if r.prompt_len > max_seq_len:
+        raise ValueError(f"prompt of {r.prompt_len} tokens exceeds --max-seq-len {max_seq_len}")
+    if r.prompt_len > pool_tokens:
+        raise ValueError(f"prompt of {r.prompt_len} tokens exceeds the KV pool ({pool_tokens})")

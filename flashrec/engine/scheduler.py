@@ -85,7 +85,7 @@ class Scheduler:
         self.running: list[ReqState] = []
         self.stats = SchedulerStats()
         self.debug_hash = False
-        self._token_text = _sid_token_text(tokenizer, layout) if tokenizer is not None else {}
+        self._text = SidText(tokenizer, layout)
         self._hasher: StepHasher | None = None
         self._planted: dict[int, torch.Tensor] | None = {} if env_flag(PLANT_ID_CACHE_ENV) else None
         self.step_delay_s = 0.0
@@ -447,16 +447,6 @@ class Scheduler:
             )
         return out
 
-    def _text(self, tokens: list[int]) -> str:
-        table = self._token_text
-        if all(t in table for t in tokens):
-            return "".join(table[t] for t in tokens)  # SID tokens: no tokenizer call per beam
-        return (
-            self.tokenizer.decode(tokens, skip_special_tokens=False)
-            if self.tokenizer is not None
-            else ""
-        )
-
     def _release(self, st: ReqState) -> None:
         if st.rows is not None:
             self.kv.rows.free(st.rows_np.tolist())
@@ -491,6 +481,24 @@ def _by_shape(items, key) -> list[list]:
     for it in items:
         groups.setdefault(tuple(key(it)), []).append(it)
     return list(groups.values())
+
+
+class SidText:
+    """The text of a beam's tokens: SID tokens from a table read once through the tokenizer
+    (no tokenizer call per beam), anything else through ``tokenizer.decode``; "" without a
+    tokenizer. ``BeamResult`` calls it when its ``text`` is first read."""
+
+    def __init__(self, tokenizer, layout: SidLayout) -> None:
+        self.tokenizer = tokenizer
+        self.table = _sid_token_text(tokenizer, layout) if tokenizer is not None else {}
+
+    def __call__(self, tokens: list[int]) -> str:
+        table = self.table
+        if all(t in table for t in tokens):
+            return "".join(table[t] for t in tokens)
+        if self.tokenizer is None:
+            return ""
+        return self.tokenizer.decode(tokens, skip_special_tokens=False)
 
 
 def _sid_token_text(tokenizer, layout: SidLayout) -> dict[int, str]:

@@ -66,7 +66,8 @@ def create_app(engine: Any, loop: Any, config: ServerConfig) -> web.Application:
         backend=backend,
         config=config,
         metrics=ServerMetrics(),
-        profiler=ProfileController(loop),
+        # an engine in its own process brings its profiler's front (engine_process.py)
+        profiler=getattr(loop, "profiler", None) or ProfileController(loop),
         model_name=h.model_name(config),
     )
     r = app.router
@@ -154,6 +155,17 @@ class Server:
         self.bound = threading.Event()
         self._aloop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
+        self.exit_code = 0
+        proc = getattr(loop, "proc", None)  # an engine in its own process
+        if proc is not None:
+            proc.on_death = self._engine_died
+
+    def _engine_died(self, why: str) -> None:
+        """The engine process exited under us: not healthy any more; stop, exit code 1."""
+        self.state.backend.ready = False
+        self.exit_code = 1
+        _log.error("%s: the server shuts down", why)
+        self.request_stop()
 
     @property
     def url(self) -> str:
@@ -207,7 +219,7 @@ class Server:
             starting.cancel()
         stopping.cancel()
         await self._shutdown(runner)
-        return code
+        return code or self.exit_code
 
     async def _shutdown(self, runner: web.AppRunner) -> None:
         st = self.state
@@ -238,13 +250,23 @@ def serve(engine: Any, loop: Any, config: ServerConfig) -> int:
 
 
 def run_server(config: ServerConfig) -> int:
-    """Build the engine and its loop from ``config`` and serve; returns the exit code."""
-    from flashrec.engine.engine import Engine
-    from flashrec.engine.loop import EngineLoop
-
+    """Build the engine and its loop from ``config`` (in a process of its own with
+    ``--engine-process``) and serve; returns the exit code."""
     # the engine thread releases the GIL at every blocking CUDA call; a thread building a
     # response or parsing a request may then hold it up to this long before handing it back
     sys.setswitchinterval(config.gil_switch_interval_ms / 1000.0)
+    if config.resolved_engine_process:
+        from flashrec.server.engine_process import EngineProcessError, start_engine_process
+
+        try:
+            engine, loop = start_engine_process(config)
+        except EngineProcessError as exc:
+            _log.error("%s", exc)
+            return 1
+        return serve(engine, loop, config)
+    from flashrec.engine.engine import Engine
+    from flashrec.engine.loop import EngineLoop
+
     engine = Engine(config)
     loop = EngineLoop(engine)
     return serve(engine, loop, config)

@@ -148,6 +148,10 @@ class Backend:
         except asyncio.CancelledError:
             self.withdraw(rid)
             raise
+        except QueueFullError as exc:  # an engine in its own process answers this way
+            raise busy(f"the request queue is full ({exc})") from None
+        except ValueError as exc:  # likewise: a request that engine refused
+            raise bad_request(str(exc)) from None
         except concurrent.futures.CancelledError:  # the engine dropped it (shutdown)
             if self.draining:
                 raise busy("the server shut down before this request finished") from None

@@ -28,7 +28,7 @@ from flashrec.engine.request import GenRequest
 from flashrec.profiler import ProfileController, ProfileError
 from flashrec.server import protocol, responses
 from flashrec.server.backend import Backend
-from flashrec.server.errors import NOT_FOUND, APIError, bad_request, error_body
+from flashrec.server.errors import NOT_FOUND, APIError, bad_request, busy, error_body
 from flashrec.server.gcwatch import GcWatch
 from flashrec.server.metrics import ServerMetrics
 
@@ -337,14 +337,25 @@ async def metrics(request: web.Request) -> web.Response:
     """``GET /metrics``: Prometheus text."""
     st = request.app[STATE]
     be = st.backend
-    stats = be.loop.stats()
+
+    def engine_side() -> tuple[dict, str, dict | None]:
+        # calls into the engine process when it has one: off the event loop
+        engine_gc = getattr(be.loop, "gc_metrics", None)
+        return be.loop.stats(), st.profiler.state, engine_gc() if engine_gc else None
+
+    try:
+        stats, profiler_state, engine_gc = await asyncio.to_thread(engine_side)
+    except Exception as exc:  # noqa: BLE001 - the engine process is gone: say so, not 500 text
+        raise busy(f"the engine does not answer: {exc}") from None
     extra = {
         "flashrec_ready": int(be.healthy),
         "flashrec_draining": int(be.draining),
         "flashrec_http_inflight_requests": len(be.inflight),
-        "flashrec_profiler_active": int(st.profiler.state == "active"),
+        "flashrec_profiler_active": int(profiler_state == "active"),
     }
-    text = st.metrics.render(stats, extra, st.gc.metrics() if st.gc is not None else None)
+    text = st.metrics.render(
+        stats, extra, st.gc.metrics() if st.gc is not None else None, engine_gc=engine_gc
+    )
     return web.Response(
         text=text,
         content_type="text/plain",

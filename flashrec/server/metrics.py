@@ -8,7 +8,7 @@ Two sources feed ``/metrics``: counters and histograms the HTTP layer keeps itse
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -143,9 +143,11 @@ class ServerMetrics:
         stats: Mapping[str, float],
         extra: Mapping[str, float],
         gc: Mapping[str, Any] | None = None,
+        engine_gc: Mapping[str, Any] | None = None,
     ) -> str:
         """The full exposition text: engine ``stats``, ``extra`` gauges, own counters and the
-        garbage collector's pauses (``GcWatch.metrics()``)."""
+        garbage collector's pauses (``GcWatch.metrics()``): this process's unlabelled, an
+        engine process's (``--engine-process``) labelled ``process="engine"``."""
         out: list[str] = []
 
         def family(name: str, kind: str, help: str) -> None:
@@ -183,37 +185,55 @@ class ServerMetrics:
         )
         for ep, hist in sorted(self.latency.items()):
             out.extend(hist.lines("flashrec_request_latency_seconds", {"endpoint": ep}))
-        if gc is not None:
-            family(
-                "flashrec_gc_collections_total",
-                "counter",
-                "Python garbage collections by generation (each stops every thread).",
-            )
-            for g, n in enumerate(gc["collections"]):
-                out.append(f"flashrec_gc_collections_total{_labels({'generation': str(g)})} {n}")
-            family(
-                "flashrec_gc_pause_seconds_total",
-                "counter",
-                "Time spent in Python garbage collections, by generation.",
-            )
-            for g, sec in enumerate(gc["pause_s"]):
-                labels = _labels({"generation": str(g)})
-                out.append(f"flashrec_gc_pause_seconds_total{labels} {_fmt(sec)}")
-            family("flashrec_gc_pause_max_seconds", "gauge", "Longest garbage-collector pause.")
-            out.append(f"flashrec_gc_pause_max_seconds {_fmt(gc['max_pause_s'])}")
-            family(
-                "flashrec_gc_slow_pauses_total",
-                "counter",
-                "Garbage-collector pauses of 50 ms or more (logged as warnings).",
-            )
-            out.append(f"flashrec_gc_slow_pauses_total {gc['slow']}")
-            family(
-                "flashrec_gc_frozen_objects",
-                "gauge",
-                "Objects in the permanent GC generation (--gc-freeze).",
-            )
-            out.append(f"flashrec_gc_frozen_objects {gc['frozen']}")
+        procs = [(lab, g) for lab, g in (({}, gc), ({"process": "engine"}, engine_gc)) if g]
+        if procs:
+            _gc_families(out, family, procs)
         return "\n".join(out) + "\n"
+
+
+def _gc_families(out: list[str], family: Callable[[str, str, str], None], procs: list) -> None:
+    """The ``flashrec_gc_*`` families, one set of samples per (labels, GcWatch.metrics())."""
+    family(
+        "flashrec_gc_collections_total",
+        "counter",
+        "Python garbage collections by generation (each stops every thread of its process).",
+    )
+    for lab, gc in procs:
+        for g, n in enumerate(gc["collections"]):
+            out.append(f"flashrec_gc_collections_total{_labels({'generation': str(g), **lab})} {n}")
+    family(
+        "flashrec_gc_pause_seconds_total",
+        "counter",
+        "Time spent in Python garbage collections, by generation.",
+    )
+    for lab, gc in procs:
+        for g, sec in enumerate(gc["pause_s"]):
+            labels = _labels({"generation": str(g), **lab})
+            out.append(f"flashrec_gc_pause_seconds_total{labels} {_fmt(sec)}")
+    rows = (
+        (
+            "flashrec_gc_pause_max_seconds",
+            "gauge",
+            "Longest garbage-collector pause.",
+            "max_pause_s",
+        ),
+        (
+            "flashrec_gc_slow_pauses_total",
+            "counter",
+            "Garbage-collector pauses of 50 ms or more (logged as warnings).",
+            "slow",
+        ),
+        (
+            "flashrec_gc_frozen_objects",
+            "gauge",
+            "Objects in the permanent GC generation (--gc-freeze).",
+            "frozen",
+        ),
+    )
+    for name, kind, help, key in rows:
+        family(name, kind, help)
+        for lab, gc in procs:
+            out.append(f"{name}{_labels(lab) if lab else ''} {_fmt(gc[key])}")
 
 
 _EXTRA_HELP = {
