@@ -34,6 +34,9 @@ def main() -> None:
     ap.add_argument("--heads", type=int, default=16)
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--lengths", type=int, nargs="*", default=[1001, 1003, 1005, 2465, 2467])
+    ap.add_argument(
+        "--kernels", action="store_true", help="print the CUDA kernels each backend launches"
+    )
     args = ap.parse_args()
     backends = {
         "default": None,
@@ -53,6 +56,19 @@ def main() -> None:
                     f"{name:9s} T={n:5d} masked={masked}: "
                     f"first {first:8.2f} ms  repeat {again:6.2f} ms"
                 )
+        if args.kernels:
+            print(f"{name:9s} kernels: {_kernels(be, args.heads, args.head_dim)}")
+
+
+def _kernels(be, heads: int, head_dim: int) -> list[str]:
+    """Names of the CUDA kernels one causal SDPA call launches under backend ``be``."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        _probe(be, 1009, False, heads, head_dim)
+        torch.cuda.synchronize()
+    cuda = torch.autograd.DeviceType.CUDA
+    return sorted({e.name[:80] for e in prof.events() if e.device_type == cuda})
 
 
 def _probe(be, n: int, masked: bool, heads: int, head_dim: int) -> tuple[float, float]:

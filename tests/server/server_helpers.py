@@ -2,7 +2,8 @@
 
 ``ServerThread`` runs the production ``Server`` (same runner, same handlers, the real
 ``EngineLoop``) on a background thread. ``fake_server`` serves ``server_fakes.FakeEngine``;
-``real_server`` serves the real engine on the tiny synthetic checkpoint.
+``real_server`` serves the real engine on the tiny synthetic checkpoint, ``process_server`` the
+same with the engine in a process of its own.
 """
 
 from __future__ import annotations
@@ -129,3 +130,12 @@ def real_engine(ckpt: Path, **overrides: Any) -> tuple[Any, ServerConfig]:
 def real_server(ckpt: Path, **overrides: Any) -> ServerThread:
     engine, config = real_engine(ckpt, **overrides)
     return ServerThread(engine, EngineLoop(engine), config)
+
+
+def process_server(ckpt: Path, **overrides: Any) -> ServerThread:
+    """``real_server`` with the engine in a spawned process of its own (``--engine-process``)."""
+    from flashrec.server.engine_process import start_engine_process
+
+    config = real_config(ckpt, engine_process="on", **overrides)
+    engine, loop = start_engine_process(config)
+    return ServerThread(engine, loop, config)

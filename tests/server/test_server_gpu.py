@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from server_helpers import real_server
+from server_helpers import process_server, real_server
 
 pytestmark = [
     pytest.mark.gpu,
@@ -16,9 +16,15 @@ pytestmark = [
 ]
 
 
-def test_gpu_server_answers_and_profiles(tiny_checkpoint: Path, profiler_dir: Path) -> None:
+@pytest.mark.parametrize("engine_process", [False, True])
+def test_gpu_server_answers_and_profiles(
+    tiny_checkpoint: Path, profiler_dir: Path, engine_process: bool
+) -> None:
+    """Both serving modes (engine thread in the server process, engine process): answers,
+    repeatable beams, a profile with the engine's spans and GPU kernels."""
     body = {"messages": [{"role": "user", "content": "gpu"}], "n": 16}
-    with real_server(tiny_checkpoint, device="cuda", warmup=True) as srv:
+    make = process_server if engine_process else real_server
+    with make(tiny_checkpoint, device="cuda", warmup=True) as srv:
         first = srv.post("/v1/chat/completions", body)
         assert first.status_code == 200, first.text
         assert len(first.json()["choices"]) == 16
