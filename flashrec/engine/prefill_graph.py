@@ -109,10 +109,12 @@ class PrefillGraphRunner(PaddedInputs):
 
     def capture(self) -> None:
         from flashrec.engine.graph import FIX_KNOBS, capture_graph
+        from flashrec.layers.attention import fixed_shape_sdpa
 
         try:
             for t in reversed(self.sizes):
-                g, self.outputs[t] = capture_graph(lambda t=t: self._body(t), self.pool)
+                with fixed_shape_sdpa():  # one shape per bucket: cuDNN's plan is built once
+                    g, self.outputs[t] = capture_graph(lambda t=t: self._body(t), self.pool)
                 if self.pool is None:
                     self.pool = g.pool()
                 self.graphs[t] = g

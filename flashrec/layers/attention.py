@@ -12,6 +12,7 @@ log-sum-exp merge in fused backends).
 from __future__ import annotations
 
 import contextlib
+import threading
 from dataclasses import dataclass, field
 
 import torch
@@ -185,13 +186,28 @@ class AttentionBackend:
 # SDPA without cuDNN: cuDNN builds an execution plan for every new sequence length (~40 ms
 # each on the H200, ~700 ms for the first masked call; scripts/sdpa_length_probe.py), which an
 # eager prefill of arbitrary prompt lengths pays per length. Flash / efficient have no such cost.
+# The prefill graphs' buckets (one fixed shape each, warmed up eagerly and then captured) keep
+# cuDNN, ~2x faster than flash there: they run inside ``fixed_shape_sdpa()``. Both the warm-up
+# and the capture must run inside it: cuDNN cannot build its plan during a capture.
 _EAGER_SDPA = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+_fixed_shape = threading.local()
+
+
+@contextlib.contextmanager
+def fixed_shape_sdpa():
+    """SDPA may use cuDNN inside (a prefill-graph bucket: one shape, plan built once)."""
+    old = getattr(_fixed_shape, "on", False)
+    _fixed_shape.on = True
+    try:
+        yield
+    finally:
+        _fixed_shape.on = old
 
 
 def _sdpa_backends(q: torch.Tensor):
-    """SDPA's backend choice for ``q``: on CUDA outside a graph capture, no cuDNN; inside a
-    capture (one fixed shape per bucket, its plan built once) and on CPU, SDPA's own choice."""
-    if q.is_cuda and not torch.cuda.is_current_stream_capturing():
+    """SDPA's backend choice for ``q``: on CUDA no cuDNN, except inside ``fixed_shape_sdpa``;
+    on CPU, SDPA's own choice."""
+    if q.is_cuda and not getattr(_fixed_shape, "on", False):
         return sdpa_kernel(_EAGER_SDPA)
     return contextlib.nullcontext()
 
