@@ -43,6 +43,7 @@ DIRECTIONS: dict[str, int] = {
     "server_tokenize_ms_mean": 0,
     "server_queue_ms_mean": 0,
     "server_engine_ms_mean": 0,
+    "server_ipc_ms_mean": 0,  # FlashRec --engine-process: engine process -> server process
     "server_respond_ms_mean": 0,  # FlashRec >= session 5: beams on the host -> answer text
     "outside_server_ms_mean": 0,  # client latency - the phases above: HTTP, event loops
     # the server's own counters over the round (harness.server_metrics), informational
@@ -51,7 +52,7 @@ DIRECTIONS: dict[str, int] = {
     "server_gc_slow_pauses": 0,
 }
 SERVER_PHASES = ("tokenize", "queue", "engine")
-OPTIONAL_SERVER_PHASES = ("respond",)  # counted where every timed request of a round has it
+OPTIONAL_SERVER_PHASES = ("ipc", "respond")  # counted where every timed request of a round has it
 QUALITY_PREFIXES = ("hit@", "recall@", "ndcg@", "mrr@")
 KEY_METRICS = (
     "qps",

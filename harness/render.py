@@ -185,9 +185,11 @@ def server_timing_table(report: dict) -> Table | None:
     if not cells:
         return None
     respond = any("server_respond_ms_mean" in c["metrics"] for c in cells)
+    ipc = any("server_ipc_ms_mean" in c["metrics"] for c in cells)
     gc = any("server_gc_pause_ms" in c["metrics"] for c in cells)
     keys = ["latency_mean_ms", "server_tokenize_ms_mean", "server_queue_ms_mean"]
-    keys += ["server_engine_ms_mean"] + (["server_respond_ms_mean"] if respond else [])
+    keys += ["server_engine_ms_mean"] + (["server_ipc_ms_mean"] if ipc else [])
+    keys += ["server_respond_ms_mean"] if respond else []
     keys += ["outside_server_ms_mean"] + (["server_gc_pause_ms"] if gc else [])
     rows = [
         [c["id"]]
@@ -195,7 +197,7 @@ def server_timing_table(report: dict) -> Table | None:
         for c in cells
     ]
     head = ["cell", "client latency ms", "tokenize", "queue", "engine"]
-    head += (["respond"] if respond else []) + ["outside the server"]
+    head += (["ipc"] if ipc else []) + (["respond"] if respond else []) + ["outside the server"]
     head += ["server GC pauses ms / round"] if gc else []
     return head, rows
 
@@ -348,8 +350,10 @@ MFU_NOTE = (
 SERVER_TIMING_NOTE = (
     "Means per round (median [95% CI] over rounds) of the phases the server reports in its "
     "Server-Timing header: tokenize (prompt built from the messages), queue (submitted -> "
-    "admitted for prefill), engine (admitted -> ranked beams on the host), respond (where the "
-    "server reports it: beams on the host -> answer text built, i.e. result objects, the "
+    "admitted for prefill), engine (admitted -> ranked beams on the host), ipc (a server "
+    "with its engine in a process of its own: beams on the engine's host -> the server "
+    "process), respond (where the server reports it: from there -> answer text built, i.e. "
+    "result objects, the "
     "hand-off to the event loop and JSON encoding). Outside the server = client latency - "
     "their sum: HTTP and event-loop time on both sides (and, for servers without respond, "
     "the answer's encoding). Server GC pauses: the server's garbage-collector time during "

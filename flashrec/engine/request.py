@@ -96,6 +96,9 @@ class GenResult:
     # time.monotonic() when the engine had the ranked beams on the host (engine_s ends here);
     # the server's Server-Timing "respond" phase runs from it to the answer's text being built
     done_at: float | None = None
+    # time.monotonic() when the result reached the server process from an engine process of
+    # its own (--engine-process); Server-Timing's "ipc" runs from done_at to here
+    received_at: float | None = None
 
     @property
     def completion_tokens(self) -> int:

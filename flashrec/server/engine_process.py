@@ -398,7 +398,9 @@ class EngineProcess:
             if kind == "result":
                 fut = self._pop(msg[1])
                 if fut is not None and not fut.done():
-                    fut.set_result(result_from_wire(msg[2], text))
+                    res = result_from_wire(msg[2], text)
+                    res.received_at = time.monotonic()
+                    fut.set_result(res)
             elif kind == "error":
                 fut = self._pop(msg[1])
                 if fut is not None and not fut.done():

@@ -225,7 +225,8 @@ async def _generate(request: web.Request) -> web.StreamResponse:
 def server_timing(tokenize_s: float, results: list) -> str:
     """The ``Server-Timing`` header (W3C) of a generation response, in ms: ``tokenize`` (the
     prompt built from messages / text), ``queue`` (submitted -> admitted for prefill),
-    ``engine`` (admitted -> ranked beams on the host) and ``respond`` (from there to the
+    ``engine`` (admitted -> ranked beams on the host), ``ipc`` (with ``--engine-process``: from
+    there to the result's arrival in the server process) and ``respond`` (from there to the
     answer's text: the beams' host objects, the hand-off to the event loop, JSON); for a
     batch, the slowest request's. Call it once the answer is built. What the client measures
     beyond their sum is HTTP and the client's own event loop."""
@@ -233,6 +234,10 @@ def server_timing(tokenize_s: float, results: list) -> str:
     engine = max((r.engine_s or 0.0) for r in results) if results else 0.0
     parts = [("tokenize", tokenize_s), ("queue", queue), ("engine", engine)]
     done = [r.done_at for r in results if r.done_at is not None]
+    received = [r.received_at for r in results if r.received_at is not None]
+    if done and len(received) == len(results):  # an engine process: the pipe, then respond
+        parts.append(("ipc", max(0.0, max(b - a for a, b in zip(done, received)))))
+        done = received
     if done:
         parts.append(("respond", max(0.0, time.monotonic() - min(done))))
     return ", ".join(f"{name};dur={sec * 1000.0:.3f}" for name, sec in parts)
