@@ -1,0 +1,238 @@
+"""``--engine-process``: the engine in a spawned process of its own behind the same HTTP API.
+
+Answers equal the in-process engine's; the request checks, Server-Timing (with ``ipc``),
+``/metrics`` (the engine process's GC samples labelled), ``/flush_cache`` and the profiler
+work through the pipe; client disconnects free the engine's rows; an engine that cannot start
+or that dies is reported, never hung on.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import signal
+import socket
+import time
+from collections.abc import Iterator
+from concurrent.futures import CancelledError
+from pathlib import Path
+
+import pytest
+import requests
+from server_helpers import ServerThread, process_server, real_config
+
+from flashrec.engine.request import BeamResult, EngineError, GenResult, QueueFullError
+from flashrec.profiler import ProfileError
+from flashrec.server.engine_process import (
+    EngineProcessError,
+    _error_kind,
+    _make_error,
+    result_from_wire,
+    result_to_wire,
+    start_engine_process,
+)
+
+SCORE_TOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def proc_srv(tiny_checkpoint: Path) -> Iterator[ServerThread]:
+    """A server whose engine runs in its own process (warm-up on, through the pipe)."""
+    with process_server(tiny_checkpoint, warmup=True) as srv:
+        yield srv
+
+
+def _chat(content: str, n: int = 4) -> dict:
+    return {"messages": [{"role": "user", "content": content}], "n": n}
+
+
+def _beams(body: dict) -> list[tuple[list[int], float]]:
+    return [(c["sglext"]["token_ids"], c["sglext"]["sequence_score"]) for c in body["choices"]]
+
+
+def test_answers_equal_the_in_process_engine(proc_srv: ServerThread, real: ServerThread) -> None:
+    for i, n in enumerate((1, 4, 16)):
+        body = _chat(f"history {i}: 12, 7, 301", n)
+        a, b = proc_srv.post("/v1/chat/completions", body), real.post("/v1/chat/completions", body)
+        assert a.status_code == 200 and b.status_code == 200, (a.text, b.text)
+        got, want = _beams(a.json()), _beams(b.json())
+        assert [t for t, _ in got] == [t for t, _ in want]
+        assert all(abs(x - y) <= SCORE_TOL for (_, x), (_, y) in zip(got, want))
+        assert [c["message"] for c in a.json()["choices"]] == [
+            c["message"] for c in b.json()["choices"]
+        ]
+    gen = {"text": "history: 5, 6", "sampling_params": {"max_new_tokens": 4}, "n": 4}
+    a, b = proc_srv.post("/generate", gen), real.post("/generate", gen)
+    assert a.status_code == b.status_code
+    if a.status_code == 200:
+        assert a.json()["text"] == b.json()["text"]
+
+
+def test_engine_runs_elsewhere_and_reports(proc_srv: ServerThread) -> None:
+    info = proc_srv.get("/get_server_info").json()
+    pid = info["engine"]["engine_process_pid"]
+    assert isinstance(pid, int) and pid != os.getpid()
+    os.kill(pid, 0)  # alive
+    r = proc_srv.post("/v1/chat/completions", _chat("timing"))
+    parts = dict(p.split(";dur=") for p in r.headers["Server-Timing"].split(", "))
+    assert list(parts) == ["tokenize", "queue", "engine", "ipc", "respond"]
+    assert all(float(v) >= 0 for v in parts.values())
+    m = proc_srv.metrics()
+    assert m["flashrec_engine_steps_total"] > 0
+    assert 'flashrec_gc_collections_total{generation="0",process="engine"}' in m
+    assert 'flashrec_gc_collections_total{generation="0"}' in m  # the server process's own
+    assert m["flashrec_slots_used"] == 0
+    flushed = proc_srv.post("/flush_cache")
+    assert flushed.status_code == 200 and flushed.json()["success"] is True
+    assert proc_srv.metrics()["flashrec_kv_tokens_cached"] == 0
+
+
+def test_bad_requests_are_400_before_the_pipe(proc_srv: ServerThread) -> None:
+    too_wide = proc_srv.post("/v1/chat/completions", _chat("wide", n=10_000))
+    assert too_wide.status_code == 400 and "'n'" in too_wide.text
+    long = proc_srv.post("/generate", {"input_ids": [5] * 5000, "n": 2})
+    assert long.status_code == 400
+    assert proc_srv.post("/v1/chat/completions", _chat("after")).status_code == 200
+    # the engine's own checks, on the limits the engine process reported
+    from flashrec.engine.request import GenRequest
+
+    check = proc_srv.engine.check_request
+    with pytest.raises(ValueError, match="--batch-slots"):
+        check(GenRequest("w", [5] * 10, 257, 4))
+    with pytest.raises(ValueError, match="--max-seq-len"):
+        check(GenRequest("l", [5] * 4097, 4, 4))
+    with pytest.raises(ValueError, match="max_tokens"):
+        check(GenRequest("m", [5] * 10, 4, 0))
+    check(GenRequest("ok", [5] * 10, 256, 4))
+
+
+def test_profile_is_taken_in_the_engine_process(proc_srv: ServerThread, profiler_dir: Path):
+    ok = proc_srv.post("/start_profile", {"output_dir": "engine-process"})
+    assert ok.status_code == 200, ok.text
+    assert proc_srv.metrics()["flashrec_profiler_active"] == 1
+    assert proc_srv.post("/start_profile", {}).status_code == 400  # ProfileError crosses
+    assert proc_srv.post("/v1/chat/completions", _chat("profiled")).status_code == 200
+    stop = proc_srv.post("/stop_profile")
+    assert stop.status_code == 200, stop.text
+    (path,) = stop.json()["files"]
+    assert Path(path).parent == profiler_dir / "engine-process"
+    with gzip.open(path, "rt") as fh:
+        names = {e.get("name", "") for e in json.load(fh)["traceEvents"]}
+    assert "flashrec.schedule" in names
+    assert proc_srv.post("/stop_profile").status_code == 400
+
+
+def test_disconnects_free_the_engine_rows(proc_srv: ServerThread) -> None:
+    port = proc_srv.server.port
+    socks = []
+    try:
+        for i in range(40):
+            body = json.dumps(_chat(f"gone {i}", n=32))
+            s = socket.create_connection(("127.0.0.1", port), timeout=10)
+            s.sendall(
+                (
+                    f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+                    f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n{body}"
+                ).encode()
+            )
+            socks.append(s)
+        time.sleep(0.2)
+    finally:
+        for s in socks:
+            s.close()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        m = proc_srv.metrics()
+        if m["flashrec_running_requests"] == 0 and m["flashrec_queue_length"] == 0:
+            break
+        time.sleep(0.05)
+    assert m["flashrec_slots_used"] == 0 and m["flashrec_kv_tokens_used"] == 0
+    assert m["flashrec_http_inflight_requests"] == 0
+    assert proc_srv.loop.in_flight() == 0
+    assert proc_srv.post("/v1/chat/completions", _chat("after")).status_code == 200
+
+
+def test_cancel_reaches_the_engine(tiny_checkpoint: Path, monkeypatch) -> None:
+    monkeypatch.setenv("FLASHREC_TEST_STEP_DELAY_MS", "300")  # the child inherits it
+    engine, loop = start_engine_process(real_config(tiny_checkpoint, engine_process="on"))
+    try:
+        from flashrec.engine.request import GenRequest
+
+        ids = engine.build_prompt(messages=[{"role": "user", "content": "cancel me"}])
+        fut = loop.submit(GenRequest("c1", ids, 4, 4))
+        loop.cancel("c1")
+        with pytest.raises(CancelledError):
+            fut.result(timeout=60)
+        assert loop.in_flight() == 0
+        assert loop.stats()["running_requests"] == 0
+    finally:
+        loop.stop()
+    assert not loop.proc.proc.is_alive()
+
+
+def test_engine_death_fails_waiting_requests_and_stops_the_server(
+    tiny_checkpoint: Path, monkeypatch
+) -> None:
+    monkeypatch.setenv("FLASHREC_TEST_STEP_DELAY_MS", "500")
+    srv = process_server(tiny_checkpoint).start()
+    try:
+        pid = srv.get("/get_server_info").json()["engine"]["engine_process_pid"]
+        with requests.Session() as s:
+            import threading
+
+            got: dict = {}
+
+            def ask() -> None:
+                got["r"] = s.post(
+                    srv.url + "/v1/chat/completions", json=_chat("doomed"), timeout=60
+                )
+
+            t = threading.Thread(target=ask)
+            t.start()
+            time.sleep(0.3)  # admitted, stepping slowly
+            os.kill(pid, signal.SIGKILL)
+            t.join(timeout=60)
+        assert got["r"].status_code == 500
+        assert "engine process exited" in got["r"].text
+        srv._thread.join(timeout=60)  # the server stops by itself
+        assert srv.exit_code == 1
+    finally:
+        if srv._thread.is_alive():
+            srv.stop()
+
+
+def test_a_failed_start_raises_with_the_cause(tmp_path: Path) -> None:
+    config = real_config(tmp_path, engine_process="on")  # no checkpoint there
+    t0 = time.monotonic()
+    with pytest.raises(EngineProcessError, match="config.json"):
+        start_engine_process(config)
+    assert time.monotonic() - t0 < 120
+
+
+def test_wire_round_trip_and_errors() -> None:
+    beams = [BeamResult([3, 4, 5], -1.5, -0.5, "stop", "t") for _ in range(3)]
+    res = GenResult("r", beams, 10, 2, queue_s=0.1, engine_s=0.2, done_at=5.0)
+    back = result_from_wire(result_to_wire(res), lambda ids: "-".join(map(str, ids)))
+    assert back.beams == res.beams and back.beams[0].text == "3-4-5"
+    assert (back.rid, back.prompt_tokens, back.cached_tokens, back.done_at) == ("r", 10, 2, 5.0)
+    for exc in (
+        CancelledError("x"),
+        QueueFullError("x"),
+        ValueError("x"),
+        EngineError("x"),
+        ProfileError("x"),
+    ):
+        assert type(_make_error(_error_kind(exc), "x")) is type(exc)
+    assert type(_make_error(_error_kind(KeyError("x")), "x")) is RuntimeError
+
+
+def test_engine_process_knob() -> None:
+    from flashrec.config import ServerConfig
+
+    assert ServerConfig(device="cpu").resolved_engine_process is False
+    assert ServerConfig(device="cuda").resolved_engine_process is True
+    assert ServerConfig(device="cuda", engine_process="off").resolved_engine_process is False
+    assert ServerConfig(device="cpu", engine_process="on").resolved_engine_process is True
+    with pytest.raises(ValueError, match="--engine-process"):
+        ServerConfig(engine_process="maybe")
