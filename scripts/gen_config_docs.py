@@ -97,6 +97,7 @@ ZH = {
     "gc_freeze": "预热后把当时存活的全部对象（模型、tokenizer、各库）移入 Python GC 的永久代（gc.freeze）：此后的完整回收只遍历请求分配的对象（完整回收会暂停所有线程，包括引擎线程）",
     "tokenizer_workers": "并行构建 prompt（chat template + 分词）的线程数，每个线程持有自己的 tokenizer 副本；1 = 单线程使用引擎自身的 tokenizer",
     "gil_switch_interval_ms": "服务进程的 sys.setswitchinterval（毫秒）：引擎线程等待 GIL 时，HTTP / 分词线程最多可持有 GIL 的时长（Python 默认 5；在 H200 上 0.2 使 n=50、c=32 的 QPS 提高 4.8%，见 docs/baselines.md）",
+    "engine_process": "引擎（调度器、模型、profiler）运行在独立进程中，使 HTTP、分词和响应文本永远不占用引擎线程的 GIL：on、off 或 auto（设备为 CUDA 时开启）",
 }
 
 GENERATE_FLAGS = [
