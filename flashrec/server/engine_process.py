@@ -29,6 +29,7 @@ waiting request fails with an engine error, ``/health`` turns 503 and the cause 
 
 from __future__ import annotations
 
+import copy
 import functools
 import itertools
 import logging
@@ -473,10 +474,14 @@ class RemoteEngine:
         return build_prompt_ids(self.tokenizer, self.layout, self.vocab_size, **kwargs)
 
     def prompt_builder(self) -> Callable[..., list[int]]:
+        """``build_prompt`` over a private tokenizer copy (see ``Engine.prompt_builder``)."""
         from flashrec.engine.engine import load_tokenizer
         from flashrec.engine.prompt import build_prompt_ids
 
-        tok = load_tokenizer(self.config.model_path)
+        try:
+            tok = copy.deepcopy(self.tokenizer)
+        except Exception:  # noqa: BLE001 - a tokenizer that cannot be copied is loaded again
+            tok = load_tokenizer(self.config.model_path)
         return functools.partial(build_prompt_ids, tok, self.layout, self.vocab_size)
 
     def check_request(self, r: GenRequest) -> None:
