@@ -50,3 +50,38 @@ def test_round_metrics_break_the_latency_down():
     assert math.isclose(m["outside_server_ms_mean"], ((40 - 33) + (50 - 43)) / 2)
     assert Record("c", 0, "measure", 0, 0, 0.0).row().keys() >= {"latency_s"}
     assert _rec(0, 0.04, {"engine": 3.0}).row()["server_engine_ms"] == 3.0
+
+
+def test_ipc_phase_is_its_own_column():
+    """An engine process's pipe time (FlashRec --engine-process) is a phase of its own: its
+    mean is a round metric, it leaves "outside", and the report table gets an ipc column."""
+    from harness.render import server_timing_table
+
+    recs = [
+        _rec(0, 0.040, {"tokenize": 1.0, "queue": 2.0, "engine": 30.0, "ipc": 1.5, "respond": 2.0}),
+        _rec(1, 0.050, {"tokenize": 3.0, "queue": 0.0, "engine": 40.0, "ipc": 0.5, "respond": 1.0}),
+    ]
+    m = round_metrics(recs)
+    assert math.isclose(m["server_ipc_ms_mean"], 1.0)
+    assert math.isclose(m["outside_server_ms_mean"], ((40 - 36.5) + (50 - 44.5)) / 2)
+    no_ipc = _rec(1, 0.05, {"tokenize": 1.0, "queue": 0.0, "engine": 1.0, "respond": 1.0})
+    assert "server_ipc_ms_mean" not in round_metrics([recs[0], no_ipc])
+    table = server_timing_table(
+        {
+            "cells": [
+                {
+                    "id": "a",
+                    "metrics": {
+                        k: {"median": v, "ci95_low": v, "ci95_high": v} for k, v in m.items()
+                    },
+                }
+            ]
+        }
+    )
+    assert table is not None
+    head, rows = table
+    assert (
+        head.index("ipc") == head.index("engine") + 1
+        and head.index("respond") == head.index("ipc") + 1
+    )
+    assert len(rows[0]) == len(head)
