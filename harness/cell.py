@@ -68,6 +68,7 @@ class CellResult:
     mfu: dict | None = None  # what MFU needs (harness.flops.mfu_info)
     # measured round -> server-side deltas over it (harness.server_metrics: GC pauses)
     server_rounds: dict[int, dict[str, float]] = field(default_factory=dict)
+    burst: int = 0  # requests per burst of a "burst" load (0: another load mode)
 
 
 @dataclass
@@ -217,6 +218,7 @@ async def _traced_round(ctx, cell, target, reqs, prime, res: CellResult) -> None
 async def run_cell(ctx: CellContext, cell: Cell) -> CellResult:
     """Run one cell on ``ctx.server``; failures are caught into the result, never raised."""
     res = CellResult(cell.id, dict(cell.params))
+    res.burst = cell.client.concurrency if cell.client.mode == "burst" else 0
     res.server = {"url": ctx.server.base_url, "protocol": ctx.server.protocol}
     started = time.monotonic()
     c = cell.client

@@ -1,4 +1,9 @@
-"""Load generation: closed-loop concurrency, open-loop Poisson / constant rate, radix control.
+"""Load generation: closed-loop concurrency, bursts, open-loop Poisson / constant rate, radix
+control.
+
+``burst`` sends ``concurrency`` requests at once, waits for every answer, then sends the next
+``concurrency``: "N requests at once", the way a batch of recommendations for N users arrives.
+Its round metrics add the bursts' makespans (first send -> last answer of a burst).
 
 Radix state is set the same way before every round: ``cold`` flushes the prefix cache;
 ``warm`` flushes it and then primes it with the cell's warm-up requests (never counted).
@@ -67,19 +72,24 @@ async def closed_loop(
     concurrency: int,
     label: tuple[str, int, str],
     on_done: OnDone | None = None,
+    first_index: int = 0,
+    pending: Pending | None = None,
 ) -> list[Record]:
-    """Send every request once with ``concurrency`` in flight; records in send order."""
+    """Send every request once with ``concurrency`` in flight; records in send order, indexed
+    from ``first_index``. Answers are parsed after the load (``Pending``), by the caller when
+    it passes its own ``pending``."""
     cell, rnd, phase = label
     records: list[Record | None] = [None] * len(requests)
     next_index = 0
-    pending = Pending(target.protocol, target.checker, target.ks)
+    own = pending is None
+    pending = pending or Pending(target.protocol, target.checker, target.ks)
 
     async def worker() -> None:
         nonlocal next_index
         while next_index < len(requests):
             i = next_index
             next_index += 1
-            rec = Record(cell, rnd, phase, i, requests[i].prompt.index, 0.0)
+            rec = Record(cell, rnd, phase, first_index + i, requests[i].prompt.index, 0.0)
             await send(
                 session,
                 target.base_url,
@@ -98,8 +108,35 @@ async def closed_loop(
     try:
         await asyncio.gather(*(worker() for _ in range(min(concurrency, len(requests)) or 1)))
     finally:
-        pending.finish()
+        if own:
+            pending.finish()
     return [r for r in records if r is not None]
+
+
+async def burst_loop(
+    session: aiohttp.ClientSession,
+    target: Target,
+    requests: list[Request],
+    size: int,
+    label: tuple[str, int, str],
+    on_done: OnDone | None = None,
+) -> list[Record]:
+    """Send the requests ``size`` at a time, each burst once the previous one is answered;
+    record ``i`` belongs to burst ``i // size``. Records in send order."""
+    records: list[Record] = []
+    size = max(1, size)
+    pending = Pending(target.protocol, target.checker, target.ks)  # parsed after every burst
+    try:
+        for start in range(0, len(requests), size):
+            chunk = requests[start : start + size]
+            # a closed loop as wide as the burst sends all of it at once and returns when the
+            # last answer is in; indices continue across bursts
+            records += await closed_loop(
+                session, target, chunk, len(chunk), label, on_done, start, pending
+            )
+    finally:
+        pending.finish()
+    return records
 
 
 def arrival_times(mode: str, rate: float, duration_s: float, seed: int) -> list[float]:
@@ -166,17 +203,20 @@ async def run_load(
     seed: int,
     on_done: OnDone | None = None,
 ) -> list[Record]:
-    """One round of a cell's load (closed loop, or open loop for ``poisson`` / ``constant``).
+    """One round of a cell's load (closed loop, bursts, or open loop for ``poisson`` /
+    ``constant``).
 
     The client's own garbage collector is off while the round runs: a full collection of the
     harness process stops its event loop and would delay reads and sends, i.e. be measured
     as server latency. Reference counting still frees almost everything; the allocations
     the round made still count, so the collector runs at its next chance, between rounds."""
-    if client.mode != "closed" and client.rate is None:
+    if client.mode in ("poisson", "constant") and client.rate is None:
         raise ValueError(f"load mode '{client.mode}' needs a 'rate'")
     with gc_paused():
         if client.mode == "closed":
             return await closed_loop(session, target, requests, client.concurrency, label, on_done)
+        if client.mode == "burst":
+            return await burst_loop(session, target, requests, client.concurrency, label, on_done)
         duration = client.duration_s or len(requests) / client.rate
         offsets = arrival_times(client.mode, client.rate, duration, seed)
         return await open_loop(session, target, requests, offsets, label, on_done)

@@ -31,6 +31,9 @@ DIRECTIONS: dict[str, int] = {
     "beams_mean": 1,
     "cached_frac": 0,
     "prompt_tokens_mean": 0,
+    # load mode "burst": first send -> last answer of each complete burst (harness.load)
+    "burst_ms_mean": -1,
+    "burst_ms_max": 0,
     # derived (harness.flops): with an ``mfu:`` section / an HF baseline
     "tflop_per_request": 0,
     "achieved_tflops": 1,
@@ -82,6 +85,27 @@ def _ratio(num: float, den: float) -> float:
 
 # extra(ok records of a round, the round's metrics so far) -> more metrics of that round
 Extra = Callable[[list[Record], dict[str, float]], dict[str, float]]
+
+
+def burst_extra(size: int) -> Extra:
+    """Round metrics of a ``burst`` load of ``size`` requests per burst: the mean and the
+    longest makespan (first send -> last answer) over the round's bursts whose every request
+    succeeded and counts (a burst with a failed or excluded request has no makespan)."""
+
+    def extra(ok: list[Record], out: dict[str, float]) -> dict[str, float]:
+        bursts: dict[int, list[Record]] = defaultdict(list)
+        for r in ok:
+            bursts[r.index // size].append(r)
+        spans = [
+            (max(r.t_end for r in rs) - min(r.t_send for r in rs)) * 1000.0
+            for rs in bursts.values()
+            if len(rs) == size
+        ]
+        if not spans:
+            return {}
+        return {"burst_ms_mean": float(np.mean(spans)), "burst_ms_max": float(max(spans))}
+
+    return extra
 
 
 def round_metrics(records: list[Record], extra: Extra | None = None) -> dict[str, float]:

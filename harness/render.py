@@ -202,6 +202,21 @@ def server_timing_table(report: dict) -> Table | None:
     return head, rows
 
 
+def burst_table(report: dict) -> Table | None:
+    """Cells of a ``burst`` load: latency per request next to the bursts' makespans."""
+    cells = [c for c in report["cells"] if "burst_ms_mean" in (c.get("metrics") or {})]
+    if not cells:
+        return None
+    keys = ("latency_mean_ms", "latency_p50_ms", "latency_p99_ms", "burst_ms_mean", "burst_ms_max")
+    rows = [
+        [c["id"]]
+        + [_med_ci(c["metrics"].get(k), ".1f") if k in c["metrics"] else "-" for k in keys]
+        for c in cells
+    ]
+    head = ["cell", "latency mean ms", "p50", "p99", "burst makespan mean ms", "longest burst ms"]
+    return head, rows
+
+
 def targets_table(report: dict) -> Table | None:
     """Every target x matching cell: met, or missed by how much."""
     t = report.get("targets") or {}
@@ -359,6 +374,12 @@ SERVER_TIMING_NOTE = (
     "the answer's encoding). Server GC pauses: the server's garbage-collector time during "
     "the round (its /metrics before and after), which stops every server thread."
 )
+BURST_NOTE = (
+    "Load mode burst: each burst sends `concurrency` requests at once and the next burst "
+    "starts when all of them are answered. Latency is per request; the makespan of a burst "
+    "runs from its first send to its last answer (bursts whose every request succeeded). "
+    "Medians [95% CI] over rounds."
+)
 TARGETS_NOTE = (
     "Targets are goals: a missed one is reported with the shortfall, the ratio actual / target "
     "and the factor still needed; it changes the exit code only with fail_run: true."
@@ -377,6 +398,9 @@ def _extra_tables(report: dict) -> list[tuple[str, Table, str]]:
     st = server_timing_table(report)
     if st:
         out.append(("Where the latency goes (Server-Timing)", st, SERVER_TIMING_NOTE))
+    bt = burst_table(report)
+    if bt:
+        out.append(("Bursts (requests sent together)", bt, BURST_NOTE))
     t = targets_table(report)
     if t:
         status = (report.get("targets") or {}).get("status")

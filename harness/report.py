@@ -20,7 +20,7 @@ from harness.cell import CellResult
 from harness.client import EPOCH_UNIX, Record
 from harness.environment import environment
 from harness.flops import derived_metrics
-from harness.metrics import KEY_METRICS, by_round, cell_metrics, notes, round_metrics
+from harness.metrics import KEY_METRICS, burst_extra, by_round, cell_metrics, notes, round_metrics
 from harness.model import ResolvedModel
 from harness.render import write_html, write_markdown
 from harness.server_metrics import chain, round_extra
@@ -53,7 +53,11 @@ def cell_entry(res: CellResult, spec: MatrixSpec) -> dict:
     excluded = Counter(r.excluded for r in measured if r.excluded)
     warm = [r for r in res.records if r.phase == "warmup"]
     hf = (res.baseline or {}).get("hf")
-    extra = chain(derived_metrics(res.mfu, hf), round_extra(res.server_rounds))
+    extra = chain(
+        derived_metrics(res.mfu, hf),
+        round_extra(res.server_rounds),
+        burst_extra(res.burst) if res.burst else None,
+    )
     metrics = cell_metrics(res.records, spec.stats, extra) if res.status == "ok" else {}
     rounds = [
         {"round": rnd, "requests": len(recs), **round_metrics(recs, extra)}

@@ -107,11 +107,12 @@ def plan(spec: MatrixSpec, cells: list[Cell], model: ResolvedModel | None) -> st
             lines.append(f"server {i + 1}: external {engine.url} ({engine.protocol})")
         for c in group:
             k = c.client
-            load = (
-                f"concurrency {k.concurrency}"
-                if k.mode == "closed"
-                else f"{k.mode} {k.rate}/s for {k.duration_s or 'requests/rate'} s"
-            )
+            if k.mode == "closed":
+                load = f"concurrency {k.concurrency}"
+            elif k.mode == "burst":
+                load = f"bursts of {k.concurrency} at once"
+            else:
+                load = f"{k.mode} {k.rate}/s for {k.duration_s or 'requests/rate'} s"
             extras = " +trace" if c.traced else ""
             if hf_baseline.applies(hf, c):
                 assert hf is not None

@@ -147,9 +147,10 @@ class WorkloadSpec(_Base):
 
 
 class LoadSpec(_Base):
-    """How requests are sent: closed-loop concurrency or open-loop rate; rounds; radix state."""
+    """How requests are sent: closed-loop concurrency, bursts of ``concurrency`` requests at
+    once, or open-loop rate; rounds; radix state."""
 
-    mode: Literal["closed", "poisson", "constant"] = "closed"
+    mode: Literal["closed", "burst", "poisson", "constant"] = "closed"
     concurrency: int = Field(1, ge=1)
     rate: float | None = Field(None, gt=0)
     duration_s: float | None = Field(None, gt=0)

@@ -184,3 +184,33 @@ def test_client_gc_is_off_during_a_round_only(fake_url):
     assert len(recs) == 4 and all(r.ok for r in recs)
     assert seen == [False] * 4
     assert gc.isenabled()
+
+
+def test_burst_load_sends_each_burst_after_the_previous_one_is_answered(fake_url):
+    """``burst``: ``size`` requests sent together; the next burst only once all are answered;
+    indices continue across bursts; makespans per complete burst are round metrics."""
+    from harness.load import burst_loop
+    from harness.metrics import burst_extra, round_metrics
+
+    prompts = [Prompt(i, [{"role": "user", "content": f"b{i}"}]) for i in range(7)]
+    reqs = [Request(p, 4, 4, 0.0) for p in prompts]
+    target = Target(fake_url, "chat", SidChecker(3), 10.0, [1])
+
+    async def run() -> list[Record]:
+        async with aiohttp.ClientSession() as s:
+            return await burst_loop(s, target, reqs, 3, ("c", 0, "measure"))
+
+    recs = asyncio.run(run())
+    assert [r.index for r in recs] == list(range(7))
+    assert all(r.ok and r.beams == 4 for r in recs)  # parsed (after the last burst)
+    bursts = [recs[0:3], recs[3:6], recs[6:7]]
+    for before, after in zip(bursts, bursts[1:]):
+        assert min(r.t_send for r in after) >= max(r.t_end for r in before)
+    # within a burst every request was sent before any answer came back
+    for b in bursts[:2]:
+        assert max(r.t_send for r in b) <= min(r.t_end for r in b)
+    m = round_metrics(recs, burst_extra(3))
+    spans = [(max(r.t_end for r in b) - min(r.t_send for r in b)) * 1000 for b in bursts[:2]]
+    assert abs(m["burst_ms_mean"] - sum(spans) / 2) < 1e-9  # the partial last burst is left out
+    assert abs(m["burst_ms_max"] - max(spans)) < 1e-9
+    assert "burst_ms_mean" not in round_metrics(recs)  # other load modes: no burst metrics

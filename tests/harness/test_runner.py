@@ -234,3 +234,24 @@ def test_interrupt_leaves_no_process(tmp_path, marker, sig, code):
         assert b"--resume" in output
     time.sleep(0.2)
     assert processes_with(marker) == []
+
+
+def test_burst_load_through_the_runner(tmp_path, fake_url):
+    """A matrix with ``load.mode: burst``: bursts of ``concurrency`` requests, their makespans
+    in the cell metrics and in REPORT.md's burst table."""
+    m = base_matrix(
+        None,
+        engines=[{"name": "chat", "kind": "external", "url": fake_url, "protocol": "chat"}],
+        load={"mode": "burst", "concurrency": 5, "rounds": 3, "beam_width": 4},
+    )
+    del m["engine"]
+    out = tmp_path / "out"
+    assert run_cli(str(write_matrix(tmp_path, m)), "--out", str(out)) == 0
+    (cell,) = load(out)["cells"]
+    assert cell["status"] == "ok"
+    mm = cell["metrics"]
+    assert 0 < mm["burst_ms_mean"]["median"] <= mm["burst_ms_max"]["median"]
+    # a burst's makespan is at least its slowest request
+    assert mm["burst_ms_max"]["median"] >= mm["latency_p50_ms"]["median"]
+    report = (out / "REPORT.md").read_text()
+    assert "Bursts (requests sent together)" in report and "burst makespan mean ms" in report
