@@ -17,6 +17,16 @@ from flashrec.engine.request import GenRequest, GenResult, QueueFullError
 log = logging.getLogger("flashrec")
 
 
+def wait_idle(in_flight: Callable[[], int], timeout_s: float) -> bool:
+    """Poll ``in_flight()`` until it is 0 (True) or ``timeout_s`` has passed (False)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if in_flight() == 0:
+            return True
+        time.sleep(0.01)
+    return in_flight() == 0
+
+
 class EngineLoop:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
@@ -109,12 +119,7 @@ class EngineLoop:
         """Stop admitting; wait until in-flight requests finish (True) or the time is up."""
         with self._cond:
             self._admitting = False
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.in_flight() == 0:
-                return True
-            time.sleep(0.01)
-        return self.in_flight() == 0
+        return wait_idle(self.in_flight, timeout_s)
 
     def stop(self) -> None:
         with self._cond:

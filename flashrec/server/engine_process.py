@@ -533,13 +533,11 @@ class RemoteLoop:
         return self.proc.in_flight()
 
     def drain(self, timeout_s: float) -> bool:
+        """Stop admitting; wait until in-flight requests finish (True) or the time is up."""
+        from flashrec.engine.loop import wait_idle
+
         self._admitting = False
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.in_flight() == 0:
-                return True
-            time.sleep(0.01)
-        return self.in_flight() == 0
+        return wait_idle(self.in_flight, timeout_s)
 
     def stop(self) -> None:
         self.proc.stop()

@@ -193,23 +193,23 @@ class ServerMetrics:
 
 def _gc_families(out: list[str], family: Callable[[str, str, str], None], procs: list) -> None:
     """The ``flashrec_gc_*`` families, one set of samples per (labels, GcWatch.metrics())."""
-    family(
-        "flashrec_gc_collections_total",
-        "counter",
-        "Python garbage collections by generation (each stops every thread of its process).",
+    per_generation = (
+        (
+            "flashrec_gc_collections_total",
+            "Python garbage collections by generation (each stops every thread of its process).",
+            "collections",
+        ),
+        (
+            "flashrec_gc_pause_seconds_total",
+            "Time spent in Python garbage collections, by generation.",
+            "pause_s",
+        ),
     )
-    for lab, gc in procs:
-        for g, n in enumerate(gc["collections"]):
-            out.append(f"flashrec_gc_collections_total{_labels({'generation': str(g), **lab})} {n}")
-    family(
-        "flashrec_gc_pause_seconds_total",
-        "counter",
-        "Time spent in Python garbage collections, by generation.",
-    )
-    for lab, gc in procs:
-        for g, sec in enumerate(gc["pause_s"]):
-            labels = _labels({"generation": str(g), **lab})
-            out.append(f"flashrec_gc_pause_seconds_total{labels} {_fmt(sec)}")
+    for name, help, key in per_generation:
+        family(name, "counter", help)
+        for lab, gc in procs:
+            for g, value in enumerate(gc[key]):
+                out.append(f"{name}{_labels({'generation': str(g), **lab})} {_fmt(value)}")
     rows = (
         (
             "flashrec_gc_pause_max_seconds",
