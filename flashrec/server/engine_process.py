@@ -174,21 +174,15 @@ def child_main(conn: Any, config: Any, log_level: int) -> None:
         return
     loop.start()
     conn.send(("ready", info))
-    _Child(conn, engine, loop, profiler, gcw).serve()
+    _Child(conn, loop, profiler, gcw).serve()
 
 
 class _Child:
     """The engine process's side of the pipe: a reader (this thread), a sender thread (so the
     engine thread never pickles or writes) and one thread per blocking call."""
 
-    def __init__(self, conn, engine, loop, profiler, gcw) -> None:
-        self.conn, self.engine, self.loop, self.profiler, self.gcw = (
-            conn,
-            engine,
-            loop,
-            profiler,
-            gcw,
-        )
+    def __init__(self, conn, loop, profiler, gcw) -> None:
+        self.conn, self.loop, self.profiler, self.gcw = conn, loop, profiler, gcw
         self.out: queue.SimpleQueue = queue.SimpleQueue()
         self.sender = threading.Thread(target=self._send_all, name="flashrec-ipc-send")
 
@@ -246,7 +240,6 @@ class _Child:
             "stats": lp.stats,
             "flush_cache": lp.flush_cache,
             "warmup": self._warmup,
-            "drain": lp.drain,
             "gc_metrics": self.gcw.metrics,
             "profile_start": prof.start,
             "profile_stop": prof.stop,
