@@ -62,11 +62,24 @@ def test_answers_equal_the_in_process_engine(proc_srv: ServerThread, real: Serve
         assert [c["message"] for c in a.json()["choices"]] == [
             c["message"] for c in b.json()["choices"]
         ]
-    gen = {"text": "history: 5, 6", "sampling_params": {"max_new_tokens": 4}, "n": 4}
+    # SGLang's protocol, a batch of two prompts
+    gen = {"text": ["history: 5, 6", "history: 9"], "sampling_params": {"n": 4}}
     a, b = proc_srv.post("/generate", gen), real.post("/generate", gen)
-    assert a.status_code == b.status_code
-    if a.status_code == 200:
-        assert a.json()["text"] == b.json()["text"]
+    assert a.status_code == 200 and b.status_code == 200, (a.text, b.text)
+    assert len(a.json()) == 2
+    for x, y in zip(a.json(), b.json()):
+        got = [r["token_ids"] for r in x["meta_info"]["beam_results"]]
+        assert got == [r["token_ids"] for r in y["meta_info"]["beam_results"]]
+        assert len(got) == 4 and x["text"] == y["text"]
+    # streamed: one chunk with every beam, the usage chunk, [DONE]
+    body = {**_chat("history 1: 12, 7, 301", 4), "stream": True}
+    events = proc_srv.post("/v1/chat/completions", body).text.strip().split("\n\n")
+    assert len(events) == 3 and events[-1] == "data: [DONE]"
+    first = json.loads(events[0].removeprefix("data: "))
+    plain = real.post("/v1/chat/completions", _chat("history 1: 12, 7, 301", 4)).json()
+    assert [c["sglext"]["token_ids"] for c in first["choices"]] == [
+        c["sglext"]["token_ids"] for c in plain["choices"]
+    ]
 
 
 def test_engine_runs_elsewhere_and_reports(proc_srv: ServerThread) -> None:
