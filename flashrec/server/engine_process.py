@@ -313,6 +313,10 @@ class EngineProcess:
                 f"the engine process exited while building the engine "
                 f"(exit code {self.proc.exitcode}); its log is above"
             ) from None
+        except BaseException:  # Ctrl-C while it builds: it has served nothing, kill it now
+            self.proc.kill()
+            self.proc.join(timeout=STOP_TIMEOUT_S)
+            raise
         if msg[0] == "failed":
             _, message, tb = msg
             _log.error("engine process: %s", tb.rstrip())
