@@ -24,7 +24,16 @@ def test_smoke_matrix_on_flashrec(tmp_path, tiny_model, marker):
     }
     m = {
         "name": "flashrec-smoke",
-        "engines": [{**engine, "name": "chat"}, {**engine, "name": "gen", "protocol": "generate"}],
+        # the generate side runs its engine in a process of its own (the GPU default)
+        "engines": [
+            {**engine, "name": "chat"},
+            {
+                **engine,
+                "name": "gen",
+                "protocol": "generate",
+                "args": {**engine["args"], "engine_process": "on"},
+            },
+        ],
         "model": {"path": str(tiny_model)},
         "catalog": {"path": str(Path(tiny_model) / "catalog.json")},
         "workload": {
@@ -36,7 +45,12 @@ def test_smoke_matrix_on_flashrec(tmp_path, tiny_model, marker):
         },
         "axes": {"beam_width": [4], "concurrency": [1, 2]},
         "load": {"rounds": 3, "radix": "warm", "max_tokens": 4, "request_timeout_s": 60},
-        "trace": {"cells": "first", "num_steps": 5, "settle_s": 1, "timeout_s": 120},
+        "trace": {
+            "cells": ["chat,beam_width=4,concurrency=1", "gen,beam_width=4,concurrency=1"],
+            "num_steps": 5,
+            "settle_s": 1,
+            "timeout_s": 120,
+        },
         "gates": [
             {"metric": "invalid_rate", "op": "==", "value": 0},
             {"metric": "error_rate", "op": "==", "value": 0},
@@ -63,10 +77,16 @@ def test_smoke_matrix_on_flashrec(tmp_path, tiny_model, marker):
         for r in c["round_metrics"]:
             assert r["server_gc_pause_ms"] >= 0 and r["server_gc_slow_pauses"] >= 0, r
             assert r["server_respond_ms_mean"] >= 0, r
+            # the pipe's own phase only where the engine runs in a process of its own
+            assert ("server_ipc_ms_mean" in r) == c["id"].startswith("gen"), r
     assert cells["chat,beam_width=4,concurrency=1"]["metrics"]["cached_frac"]["median"] > 0
-    trace = cells["chat,beam_width=4,concurrency=1"]["trace"]
-    assert trace["status"] == "complete", trace
-    assert trace["files"] and trace["files"][0]["size_bytes"] > 0
-    assert trace["files"][0]["steps"] >= 1 and trace["files"][0]["device"] == "cpu"
+    for cell in ("chat,beam_width=4,concurrency=1", "gen,beam_width=4,concurrency=1"):
+        trace = cells[cell]["trace"]  # the engine process's profile, too
+        assert trace["status"] == "complete", trace
+        assert trace["files"] and trace["files"][0]["size_bytes"] > 0
+        assert trace["files"][0]["steps"] >= 1 and trace["files"][0]["device"] == "cpu"
     assert rep["gates"]["status"] == "pass"
     assert processes_with(marker) == []
+    # the engine process went with its server
+    pid = cells["gen,beam_width=4,concurrency=1"]["server"]["info"]["engine"]["engine_process_pid"]
+    assert isinstance(pid, int) and not Path(f"/proc/{pid}").exists()
