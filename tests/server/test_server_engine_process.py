@@ -249,3 +249,30 @@ def test_engine_process_knob() -> None:
     assert ServerConfig(device="cpu", engine_process="on").resolved_engine_process is True
     with pytest.raises(ValueError, match="--engine-process"):
         ServerConfig(engine_process="maybe")
+
+
+def test_a_full_queue_in_the_engine_process_is_503(tiny_checkpoint: Path, monkeypatch) -> None:
+    """The engine process refuses a request past --max-queue-len; the refusal crosses the pipe
+    and becomes the same 503 the in-process engine gives."""
+    import threading
+
+    monkeypatch.setenv("FLASHREC_TEST_STEP_DELAY_MS", "200")
+    # 16 beam-row slots: one n=16 request runs, the next waits, the rest are refused
+    with process_server(tiny_checkpoint, max_queue_len=1, batch_slots=16) as srv:
+        codes: list[int] = []
+
+        def ask(i: int) -> None:
+            r = requests.post(srv.url + "/v1/chat/completions", json=_chat(f"q{i}", 16), timeout=60)
+            codes.append(r.status_code)
+            if r.status_code == 503:
+                assert "queue is full" in r.text
+
+        threads = [threading.Thread(target=ask, args=(i,)) for i in range(6)]
+        for t in threads:
+            t.start()
+            time.sleep(0.05)
+        for t in threads:
+            t.join(timeout=60)
+        assert sorted(set(codes)) == [200, 503], codes
+        assert srv.loop.in_flight() == 0
+        assert srv.post("/v1/chat/completions", _chat("after")).status_code == 200
