@@ -121,6 +121,9 @@ async def start_engine(st: ServerState, warmup: bool) -> None:
         await asyncio.to_thread(be.loop.warmup)
         _log.info("warm-up done in %.2f s", time.perf_counter() - t0)
     if st.config.gc_freeze:
+        freeze_engine = getattr(be.loop, "freeze_gc", None)  # an engine process: there too
+        if freeze_engine is not None:
+            await asyncio.to_thread(freeze_engine)
         t0 = time.perf_counter()
         frozen = freeze_startup_objects(st.gc)
         _log.info("gc: %d start-up objects frozen in %.2f s", frozen, time.perf_counter() - t0)

@@ -239,7 +239,8 @@ class _Child:
         return {
             "stats": lp.stats,
             "flush_cache": lp.flush_cache,
-            "warmup": self._warmup,
+            "warmup": lp.warmup,
+            "gc_freeze": self._freeze_gc,
             "gc_metrics": self.gcw.metrics,
             "profile_start": prof.start,
             "profile_stop": prof.stop,
@@ -247,15 +248,13 @@ class _Child:
             "profile_state": lambda: prof.state,
         }
 
-    def _warmup(self, gc_freeze: bool) -> float:
-        t0 = time.perf_counter()
-        self.loop.warmup()
-        if gc_freeze:
-            from flashrec.server.gcwatch import freeze_startup_objects
+    def _freeze_gc(self) -> int:
+        """``--gc-freeze`` in this process (after the warm-up, as the server does in its own)."""
+        from flashrec.server.gcwatch import freeze_startup_objects
 
-            frozen = freeze_startup_objects(self.gcw)
-            _log.info("gc: %d start-up objects frozen", frozen)
-        return time.perf_counter() - t0
+        frozen = freeze_startup_objects(self.gcw)
+        _log.info("gc: %d start-up objects frozen", frozen)
+        return frozen
 
     def _send_all(self) -> None:
         while True:
@@ -524,7 +523,11 @@ class RemoteLoop:
         return self.proc.call("flush_cache")
 
     def warmup(self) -> None:
-        self.proc.call("warmup", bool(self.config.gc_freeze), timeout=None)
+        self.proc.call("warmup", timeout=None)
+
+    def freeze_gc(self) -> int:
+        """``--gc-freeze`` in the engine process; returns the objects frozen there."""
+        return self.proc.call("gc_freeze", timeout=None)
 
     def in_flight(self) -> int:
         return self.proc.in_flight()

@@ -276,3 +276,11 @@ def test_a_full_queue_in_the_engine_process_is_503(tiny_checkpoint: Path, monkey
         assert sorted(set(codes)) == [200, 503], codes
         assert srv.loop.in_flight() == 0
         assert srv.post("/v1/chat/completions", _chat("after")).status_code == 200
+
+
+def test_gc_freeze_reaches_the_engine_process_without_warmup(tiny_checkpoint: Path) -> None:
+    """--gc-freeze freezes the start-up objects of both processes, warm-up or not."""
+    with process_server(tiny_checkpoint, warmup=False, gc_freeze=True) as srv:
+        m = srv.metrics()
+        assert m['flashrec_gc_frozen_objects{process="engine"}'] > 1000
+        assert m["flashrec_gc_frozen_objects"] > 1000
