@@ -9,6 +9,7 @@ same with the engine in a process of its own.
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
 import threading
 import time
@@ -79,6 +80,26 @@ class ServerThread:
 
     def metrics(self) -> dict[str, float]:
         return parse_metrics(self.get("/metrics").text)
+
+    def wait_engine_idle(self, timeout: float = 60.0) -> dict[str, float]:
+        """Poll ``/metrics`` until nothing runs or waits in the engine; the last sample."""
+        deadline = time.monotonic() + timeout
+        m = self.metrics()
+        while time.monotonic() < deadline:
+            if m["flashrec_running_requests"] == 0 and m["flashrec_queue_length"] == 0:
+                break
+            time.sleep(0.05)
+            m = self.metrics()
+        return m
+
+
+def raw_post(port: int, path: str, body: dict) -> bytes:
+    """A whole HTTP/1.1 POST of ``body`` as JSON, for a raw socket (clients that vanish)."""
+    data = json.dumps(body)
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n{data}"
+    ).encode()
 
 
 def parse_metrics(text: str) -> dict[str, float]:

@@ -4,14 +4,13 @@ mixed-n concurrency, prefix-cache reuse, client disconnects, batch failures."""
 from __future__ import annotations
 
 import asyncio
-import json
 import socket
 import time
 from typing import Any
 
 import aiohttp
 import pytest
-from server_helpers import ServerThread
+from server_helpers import ServerThread, raw_post
 
 from flashrec.engine.request import GenResult
 from flashrec.synth import synth_system_prompt
@@ -122,11 +121,7 @@ def test_shared_system_prompt_hits_cache_and_matches_cold(real: ServerThread, of
 
 
 def _raw_chat(port: int, n: int, i: int) -> bytes:
-    body = json.dumps({"messages": [{"role": "user", "content": f"disconnect {i}"}], "n": n})
-    return (
-        f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
-        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n{body}"
-    ).encode()
+    return raw_post(port, "/v1/chat/completions", {"messages": user(f"disconnect {i}"), "n": n})
 
 
 def test_200_disconnects_free_everything(real: ServerThread) -> None:
@@ -142,13 +137,7 @@ def test_200_disconnects_free_everything(real: ServerThread) -> None:
     finally:
         for s in socks:
             s.close()
-    deadline = time.monotonic() + 60
-    m = real.metrics()
-    while time.monotonic() < deadline:
-        m = real.metrics()
-        if m["flashrec_running_requests"] == 0 and m["flashrec_queue_length"] == 0:
-            break
-        time.sleep(0.05)
+    m = real.wait_engine_idle()
     assert m["flashrec_running_requests"] == 0 and m["flashrec_queue_length"] == 0
     assert m["flashrec_slots_used"] == 0
     assert m["flashrec_kv_tokens_used"] == 0

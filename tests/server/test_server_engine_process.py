@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 import requests
-from server_helpers import ServerThread, process_server, real_config
+from server_helpers import ServerThread, process_server, raw_post, real_config
 
 from flashrec.engine.request import BeamResult, EngineError, GenResult, QueueFullError
 from flashrec.profiler import ProfileError
@@ -141,25 +141,15 @@ def test_disconnects_free_the_engine_rows(proc_srv: ServerThread) -> None:
     socks = []
     try:
         for i in range(40):
-            body = json.dumps(_chat(f"gone {i}", n=32))
             s = socket.create_connection(("127.0.0.1", port), timeout=10)
-            s.sendall(
-                (
-                    f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
-                    f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n{body}"
-                ).encode()
-            )
+            s.sendall(raw_post(port, "/v1/chat/completions", _chat(f"gone {i}", n=32)))
             socks.append(s)
         time.sleep(0.2)
     finally:
         for s in socks:
             s.close()
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        m = proc_srv.metrics()
-        if m["flashrec_running_requests"] == 0 and m["flashrec_queue_length"] == 0:
-            break
-        time.sleep(0.05)
+    m = proc_srv.wait_engine_idle()
+    assert m["flashrec_running_requests"] == 0 and m["flashrec_queue_length"] == 0
     assert m["flashrec_slots_used"] == 0 and m["flashrec_kv_tokens_used"] == 0
     assert m["flashrec_http_inflight_requests"] == 0
     assert proc_srv.loop.in_flight() == 0
