@@ -35,6 +35,18 @@ def load_tokenizer(model_path: str):
     return AutoTokenizer.from_pretrained(model_path)
 
 
+def private_prompt_builder(
+    tokenizer, model_path: str, layout, vocab_size: int
+) -> Callable[..., list[int]]:
+    """``build_prompt_ids`` over a private copy of ``tokenizer`` (loaded again from
+    ``model_path`` where it cannot be copied); shared with the engine-process front end."""
+    try:
+        tok = copy.deepcopy(tokenizer)
+    except Exception:  # noqa: BLE001 - a tokenizer that cannot be copied is loaded again
+        tok = load_tokenizer(model_path)
+    return functools.partial(build_prompt_ids, tok, layout, vocab_size)
+
+
 class Engine:
     def __init__(self, config: EngineConfig) -> None:
         if not config.model_path:
@@ -101,11 +113,9 @@ class Engine:
     def prompt_builder(self) -> Callable[..., list[int]]:
         """``build_prompt`` over a private copy of the tokenizer, for one more prompt-building
         thread of the server (a HF fast tokenizer must not be used by two threads at once)."""
-        try:
-            tok = copy.deepcopy(self.tokenizer)
-        except Exception:  # noqa: BLE001 - a tokenizer that cannot be copied is loaded again
-            tok = load_tokenizer(self.config.model_path)
-        return functools.partial(build_prompt_ids, tok, self.layout, self.vocab_size)
+        return private_prompt_builder(
+            self.tokenizer, self.config.model_path, self.layout, self.vocab_size
+        )
 
     def new_request(
         self,

@@ -29,7 +29,6 @@ waiting request fails with an engine error, ``/health`` turns 503 and the cause 
 
 from __future__ import annotations
 
-import copy
 import functools
 import itertools
 import logging
@@ -471,14 +470,11 @@ class RemoteEngine:
 
     def prompt_builder(self) -> Callable[..., list[int]]:
         """``build_prompt`` over a private tokenizer copy (see ``Engine.prompt_builder``)."""
-        from flashrec.engine.engine import load_tokenizer
-        from flashrec.engine.prompt import build_prompt_ids
+        from flashrec.engine.engine import private_prompt_builder
 
-        try:
-            tok = copy.deepcopy(self.tokenizer)
-        except Exception:  # noqa: BLE001 - a tokenizer that cannot be copied is loaded again
-            tok = load_tokenizer(self.config.model_path)
-        return functools.partial(build_prompt_ids, tok, self.layout, self.vocab_size)
+        return private_prompt_builder(
+            self.tokenizer, self.config.model_path, self.layout, self.vocab_size
+        )
 
     def check_request(self, r: GenRequest) -> None:
         """The engine's own checks (``Engine.check_request``), on the values it reported."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import sys
 import threading
 import time
@@ -80,6 +81,21 @@ class ServerThread:
 
     def metrics(self) -> dict[str, float]:
         return parse_metrics(self.get("/metrics").text)
+
+    def abandon(self, bodies: list[dict], settle_s: float, path: str = "/v1/chat/completions"):
+        """POST each body from its own raw socket, wait ``settle_s``, then close every socket
+        without reading: clients that vanish mid-request."""
+        port = self.server.port
+        socks = []
+        try:
+            for body in bodies:
+                s = socket.create_connection(("127.0.0.1", port), timeout=10)
+                s.sendall(raw_post(port, path, body))
+                socks.append(s)
+            time.sleep(settle_s)
+        finally:
+            for s in socks:
+                s.close()
 
     def wait_engine_idle(self, timeout: float = 60.0) -> dict[str, float]:
         """Poll ``/metrics`` until nothing runs or waits in the engine; the last sample."""

@@ -4,13 +4,12 @@ mixed-n concurrency, prefix-cache reuse, client disconnects, batch failures."""
 from __future__ import annotations
 
 import asyncio
-import socket
 import time
 from typing import Any
 
 import aiohttp
 import pytest
-from server_helpers import ServerThread, raw_post
+from server_helpers import ServerThread
 
 from flashrec.engine.request import GenResult
 from flashrec.synth import synth_system_prompt
@@ -120,23 +119,10 @@ def test_shared_system_prompt_hits_cache_and_matches_cold(real: ServerThread, of
         assert w_ids == c_ids and abs(w_score - c_score) <= SCORE_TOL
 
 
-def _raw_chat(port: int, n: int, i: int) -> bytes:
-    return raw_post(port, "/v1/chat/completions", {"messages": user(f"disconnect {i}"), "n": n})
-
-
 def test_200_disconnects_free_everything(real: ServerThread) -> None:
     before = real.metrics()
-    port = real.server.port
-    socks = []
-    try:
-        for i in range(200):
-            s = socket.create_connection(("127.0.0.1", port), timeout=10)
-            s.sendall(_raw_chat(port, 32 + i % 33, i))
-            socks.append(s)
-        time.sleep(0.3)
-    finally:
-        for s in socks:
-            s.close()
+    bodies = [{"messages": user(f"disconnect {i}"), "n": 32 + i % 33} for i in range(200)]
+    real.abandon(bodies, settle_s=0.3)
     m = real.wait_engine_idle()
     assert m["flashrec_running_requests"] == 0 and m["flashrec_queue_length"] == 0
     assert m["flashrec_slots_used"] == 0

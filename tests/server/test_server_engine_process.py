@@ -12,7 +12,6 @@ import gzip
 import json
 import os
 import signal
-import socket
 import time
 from collections.abc import Iterator
 from concurrent.futures import CancelledError
@@ -20,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import requests
-from server_helpers import ServerThread, process_server, raw_post, real_config
+from server_helpers import ServerThread, process_server, real_config
 
 from flashrec.engine.request import BeamResult, EngineError, GenResult, QueueFullError
 from flashrec.profiler import ProfileError
@@ -137,17 +136,7 @@ def test_profile_is_taken_in_the_engine_process(proc_srv: ServerThread, profiler
 
 
 def test_disconnects_free_the_engine_rows(proc_srv: ServerThread) -> None:
-    port = proc_srv.server.port
-    socks = []
-    try:
-        for i in range(40):
-            s = socket.create_connection(("127.0.0.1", port), timeout=10)
-            s.sendall(raw_post(port, "/v1/chat/completions", _chat(f"gone {i}", n=32)))
-            socks.append(s)
-        time.sleep(0.2)
-    finally:
-        for s in socks:
-            s.close()
+    proc_srv.abandon([_chat(f"gone {i}", n=32) for i in range(40)], settle_s=0.2)
     m = proc_srv.wait_engine_idle()
     assert m["flashrec_running_requests"] == 0 and m["flashrec_queue_length"] == 0
     assert m["flashrec_slots_used"] == 0 and m["flashrec_kv_tokens_used"] == 0
