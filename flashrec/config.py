@@ -159,10 +159,9 @@ class EngineConfig:
     disable_cuda_graph: bool = _opt(
         False, "run decode eagerly (never a silent fallback)", flag=True
     )
-    enable_step_graph: bool = _opt(
-        False,
-        "one CUDA graph per decode step: model forward + restricted LM head + trie mask + top-n + beam expansion + KV reorder, for batches whose requests all have n = --beam-width and temperature 0 (others run the model graph and expand eagerly); on CPU the same static step runs eagerly. Off by default: on the H200 it gained 4% at n=50 c=32 in one A/B pair and nothing at p=1,000 c=1, and one test run saw a decode-graph capture fail with it on (docs/baselines.md)",
-        flag=True,
+    enable_step_graph: bool | None = _opt(
+        None,
+        "one CUDA graph per decode step: model forward + restricted LM head + trie mask + top-n + beam expansion + KV reorder, for batches whose requests all have n = --beam-width and temperature 0 (others run the model graph and expand eagerly); on CPU the same static step runs eagerly. Default: on where decode CUDA graphs are captured (GPU without --disable-cuda-graph), off on CPU; --no-enable-step-graph captures the model forward only (docs/baselines.md, session 8)",
     )
     prefill_graph_max_tokens: int | None = _opt(
         None,
@@ -266,6 +265,13 @@ class EngineConfig:
         return self.resolved_device == "cuda" and not self.disable_cuda_graph
 
     @property
+    def resolved_enable_step_graph(self) -> bool:
+        """Whether decode steps replay the whole-step graph (``--enable-step-graph``)."""
+        if self.enable_step_graph is not None:
+            return self.enable_step_graph
+        return self.graphs_on
+
+    @property
     def resolved_prefill_graph_max_tokens(self) -> int:
         if self.prefill_graph_max_tokens is not None:
             return self.prefill_graph_max_tokens
@@ -354,7 +360,7 @@ def add_config_args(parser: argparse.ArgumentParser, cls: type) -> None:
         if meta.get("help"):  # argparse formats help with %: a literal % must be %%
             meta["help"] = meta["help"].replace("%", "%%")
         kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
-        if kind == "bool":
+        if kind in ("bool", "bool | None"):  # None: auto, resolved by the config
             parser.add_argument(
                 name,
                 dest=f.name,

@@ -119,7 +119,7 @@ class ModelRunner:
         self._prefill_reads_qkv = kv_dtype == torch.float8_e4m3fn
         self.lm_head = RestrictedLMHead(self.model.lm_head(), layout, config.logprob_scope)
         self.step = None  # the static decode step (--enable-step-graph)
-        if config.enable_step_graph:
+        if config.resolved_enable_step_graph:
             step = StaticStep(self.lm_head, trie, layout, depth, self.device)
             self.step = step if step.usable else None
         self.graphs = None
