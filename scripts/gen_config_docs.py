@@ -152,7 +152,7 @@ TUNING_EN = [
     "| many concurrent requests | `--gil-switch-interval-ms` (0.2 by default; Python's is 5) | n=50, c=32, FP8: 75.3 -> 78.9 QPS served, one pair, session 5; p=1,000, c=1: no difference (42.7 vs 43.2 QPS, session 6) |",
     "| bursts of long prompts | `--tokenizer-workers` (4 by default) | CPU: mean tokenize 6.9-7.3 -> 4.8-5.4 ms at c=8, 2,000-token prompts, 2 workers; not yet on the H200 |",
     "| long-running servers | `--gc-freeze` (on by default) | CPU: a full garbage collection 164 -> 1.7 ms; GC pauses are in `/metrics` (`flashrec_gc_*`) |",
-    "| whole decode step as one graph | `--enable-step-graph` (off by default) | n=50: +4% in one pair; p=1,000: no change; one capture failure seen (FP8, triton backend), so off |",
+    "| whole decode step as one graph | `--enable-step-graph` (on by default where decode CUDA graphs are captured; `--no-enable-step-graph` turns it off) | served, same call: n=50, c=32, FP8: 86.3 -> 88.0 QPS (+1.9%, session 8); p=1,000, c=1: same engine span (15.5 ms); full `pytest -m gpu` passed with it on (session 8) |",
     "| every beam of every request in flight | `--batch-slots` = `--cuda-graph-max-bs` >= n x concurrency | the H200 target matrices use max(512, n x c) |",
     "| wide beams (n >= 512) | `--lpm-aging-ms 150`, 4,096 slots and graph rows | the deploy notes' settings (`matrices/wide_beam.yaml`) |",
 ]
@@ -167,7 +167,7 @@ TUNING_ZH = [
     "| 大量并发请求 | `--gil-switch-interval-ms`（默认 0.2；Python 默认 5） | n=50、c=32、FP8：服务端 75.3 -> 78.9 QPS，一组对照（第 5 次会话）；p=1,000、c=1：无差别（42.7 对 43.2 QPS，第 6 次会话） |",
     "| 长 prompt 突发 | `--tokenizer-workers`（默认 4） | CPU：c=8、2,000 token prompt、2 个线程时平均分词 6.9-7.3 -> 4.8-5.4 ms；尚未在 H200 上测 |",
     "| 长时间运行的服务 | `--gc-freeze`（默认开） | CPU：一次完整垃圾回收 164 -> 1.7 ms；GC 停顿见 `/metrics`（`flashrec_gc_*`） |",
-    "| 整个解码步作为一个 graph | `--enable-step-graph`（默认关） | n=50：一组对照 +4%；p=1,000：无变化；曾出现一次捕获失败（FP8、triton 后端），故默认关 |",
+    "| 整个解码步作为一个 graph | `--enable-step-graph`（捕获 decode CUDA graph 时默认开；`--no-enable-step-graph` 关闭） | 服务端同一调用对照：n=50、c=32、FP8：86.3 -> 88.0 QPS（+1.9%，第 8 次会话）；p=1,000、c=1：engine 时段相同（15.5 ms）；开启时完整 `pytest -m gpu` 通过（第 8 次会话） |",
     "| 所有请求的所有 beam 同时在飞 | `--batch-slots` = `--cuda-graph-max-bs` >= n x 并发 | H200 目标矩阵用 max(512, n x c) |",
     "| 宽 beam（n >= 512） | `--lpm-aging-ms 150`，4,096 个 slot 和 graph 行 | 部署笔记的设置（`matrices/wide_beam.yaml`） |",
 ]
