@@ -12,8 +12,8 @@
 # MODEL (default .cache/onerec) and the FlashInfer JIT cache stay between calls of a warm machine.
 # TAR=1 adds $OUT/matrix.tgz, the whole report directory in one file.
 # STAGES=ab runs A/B pairs, same machine, same call (see docs/baselines.md): the defaults
-# against the step graph on, at p=1000 and n=50, and at p=1000 also against the prefill graph
-# off (no HF baseline in these runs: the pairs compare FlashRec with itself).
+# (step graph on) against the step graph off, at p=1000 and n=50, and at p=1000 also against
+# the prefill graph off (no HF baseline in these runs: the pairs compare FlashRec with itself).
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-reports/gpu/$(date +%Y%m%d-%H%M%S)}; mkdir -p "$OUT"
@@ -50,7 +50,7 @@ case $STAGES in *" cells "*) OUT=$OUT bash scripts/h200_bench.sh "$MODEL";; esac
 case $STAGES in *" ab "*)
   for cells in ${AB_CELLS:-p1000_n256_c1_bf16 n50_c32_fp8}; do
     OUT=$OUT CELLS=$cells EXTRA="--hf-requests 0" bash scripts/h200_bench.sh "$MODEL"
-    OUT=$OUT CELLS=$cells EXTRA="--hf-requests 0 --set enable_step_graph=true" SUFFIX=_step \
+    OUT=$OUT CELLS=$cells EXTRA="--hf-requests 0 --set enable_step_graph=false" SUFFIX=_nostep \
       bash scripts/h200_bench.sh "$MODEL"
     [ "$cells" = p1000_n256_c1_bf16 ] && OUT=$OUT CELLS=$cells SUFFIX=_noprefill \
       EXTRA="--hf-requests 0 --set prefill_graph_max_tokens=0" bash scripts/h200_bench.sh "$MODEL"

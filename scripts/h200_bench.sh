@@ -9,7 +9,7 @@ M=${1:-/tmp/onerec}
 B="python scripts/engine_bench.py --model-path $M --sid-vocab-file $M/catalog.json"
 # CELLS selects cells (default: all four); TRACE=1 adds one traced round per cell;
 # EXTRA adds engine_bench arguments to every cell and SUFFIX to its label and file name, e.g.
-#   EXTRA="--set enable_step_graph=true" SUFFIX=_step CELLS="p1000_n256_c1_bf16" bash ...
+#   EXTRA="--set enable_step_graph=false" SUFFIX=_nostep CELLS="p1000_n256_c1_bf16" bash ...
 CELLS=${CELLS:-"n50_c32_fp8 n512_c8_fp8 p1000_n256_c1_bf16 p5000_n256_c8_bf16"}
 run() { local name=$1; shift; case " $CELLS " in *" $name "*) ;; *) return;; esac
   set -- "$@" ${EXTRA:-}; name=$name${SUFFIX:-}

@@ -21,7 +21,7 @@ from flashrec.profiler import trace_range
 log = logging.getLogger("flashrec")
 
 FIX_KNOBS = (
-    "--disable-cuda-graph (run decode eagerly), no --enable-step-graph (capture the model "
+    "--disable-cuda-graph (run decode eagerly), --no-enable-step-graph (capture the model "
     "forward only), a smaller --cuda-graph-max-bs or "
     "--batch-slots, a different --beam-width, or a lower --mem-fraction-static"
 )
