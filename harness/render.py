@@ -297,6 +297,20 @@ def trace_lines(report: dict) -> list[str]:
                         for g in f["largest_gaps_us"][:3]
                     )
                 )
+            if isinstance(f.get("gpu_time_by_span"), list) and f["gpu_time_by_span"]:
+                out.append("  - GPU time by span (its top kernels: launches x mean, longest):")
+                for r in f["gpu_time_by_span"]:
+                    kernels = "; ".join(
+                        f"{k['name'][:50]} {k['total_us'] / 1000:.1f} ms ({k['count']} x "
+                        f"{k['mean_us']:.0f} us, max {k['max_us']:.0f}"
+                        + (f", {k['registers']} regs" if k.get("registers") else "")
+                        + ")"
+                        for k in r["top"]
+                    )
+                    out.append(
+                        f"    - {r['span']} {r['gpu_us'] / 1000:.1f} ms ({r['pct']:.1f}% of GPU "
+                        f"time, {r['ops']} ops): {kernels}"
+                    )
             stalls = f.get("host_stalls")
             if isinstance(stalls, dict):
                 calls = ", ".join(

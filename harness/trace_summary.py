@@ -12,6 +12,13 @@ midpoint, or to ``(no host span)`` when none is: then the host was outside annot
 e.g. an engine waiting for requests. ``limit`` reads the result: ``gpu-bound`` when the GPU is
 busy >= 80% of the window, else ``host-bound`` naming the host span it waited on most.
 
+Where the GPU works (``gpu_time_by_span``): every kernel / memcpy / memset is charged to the
+outermost device-side annotation it starts in (``gpu_user_annotation``: the profiler's device
+copy of a host span such as ``flashrec.prefill`` or ``flashrec.decode_step``; a CUDA-graph
+replay's kernels fall in the span that launched it), with each span's top kernels by time,
+their launch count, mean and longest launch, and the registers per thread the profiler
+recorded (255 on NVIDIA GPUs is the ceiling: a kernel there likely spills).
+
 Also: ``host_stalls`` (allocator calls and synchronizations, count and time) and the decode
 cadence (``decode_steps``, mean decode span, mean interval between decode starts).
 """
@@ -174,14 +181,17 @@ def _gpu(
     }
 
 
-def _outermost_spans(events: list[dict]) -> list[tuple[float, float, str]]:
-    """Host annotations not nested in a longer one that started before them, by start."""
+def _outermost_spans(
+    events: list[dict], cat: str = "user_annotation"
+) -> list[tuple[float, float, str]]:
+    """Annotations of category ``cat`` (host ones by default) not nested in a longer one that
+    started before them, by start."""
     spans = sorted(
         (
             (float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)), str(e.get("name", "")))
             for e in events
             if e.get("ph") == "X"
-            and e.get("cat") == "user_annotation"
+            and e.get("cat") == cat
             and not str(e.get("name", "")).startswith("ProfilerStep#")
         ),
         key=lambda s: (s[0], -s[1]),
@@ -246,6 +256,61 @@ def idle_by_host(events: list[dict], top_k: int = 6, merged: list | None = None)
             f"window, most {where} ({top['pct_of_window']:.1f}% of the window)"
         )
     return {"gpu_idle_us": round(total, 1), "gpu_idle_by_host": rows, "limit": limit}
+
+
+def gpu_time_by_span(
+    events: list[dict], top_spans: int = 6, top_kernels: int = 4
+) -> dict[str, Any]:
+    """GPU time by the outermost device-side annotation each GPU operation starts in (see the
+    module docstring); ``n/a`` without GPU operations or without device-side annotations."""
+    ops = sorted(
+        (float(e["ts"]), float(e.get("dur", 0)), str(e.get("name", "")), e.get("args") or {})
+        for e in events
+        if e.get("ph") == "X" and e.get("cat") in GPU_CATS
+    )
+    outer = _outermost_spans(events, "gpu_user_annotation")
+    if not ops or not outer:
+        return {"gpu_time_by_span": NA}
+    starts = [sp[0] for sp in outer]
+    # span -> [total, count, {kernel -> [total, count, longest, registers]}]
+    by: dict[str, list[Any]] = {}
+    for ts, dur, name, args in ops:
+        i = bisect.bisect_right(starts, ts) - 1
+        span = outer[i][2] if i >= 0 and ts <= outer[i][1] else NO_SPAN
+        row = by.setdefault(span, [0.0, 0, {}])
+        row[0] += dur
+        row[1] += 1
+        k = row[2].setdefault(name, [0.0, 0, 0.0, None])
+        k[0] += dur
+        k[1] += 1
+        k[2] = max(k[2], dur)
+        regs = args.get("registers per thread")
+        if isinstance(regs, (int, float)):
+            k[3] = max(k[3] or 0, int(regs))
+    busy = sum(r[0] for r in by.values())
+    rows = []
+    for span, (total, count, kernels) in sorted(by.items(), key=lambda kv: -kv[1][0])[:top_spans]:
+        tops = sorted(kernels.items(), key=lambda kv: -kv[1][0])[:top_kernels]
+        rows.append(
+            {
+                "span": span,
+                "gpu_us": round(total, 1),
+                "ops": count,
+                "pct": round(100 * total / busy, 2) if busy else None,
+                "top": [
+                    {
+                        "name": n[:160],
+                        "total_us": round(t, 1),
+                        "count": c,
+                        "mean_us": round(t / c, 1),
+                        "max_us": round(mx, 1),
+                        "registers": regs,
+                    }
+                    for n, (t, c, mx, regs) in tops
+                ],
+            }
+        )
+    return {"gpu_time_by_span": rows}
 
 
 def _cpu(events: list[dict], top_k: int) -> dict[str, Any]:
@@ -380,6 +445,7 @@ def summarize_events(events: list[dict], top_k: int = 10, gaps_k: int = 5) -> di
         **gpu,
         **idle_by_host(events, merged=merged),
         **idle_by_python(events, merged),
+        **gpu_time_by_span(events),
         **host_stalls(events),
         **decode_cadence(events),
         **_cpu(events, top_k),

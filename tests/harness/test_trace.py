@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from harness.trace import is_complete, wait_until_stable
-from harness.trace_summary import summarize_events, summarize_trace
+from harness.trace_summary import NO_SPAN, summarize_events, summarize_trace
 
 
 class SlowWriter(threading.Thread):
@@ -340,3 +340,69 @@ def test_report_trace_lines_show_the_new_fields(tmp_path):
     assert "runner.py(1): prefill 0.1 ms" in frames
     assert "allocator calls and syncs: cudaStreamSynchronize x1" in text
     assert "decode: 1 steps" in text
+
+
+def test_gpu_time_is_charged_to_the_outermost_device_span():
+    """Kernels fall in the outermost device-side annotation they start in (a layer span inside
+    a prefill span counts as the prefill), with per-kernel launches, mean, longest and
+    registers; kernels outside every device span go to (no host span)."""
+
+    def gspan(name, ts, dur):
+        return {"ph": "X", "cat": "gpu_user_annotation", "name": name, "ts": ts, "dur": dur}
+
+    k = lambda name, ts, dur, regs=None: {  # noqa: E731
+        "ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": dur,
+        **({"args": {"registers per thread": regs}} if regs else {}),
+    }  # fmt: skip
+    events = [
+        gspan("flashrec.prefill", 0, 100),
+        gspan("flashrec.layer", 10, 50),  # nested: charged to the prefill
+        gspan("flashrec.decode_step", 200, 100),
+        k("gemm", 10, 30, 168),
+        k("gemm", 45, 10, 168),
+        k("norm", 80, 5),
+        k("attn", 200, 40, 255),
+        k("attn", 250, 20, 255),
+        k("gemm", 275, 10, 168),
+        k("copy", 400, 3),
+    ]
+    rows = summarize_events(events)["gpu_time_by_span"]
+    assert [r["span"] for r in rows] == ["flashrec.decode_step", "flashrec.prefill", NO_SPAN]
+    decode, prefill, rest = rows
+    assert decode["gpu_us"] == 70 and decode["ops"] == 3
+    assert decode["pct"] == pytest.approx(100 * 70 / 118, abs=0.01)
+    attn = decode["top"][0]
+    assert (attn["name"], attn["count"], attn["mean_us"], attn["max_us"], attn["registers"]) == (
+        "attn",
+        2,
+        30.0,
+        40.0,
+        255,
+    )
+    assert prefill["gpu_us"] == 45 and [t["name"] for t in prefill["top"]] == ["gemm", "norm"]
+    assert prefill["top"][1]["registers"] is None
+    assert rest["gpu_us"] == 3
+    # no device-side annotations (another engine's trace): not applicable
+    assert summarize_events(events[3:])["gpu_time_by_span"] == "n/a"
+
+
+def test_report_lists_gpu_time_by_span(tmp_path):
+    from harness.render import trace_lines
+
+    events = [
+        {"ph": "X", "cat": "gpu_user_annotation", "name": "flashrec.decode_step", "ts": 0, "dur": 50},
+        {"ph": "X", "cat": "kernel", "name": "Kernel", "ts": 0, "dur": 40,
+         "args": {"registers per thread": 255}},
+    ]  # fmt: skip
+    p = tmp_path / "t.trace.json.gz"
+    with gzip.open(p, "wt") as fh:
+        json.dump({"traceEvents": events}, fh)
+    report = {
+        "cells": [{"id": "c", "trace": {"status": "complete", "files": [summarize_trace(p)]}}]
+    }
+    text = "\n".join(trace_lines(report))
+    assert "GPU time by span" in text
+    assert (
+        "flashrec.decode_step 0.0 ms (100.0% of GPU time, 1 ops): Kernel 0.0 ms (1 x 40 us, max 40, 255 regs)"
+        in text
+    )
