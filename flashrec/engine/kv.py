@@ -5,7 +5,8 @@ per-beam-row decode buffer.
     decode buffer dk[layer]: [slots * depth, n_kv, head_dim]  row r, step t -> r * depth + t
 
 All beams of a request read the same prompt slots (never copied per beam). After each beam
-step the decode rows of a request are gathered by parent index (``reorder``).
+step the decode rows of a request are gathered by parent index (``reorder``): only the
+positions a later forward still reads (``reorder_positions``), moved as 8-byte words.
 """
 
 from __future__ import annotations
@@ -80,9 +81,23 @@ class KVCache:
         self.dv = [flat[cfg.num_hidden_layers + i] for i in range(cfg.num_hidden_layers)]
         self.tokens = TokenAllocator(pool_tokens)
         self.rows = TokenAllocator(row_slots)
+        # decode positions a beam reorder moves: None = all ``depth``. The runner sets it to
+        # (decode forwards - 1): a reorder follows a forward, and the next forward reads only the
+        # positions written before it (it writes its own); after the last forward nothing reads
+        # the rows. With 3 SID levels and a free end token that is ONE of 3 positions.
+        self.reorder_positions: int | None = None
+        # the same bytes as 8-byte words where a head's row allows it: the index kernels of a
+        # reorder move one element per thread, so an FP8 (BF16) buffer moved as words takes 8x
+        # (4x) fewer threads; the H200 traces of session 8 show the 1-byte form at up to 2.9 ms
+        # per n=512 step (docs/baselines.md)
+        row_bytes = cfg.head_dim * self.dkv.element_size()
+        self._words = self.dkv.view(torch.int64) if row_bytes % 8 == 0 else self.dkv
 
     def reorder(self, rows: torch.Tensor, src: torch.Tensor) -> None:
-        """Decode KV of beam rows ``rows`` becomes that of rows ``src`` (all layers, K and V, all
-        positions: positions a row has not reached yet are rewritten before they are read)."""
-        if rows.numel():
-            self.dkv[:, rows] = self.dkv[:, src]
+        """Decode KV of beam rows ``rows`` becomes that of rows ``src`` (all layers, K and V,
+        positions ``[0, reorder_positions)``: the ones a later forward reads; the others are
+        rewritten before they are read, or never read again)."""
+        p = self.depth if self.reorder_positions is None else self.reorder_positions
+        if rows.numel() and p > 0:
+            buf = self._words if p >= self.depth else self._words[:, :, :p]
+            buf[:, rows] = buf[:, src]

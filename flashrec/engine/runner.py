@@ -118,6 +118,10 @@ class ModelRunner:
         # back in the QKV row, so no backend gathers them from the pool (cold == warm hit)
         self._prefill_reads_qkv = kv_dtype == torch.float8_e4m3fn
         self.lm_head = RestrictedLMHead(self.model.lm_head(), layout, config.logprob_scope)
+        # decode forwards per request: one per SID level after the first, plus the end token's
+        # unless its logprob is free; a beam reorder carries what the next forward reads
+        forwards = max(depth - 1, 0) + (0 if self.lm_head.end_step_is_free else 1)
+        self.kv.reorder_positions = max(forwards - 1, 0)
         self.step = None  # the static decode step (--enable-step-graph)
         if config.resolved_enable_step_graph:
             step = StaticStep(self.lm_head, trie, layout, depth, self.device)

@@ -370,7 +370,7 @@ class Scheduler:
             if dst:
                 self.kv.reorder(torch.cat(dst), torch.cat(src))
                 if self.hasher is not None:
-                    self.hasher.reorder(torch.cat(dst), torch.cat(src))
+                    self.hasher.reorder(torch.cat(dst), torch.cat(src), self.kv.reorder_positions)
 
     @property
     def hasher(self) -> StepHasher | None:

@@ -88,6 +88,10 @@ class StepHasher:
                 hash_tensors(slots, rows),
             )
 
-    def reorder(self, rows: torch.Tensor, src: torch.Tensor) -> None:
-        view = self.cell_tag.reshape(-1, self.depth)
+    def reorder(self, rows: torch.Tensor, src: torch.Tensor, positions: int | None = None) -> None:
+        """Mirror ``KVCache.reorder``: the tags of positions ``[0, positions)`` (all when
+        None) follow their beams."""
+        view = self.cell_tag.reshape(-1, self.depth)[
+            :, : self.depth if positions is None else positions
+        ]
         view[rows.cpu().numpy()] = view[src.cpu().numpy()]
