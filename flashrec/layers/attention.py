@@ -126,7 +126,7 @@ class AttentionBackend:
                 plain.setdefault(n_new, []).append(i)
                 continue
             o = self._one(q, k, v, offs[i], n_new, meta.seq_slots[i][:n_pre], kp, vp)
-            out[offs[i] : offs[i] + n_new] = o
+            _write_heads(out[offs[i] : offs[i] + n_new], o[0])
         for n_new, idx in plain.items():
             sel = (
                 torch.cat([torch.arange(offs[i], offs[i] + n_new, device=q.device) for i in idx])
@@ -144,11 +144,10 @@ class AttentionBackend:
                 vs.view(b, n_new, self.hkv, self.d),
                 None,
             )
-            o = o.reshape(b * n_new, -1)
-            if sel is None:
-                out[offs[idx[0]] : offs[idx[0]] + n_new] = o
+            if sel is None:  # one copy, straight from SDPA's head-major output
+                _write_heads(out[offs[idx[0]] : offs[idx[0]] + n_new], o[0])
             else:
-                out[sel] = o
+                out[sel] = o.transpose(1, 2).reshape(b * n_new, -1)
         return out
 
     def _one(self, q, k, v, off, n_new, prefix_slots, kp, vp):
@@ -159,11 +158,11 @@ class AttentionBackend:
         # SDPA keeps its fused flash / efficient kernels; a boolean mask would force the
         # slower masked kernels
         mask = causal_lower_right(n_new, n_pre + n_new)
-        o = self._sdpa(q[off : off + n_new][None], ks[None], vs[None], mask)
-        return o.reshape(n_new, -1)
+        return self._sdpa(q[off : off + n_new][None], ks[None], vs[None], mask)
 
     def _sdpa(self, q, k, v, mask):
-        """q [B, Lq, Hq, D], k/v [B, Lk, Hkv, D] -> [B, Lq, Hq, D]; causal (lower right)."""
+        """q [B, Lq, Hq, D], k/v [B, Lk, Hkv, D] -> [B, Hq, Lq, D] (SDPA's own layout: the
+        caller copies it into token-major rows once); causal (lower right)."""
         g = self.hq // self.hkv
         qh = q.transpose(1, 2).contiguous()
         kh = k.transpose(1, 2)
@@ -177,10 +176,17 @@ class AttentionBackend:
                 o = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, scale=self.scale)
             else:
                 o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, scale=self.scale)
-        return o.transpose(1, 2)
+        return o
 
     def decode(self, q, layer_id: int, meta: DecodeMeta) -> torch.Tensor:
         raise NotImplementedError
+
+
+def _write_heads(dst: torch.Tensor, o: torch.Tensor) -> None:
+    """``dst [L, H*D]`` (contiguous rows of the output) <- ``o [H, L, D]``: one copy, where a
+    reshape of the transposed view and an assignment would make two."""
+    h, n, d = o.shape
+    dst.view(n, h, d).copy_(o.transpose(0, 1))
 
 
 # SDPA without cuDNN: cuDNN builds an execution plan for every new sequence length (~40 ms
