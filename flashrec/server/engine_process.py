@@ -245,6 +245,8 @@ class _Child:
             "profile_stop": prof.stop,
             "profile_shutdown": prof.shutdown,
             "profile_state": lambda: prof.state,
+            # /metrics in one round trip: the loop's counters, the profiler's state, GC
+            "metrics": lambda: (lp.stats(), prof.state, self.gcw.metrics()),
         }
 
     def _freeze_gc(self) -> int:
@@ -510,6 +512,11 @@ class RemoteLoop:
 
     def stats(self) -> dict[str, int]:
         return self.proc.call("stats")
+
+    def metrics_snapshot(self) -> tuple[dict[str, int], str, dict[str, Any]]:
+        """What ``/metrics`` reads of the engine process, in ONE call over the pipe (each call
+        starts a thread there): ``(stats, profiler state, GC metrics)``."""
+        return self.proc.call("metrics")
 
     def gc_metrics(self) -> dict[str, Any]:
         """The engine process's garbage-collector counters (``GcWatch.metrics``)."""

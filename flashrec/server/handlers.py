@@ -344,9 +344,11 @@ async def metrics(request: web.Request) -> web.Response:
     be = st.backend
 
     def engine_side() -> tuple[dict, str, dict | None]:
-        # calls into the engine process when it has one: off the event loop
-        engine_gc = getattr(be.loop, "gc_metrics", None)
-        return be.loop.stats(), st.profiler.state, engine_gc() if engine_gc else None
+        # an engine process answers in one call over the pipe: off the event loop
+        snapshot = getattr(be.loop, "metrics_snapshot", None)
+        if snapshot is not None:
+            return snapshot()
+        return be.loop.stats(), st.profiler.state, None
 
     try:
         stats, profiler_state, engine_gc = await asyncio.to_thread(engine_side)

@@ -95,6 +95,15 @@ def test_engine_runs_elsewhere_and_reports(proc_srv: ServerThread) -> None:
     assert 'flashrec_gc_collections_total{generation="0",process="engine"}' in m
     assert 'flashrec_gc_collections_total{generation="0"}' in m  # the server process's own
     assert m["flashrec_slots_used"] == 0
+    calls: list[str] = []
+    proc = proc_srv.loop.proc
+    orig = proc.call
+    proc.call = lambda name, *a, **kw: calls.append(name) or orig(name, *a, **kw)
+    try:
+        proc_srv.metrics()
+    finally:
+        proc.call = orig
+    assert calls == ["metrics"]  # one round trip per scrape: stats, profiler state and GC
     flushed = proc_srv.post("/flush_cache")
     assert flushed.status_code == 200 and flushed.json()["success"] is True
     assert proc_srv.metrics()["flashrec_kv_tokens_cached"] == 0
