@@ -182,11 +182,30 @@ class Engine:
             "kv_pool_tokens": self.runner.kv.pool_tokens,
             "batch_slots": self.max_beam_rows,
             "attention_backend": self.runner.attention_backend,
+            "effective": self._effective(),
             "versions": {"torch": torch.__version__, "python": platform.python_version()},
         }
         if torch.cuda.is_available():
             info["gpu"] = torch.cuda.get_device_name(0)
         return info
+
+    def _effective(self) -> dict[str, Any]:
+        """What the auto / default knobs resolved to on this device: whether CUDA graphs were
+        captured and at which sizes, the whole-step decode graph, both prefill graph kinds'
+        largest buckets (the piecewise one may have shrunk to fit the KV pool) and how many
+        decode positions a beam reorder moves."""
+        run = self.runner
+        graphs = run.graphs
+        return {
+            "cuda_graphs": graphs is not None,
+            "decode_graph_sizes": list(graphs.sizes) if graphs is not None else [],
+            # on CPU the static step runs eagerly: "on" with no graph sizes
+            "step_graph": run.step is not None,
+            "step_graph_sizes": list(graphs.step_sizes) if graphs is not None else [],
+            "prefill_graph_max_tokens": run.prefill_graphs.sizes[-1] if run.prefill_graphs else 0,
+            "piecewise_prefill_max_tokens": run.piecewise.sizes[-1] if run.piecewise else 0,
+            "kv_reorder_positions": run.kv.reorder_positions,
+        }
 
 
 def check_request_limits(r: GenRequest, max_rows: int, max_seq_len: int, pool_tokens: int) -> None:

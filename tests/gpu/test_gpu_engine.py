@@ -473,3 +473,28 @@ def test_eager_sdpa_prefill_launches_no_cudnn_kernel(synth_model):
     assert kernels, "the profiler saw no CUDA kernel"
     assert any("flash" in k.lower() or "fmha" in k.lower() for k in kernels), sorted(set(kernels))
     assert not [k for k in kernels if "cudnn" in k.lower()]
+
+
+def test_gpu_defaults_capture_the_whole_step(synth_model):
+    """On a GPU the defaults capture decode graphs at multiples of --beam-width, the whole-step
+    graph at the sizes that hold whole requests, and both prefill graph kinds."""
+    path = synth_model("tiny", catalog_size=2000)
+    eng = Engine(
+        EngineConfig(
+            model_path=str(path), sid_vocab_file=str(path / "catalog.json"), device="cuda",
+            beam_width=16, cuda_graph_max_bs=128, batch_slots=256, dtype="bfloat16",
+        )
+    )  # fmt: skip
+    eff = eng.server_info()["effective"]
+    assert eff["cuda_graphs"] is True and eff["step_graph"] is True
+    assert eff["decode_graph_sizes"] == [16 * k for k in range(1, 9)]
+    assert eff["step_graph_sizes"] == eff["decode_graph_sizes"]
+    assert eff["prefill_graph_max_tokens"] == 2048
+    assert eff["piecewise_prefill_max_tokens"] > 0
+    assert eff["kv_reorder_positions"] == 1
+    # the step graph answers: every request of width 16 at temperature 0 replays it
+    calls = []
+    orig = eng.runner.graphs.run_step
+    eng.runner.graphs.run_step = lambda *a: calls.append(a[0].shape[0]) or orig(*a)
+    res = eng.generate([eng.new_request(eng.build_prompt(messages=p), n=16) for p in PROMPTS])
+    assert calls and all(r.beams for r in res)
