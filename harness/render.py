@@ -217,6 +217,50 @@ def burst_table(report: dict) -> Table | None:
     return head, rows
 
 
+def _sizes(sizes: list) -> str:
+    if not sizes:
+        return "eager"
+    return (
+        f"{len(sizes)} sizes, {sizes[0]}..{sizes[-1]} rows"
+        if len(sizes) > 1
+        else f"{sizes[0]} rows"
+    )
+
+
+def engine_settings_table(report: dict) -> Table | None:
+    """What each FlashRec server ran with, as its ``/get_server_info`` reports it after the
+    auto knobs resolved on the device (cells whose server says nothing of it are left out)."""
+    rows = []
+    for c in report["cells"]:
+        eng = (((c.get("server") or {}).get("info") or {}).get("engine")) or {}
+        eff = eng.get("effective")
+        if not isinstance(eff, dict):
+            continue
+        step = "off"
+        if eff.get("step_graph"):
+            sizes = eff.get("step_graph_sizes") or []
+            step = f"on ({_sizes(sizes)})" if sizes else "on (eager)"
+        rows.append(
+            [
+                c["id"],
+                f"{eng.get('device', '-')}, {eng.get('dtype', '-')}".replace("torch.", ""),
+                "yes" if eng.get("fp8") else "no",
+                str(eng.get("kv_cache_dtype", "-")).replace("torch.", ""),
+                str(eng.get("attention_backend", "-")),
+                _sizes(eff.get("decode_graph_sizes") or []),
+                step,
+                str(eff.get("prefill_graph_max_tokens", "-")),
+                str(eff.get("piecewise_prefill_max_tokens", "-")),
+                "on" if "engine_process_pid" in eng else "off",
+            ]
+        )
+    if not rows:
+        return None
+    head = ["cell", "device, dtype", "FP8 GEMMs", "KV cache", "attention", "decode graphs"]
+    head += ["whole-step graph", "prefill graph tokens", "piecewise prefill tokens"]
+    return head + ["engine process"], rows
+
+
 def targets_table(report: dict) -> Table | None:
     """Every target x matching cell: met, or missed by how much."""
     t = report.get("targets") or {}
@@ -394,6 +438,12 @@ BURST_NOTE = (
     "runs from its first send to its last answer (bursts whose every request succeeded). "
     "Medians [95% CI] over rounds."
 )
+ENGINE_SETTINGS_NOTE = (
+    "What each server reported at start, after its auto knobs resolved on the device: decode "
+    "CUDA graphs and their batch sizes, the whole-step decode graph, the largest buckets of "
+    "the one-prompt and piecewise prefill graphs (0 = off), and whether the engine ran in a "
+    "process of its own."
+)
 TARGETS_NOTE = (
     "Targets are goals: a missed one is reported with the shortfall, the ratio actual / target "
     "and the factor still needed; it changes the exit code only with fail_run: true."
@@ -419,6 +469,9 @@ def _extra_tables(report: dict) -> list[tuple[str, Table, str]]:
     if t:
         status = (report.get("targets") or {}).get("status")
         out.append((f"Targets: {status}", t, TARGETS_NOTE))
+    es = engine_settings_table(report)
+    if es:
+        out.append(("Engine settings (from /get_server_info)", es, ENGINE_SETTINGS_NOTE))
     return out
 
 

@@ -90,3 +90,9 @@ def test_smoke_matrix_on_flashrec(tmp_path, tiny_model, marker):
     # the engine process went with its server
     pid = cells["gen,beam_width=4,concurrency=1"]["server"]["info"]["engine"]["engine_process_pid"]
     assert isinstance(pid, int) and not Path(f"/proc/{pid}").exists()
+    # REPORT.md says what each server ran with (its resolved knobs, one row per cell)
+    report_md = (out / "REPORT.md").read_text()
+    assert "## Engine settings (from /get_server_info)" in report_md
+    settings = report_md.split("## Engine settings")[1].split("\n## ")[0]
+    assert "| gen,beam_width=4,concurrency=1 | cpu, float32 |" in settings
+    assert settings.count("| eager | off |") == 4  # no CUDA graphs, step graph off on CPU
