@@ -10,7 +10,8 @@ Where the GPU waits (``gpu_idle_by_host``): every gap between GPU operations is 
 outermost host annotation (``record_function`` span, e.g. ``flashrec.prefill``) running at its
 midpoint, or to ``(no host span)`` when none is: then the host was outside annotated code,
 e.g. an engine waiting for requests. ``limit`` reads the result: ``gpu-bound`` when the GPU is
-busy >= 80% of the window, else ``host-bound`` naming the host span it waited on most.
+busy >= 80% of the window (naming, where the trace has device-side spans, the span with most
+GPU time and its leading kernel), else ``host-bound`` naming the host span it waited on most.
 
 Where the GPU works (``gpu_time_by_span``): every kernel / memcpy / memset is charged to the
 outermost device-side annotation it starts in (``gpu_user_annotation``: the profiler's device
@@ -438,14 +439,26 @@ def summarize_events(events: list[dict], top_k: int = 10, gaps_k: int = 5) -> di
     spans = _gpu_spans(events)
     merged = _union(spans)
     gpu = _gpu(events, spans, merged, top_k, gaps_k)
+    idle = idle_by_host(events, merged=merged)
+    by_span = gpu_time_by_span(events)
+    rows = by_span["gpu_time_by_span"]
+    if str(idle.get("limit", "")).startswith("gpu-bound") and isinstance(rows, list) and rows:
+        # a GPU-bound limit names where the GPU works: the span with most GPU time, its kernel
+        top = rows[0]
+        lead = top["top"][0] if top["top"] else None
+        idle["limit"] += f"; most GPU time in {top['span']} ({top['pct']:.0f}%)" + (
+            f", led by {lead['name'][:60]} ({100 * lead['total_us'] / top['gpu_us']:.0f}% of it)"
+            if lead and top["gpu_us"]
+            else ""
+        )
     return {
         "events": len(events),
         **_steps(events),
         "device": "cpu" if gpu["gpu_busy_fraction"] == NA else "gpu",
         **gpu,
-        **idle_by_host(events, merged=merged),
+        **idle,
         **idle_by_python(events, merged),
-        **gpu_time_by_span(events),
+        **by_span,
         **host_stalls(events),
         **decode_cadence(events),
         **_cpu(events, top_k),

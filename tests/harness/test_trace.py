@@ -406,3 +406,28 @@ def test_report_lists_gpu_time_by_span(tmp_path):
         "flashrec.decode_step 0.0 ms (100.0% of GPU time, 1 ops): Kernel 0.0 ms (1 x 40 us, max 40, 255 regs)"
         in text
     )
+
+
+def test_gpu_bound_limit_names_the_span_and_kernel_the_gpu_works_in():
+    def gspan(name, ts, dur):
+        return {"ph": "X", "cat": "gpu_user_annotation", "name": name, "ts": ts, "dur": dur}
+
+    def k(name, ts, dur):
+        return {"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": dur}
+
+    events = [
+        gspan("flashrec.prefill", 0, 300),
+        gspan("flashrec.decode_step", 300, 100),
+        k("gemm", 0, 200),
+        k("norm", 200, 95),
+        k("attn", 300, 95),
+    ]
+    s = summarize_events(events)
+    assert s["limit"] == (
+        "gpu-bound: the GPU is busy 98.7% of the traced window; most GPU time in "
+        "flashrec.prefill (76%), led by gemm (68% of it)"
+    )
+    # without device-side spans the limit stays as it was
+    assert summarize_events(events[2:])["limit"] == (
+        "gpu-bound: the GPU is busy 98.7% of the traced window"
+    )
