@@ -316,6 +316,14 @@ class ServerConfig(EngineConfig):
         "threads that build prompts (chat template + tokenization) in parallel, each with its "
         "own tokenizer copy; 1 = one thread over the engine's tokenizer",
     )
+    respond_workers: int = _opt(
+        0,
+        "processes that build the JSON bodies of wide answers (at least 64 beams, not streamed) "
+        "in parallel, off the event loop: the answers of requests that retire in one step are "
+        "otherwise built one after another (n=512, c=8 on an H200: 13 ms mean respond phase, "
+        "docs/baselines.md session 8); 0 = on the event loop. Off by default until measured on "
+        "a GPU",
+    )
     gil_switch_interval_ms: float = _opt(
         0.2,
         "sys.setswitchinterval of the server process, in ms: how long the HTTP / tokenizer "
@@ -334,6 +342,8 @@ class ServerConfig(EngineConfig):
         super().__post_init__()
         if not 1 <= self.tokenizer_workers <= 64:
             raise ValueError(f"--tokenizer-workers must be in 1..64, got {self.tokenizer_workers}")
+        if not 0 <= self.respond_workers <= 64:
+            raise ValueError(f"--respond-workers must be in 0..64, got {self.respond_workers}")
         if not 0.01 <= self.gil_switch_interval_ms <= 100:
             raise ValueError(
                 f"--gil-switch-interval-ms must be in 0.01..100, got {self.gil_switch_interval_ms}"

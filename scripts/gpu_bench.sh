@@ -11,7 +11,8 @@
 #   STAGES=matrix ONLY="beam_width=256,concurrency=1" bash scripts/gpu_bench.sh matrices/h200_targets.yaml
 # MODEL (default .cache/onerec) and the FlashInfer JIT cache stay between calls of a warm machine.
 # TAR=1 adds $OUT/matrix.tgz, the whole report directory in one file.
-# STAGES=probes runs the kernel-level A/B scripts (scripts/reorder_probe.py) into $OUT.
+# STAGES=probes runs the side-by-side probe scripts into $OUT: scripts/reorder_probe.py (GPU)
+# and scripts/respond_probe.py (the host's cores: answer bodies on the loop vs worker processes).
 # STAGES=ab runs A/B pairs, same machine, same call (see docs/baselines.md): the defaults
 # (step graph on) against the step graph off, at p=1000 and n=50, and at p=1000 also against
 # the prefill graph off (no HF baseline in these runs: the pairs compare FlashRec with itself).
@@ -48,7 +49,8 @@ case $STAGES in *" cells "*|*" ab "*|*" matrix "*)  # the tests make their own t
 case $STAGES in *" tests "*)
   python -m pytest -q -p no:cacheprovider -m gpu ${PYTEST_ARGS:-tests} 2>&1 | tee "$OUT/gpu_tests.log" | tail -3;; esac
 case $STAGES in *" probes "*)  # kernel-level A/Bs, both forms side by side in one process
-  python scripts/reorder_probe.py | tee "$OUT/reorder_probe.jsonl";; esac
+  python scripts/reorder_probe.py | tee "$OUT/reorder_probe.jsonl"
+  python scripts/respond_probe.py --workers 2 4 8 | tee "$OUT/respond_probe.jsonl";; esac
 case $STAGES in *" cells "*) OUT=$OUT bash scripts/h200_bench.sh "$MODEL";; esac
 case $STAGES in *" ab "*)
   for cells in ${AB_CELLS:-p1000_n256_c1_bf16 n50_c32_fp8}; do

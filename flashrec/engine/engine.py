@@ -110,6 +110,10 @@ class Engine:
             chat_template_kwargs=chat_template_kwargs,
         )
 
+    def sid_text_table(self) -> dict[int, str]:
+        """Token id -> text of every SID token (what the beams' text is made of)."""
+        return self.scheduler._text.table
+
     def prompt_builder(self) -> Callable[..., list[int]]:
         """``build_prompt`` over a private copy of the tokenizer, for one more prompt-building
         thread of the server (a HF fast tokenizer must not be used by two threads at once)."""

@@ -61,6 +61,7 @@ def create_app(engine: Any, loop: Any, config: ServerConfig) -> web.Application:
         loop=loop,
         limits=h.limits_for(engine, config),
         tokenizer_workers=config.tokenizer_workers,
+        respond_workers=config.respond_workers,
     )
     app[STATE] = ServerState(
         backend=backend,

@@ -17,12 +17,14 @@ import asyncio
 import concurrent.futures
 import logging
 import queue
+import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 from flashrec.engine.request import EngineError, GenRequest, GenResult, QueueFullError
+from flashrec.server import responses
 from flashrec.server.errors import bad_request, busy, internal
 from flashrec.server.protocol import Limits, check_prompt
 
@@ -77,8 +79,10 @@ class Backend:
     inflight: set[str] = field(default_factory=set)
     active_handlers: int = 0
     tokenizer_workers: int = 1
+    respond_workers: int = 0
     _tok: ThreadPoolExecutor = field(init=False)
     _builders: queue.SimpleQueue = field(init=False)
+    respond: Any = field(init=False, default=None)  # RespondPool with --respond-workers
 
     def __post_init__(self) -> None:
         n = max(1, int(self.tokenizer_workers))
@@ -90,6 +94,33 @@ class Backend:
         make = getattr(self.engine, "prompt_builder", None)
         for i in range(n):
             self._builders.put(own if i == 0 or make is None else make())
+        if self.respond_workers > 0:
+            from flashrec.server.respond_pool import RespondPool
+
+            table = getattr(self.engine, "sid_text_table", dict)()
+            model_path = getattr(getattr(self.engine, "config", None), "model_path", None)
+            # an engine without a tokenizer has no table, and its beams' text is ""
+            self.respond = RespondPool(
+                int(self.respond_workers), table, model_path if table else None
+            )
+            try:
+                self.respond.start()
+            except BaseException:
+                self.respond.close()
+                raise
+
+    async def chat_json(self, result: GenResult, model: str) -> str:
+        """A chat completion's JSON body (``--respond-workers``: a worker builds a wide one)."""
+        created = int(time.time())
+        if self.respond is not None:
+            return await self.respond.chat_json(result, model, created)
+        return responses.chat_completion_json(result, model, created)
+
+    async def generate_json(self, result: GenResult, latency: float) -> str:
+        """A ``/generate`` answer's JSON body, as ``chat_json``."""
+        if self.respond is not None:
+            return await self.respond.generate_json(result, latency)
+        return responses.generate_result_json(result, latency)
 
     def _build(self, kwargs: dict) -> list[int]:
         """On a prompt-building thread: borrow a builder (never shared by two threads; there
@@ -196,5 +227,7 @@ class Backend:
             raise
 
     def close(self) -> None:
-        """Release the prompt-building threads."""
+        """Release the prompt-building threads and the respond workers."""
         self._tok.shutdown(wait=False, cancel_futures=True)
+        if self.respond is not None:
+            self.respond.close()

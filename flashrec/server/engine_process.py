@@ -465,6 +465,10 @@ class RemoteEngine:
         self.pool_tokens: int = info["pool_tokens"]
         self.tokenizer = load_tokenizer(self.config.model_path)
 
+    def sid_text_table(self) -> dict[int, str]:
+        """Token id -> text of every SID token (the server process's own table)."""
+        return self.proc.text.table
+
     def build_prompt(self, **kwargs: Any) -> list[int]:
         from flashrec.engine.prompt import build_prompt_ids
 

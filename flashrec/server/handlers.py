@@ -171,7 +171,7 @@ async def _chat(request: web.Request) -> web.StreamResponse:
     st.metrics.cached_tokens += result.cached_tokens
     model = req.model or st.model_name
     if not req.stream:
-        text = responses.chat_completion_json(result, model)
+        text = await st.backend.chat_json(result, model)
         timing = {"Server-Timing": server_timing(t_tok, [result])}
         return web.json_response(text=text, headers=timing)
     events = list(responses.chat_stream(result, model))
@@ -212,7 +212,7 @@ async def _generate(request: web.Request) -> web.StreamResponse:
         st.metrics.completion_tokens += r.completion_tokens
         st.metrics.cached_tokens += r.cached_tokens
     if not req.stream:
-        texts = [responses.generate_result_json(r, latency) for r in results]
+        texts = list(await asyncio.gather(*(st.backend.generate_json(r, latency) for r in results)))
         text = f"[{', '.join(texts)}]" if req.batched else texts[0]
         timing = {"Server-Timing": server_timing(t_tok, results)}
         return web.json_response(text=text, headers=timing)
