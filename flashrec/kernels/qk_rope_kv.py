@@ -138,11 +138,16 @@ def qk_norm_rope_store_triton(
     v_scale: float = 1.0,
     skip_store: bool = False,
     round_kv: bool = False,
+    block_h: int | None = None,
+    num_warps: int = 4,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One Triton kernel for :func:`qk_norm_rope_store_ref`.
 
     Grid: (tokens, head blocks); the first ``cdiv(Hq, BLOCK_H)`` blocks of a token take q
     heads, the rest take k heads and also copy the matching v heads into the cache.
+    ``block_h`` (heads per program, a power of two; default: the fewer of the q and kv heads,
+    at most 2,048 elements) and ``num_warps`` are launch settings only, for tuning sweeps
+    (``tests/kernels/bench_kernels.py``): every setting writes the same values.
     """
     from flashrec.kernels.tl.qk_rope import qk_norm_rope_store_kernel
 
@@ -163,7 +168,10 @@ def qk_norm_rope_store_triton(
     t = qkv.shape[0]
     if t == 0:
         return q, k, v
-    block_h = min(next_pow2(min(num_q_heads, num_kv_heads)), max(1, 2048 // head_dim))
+    if block_h is None:
+        block_h = min(next_pow2(min(num_q_heads, num_kv_heads)), max(1, 2048 // head_dim))
+    elif block_h < 1 or block_h != next_pow2(block_h):
+        raise ValueError(f"block_h must be a power of two, got {block_h}")
     q_blocks = -(-num_q_heads // block_h)
     k_blocks = -(-num_kv_heads // block_h)
     half = head_dim // 2
@@ -187,7 +195,7 @@ def qk_norm_rope_store_triton(
         # products into FMAs (one rounding instead of HF's three; measured on the H200: ~18% of
         # bf16 outputs 1 ulp off). The integer-rounding path keeps every rounding HF does.
         STORE=store, ROUND_BACK=store and round_kv and kc.dtype == torch.float8_e4m3fn,
-        EMULATE=True, num_warps=4,
+        EMULATE=True, num_warps=num_warps,
     )  # fmt: skip
     return q, k, v
 

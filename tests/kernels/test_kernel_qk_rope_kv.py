@@ -263,3 +263,34 @@ def test_round_kv_writes_the_stored_values_back(triton_backend, dtype) -> None:
         v_want = (vc1[out_loc.long()].float() * v_scale).to(dtype)
         assert torch.equal(k, k_want) and torch.equal(v, v_want)
         assert not torch.equal(rounded[:, hq * d : width], plain[:, hq * d : width])
+
+
+@pytest.mark.parametrize("block_h,num_warps", [(1, 1), (2, 4), (4, 2), (8, 8), (16, 4)])
+def test_launch_settings_write_the_same_values(triton_backend, block_h, num_warps) -> None:
+    """Heads per program and warps are launch settings only (the tuning sweep of
+    bench_kernels.py relies on it): every output equals the default launch's, bit for bit,
+    with an e4m3 cache and the stored values written back; a non-power-of-two is refused."""
+    dev = triton_backend.device
+    t, hq, hkv, d = 5, 8, 4, 64
+    buf, width, positions, qw, kw = _inputs(t, hq, hkv, d, torch.bfloat16, pad=8, seed=11)
+    buf, positions, qw, kw = buf.to(dev), positions.to(dev), qw.to(dev), kw.to(dev)
+    table = build_cos_sin(MAX_POS, d, THETA, device=dev)
+    slots = 2 * t + 1
+    out_loc = torch.randperm(slots)[:t].to(dev)
+    outs = []
+    for kw_launch in ({}, {"block_h": block_h, "num_warps": num_warps}):
+        b = buf.clone()
+        kc = torch.zeros(slots, hkv, d, device=dev).to(FP8)
+        vc = torch.zeros(slots, hkv, d, device=dev).to(FP8)
+        qk_norm_rope_store_triton(
+            b[:, :width], hq, hkv, d, positions, table, qw, kw, EPS, kc, vc, out_loc,
+            0.05, 0.5, round_kv=True, **kw_launch,
+        )  # fmt: skip
+        outs.append((b.view(torch.int16), kc.view(torch.uint8), vc.view(torch.uint8)))
+    for a, b in zip(*outs):
+        assert torch.equal(a, b)
+    with pytest.raises(ValueError, match="power of two"):
+        qk_norm_rope_store_triton(
+            buf[:, :width].clone(), hq, hkv, d, positions, table, qw, kw, EPS, None, None,
+            None, block_h=3,
+        )  # fmt: skip
