@@ -131,6 +131,17 @@ def _span(name: str, ts: float, dur: float) -> dict:
     return {"ph": "X", "cat": "user_annotation", "name": name, "ts": ts, "dur": dur}
 
 
+def _gspan(name: str, ts: float, dur: float) -> dict:
+    """A device-side annotation (the profiler's GPU copy of a host span)."""
+    return {"ph": "X", "cat": "gpu_user_annotation", "name": name, "ts": ts, "dur": dur}
+
+
+def _kernel(name: str, ts: float, dur: float, regs: int | None = None) -> dict:
+    """A kernel event, with the registers per thread the profiler records when given."""
+    args = {"args": {"registers per thread": regs}} if regs else {}
+    return {"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": dur, **args}
+
+
 def test_decode_graph_replay_counts_only_launches_inside_decode_spans():
     """The prefill graphs (one-prompt and piecewise) launch graphs too: a trace whose decode
     ran eagerly must not read as CUDA-graph decode."""
@@ -346,25 +357,17 @@ def test_gpu_time_is_charged_to_the_outermost_device_span():
     """Kernels fall in the outermost device-side annotation they start in (a layer span inside
     a prefill span counts as the prefill), with per-kernel launches, mean, longest and
     registers; kernels outside every device span go to (no host span)."""
-
-    def gspan(name, ts, dur):
-        return {"ph": "X", "cat": "gpu_user_annotation", "name": name, "ts": ts, "dur": dur}
-
-    k = lambda name, ts, dur, regs=None: {  # noqa: E731
-        "ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": dur,
-        **({"args": {"registers per thread": regs}} if regs else {}),
-    }  # fmt: skip
     events = [
-        gspan("flashrec.prefill", 0, 100),
-        gspan("flashrec.layer", 10, 50),  # nested: charged to the prefill
-        gspan("flashrec.decode_step", 200, 100),
-        k("gemm", 10, 30, 168),
-        k("gemm", 45, 10, 168),
-        k("norm", 80, 5),
-        k("attn", 200, 40, 255),
-        k("attn", 250, 20, 255),
-        k("gemm", 275, 10, 168),
-        k("copy", 400, 3),
+        _gspan("flashrec.prefill", 0, 100),
+        _gspan("flashrec.layer", 10, 50),  # nested: charged to the prefill
+        _gspan("flashrec.decode_step", 200, 100),
+        _kernel("gemm", 10, 30, 168),
+        _kernel("gemm", 45, 10, 168),
+        _kernel("norm", 80, 5),
+        _kernel("attn", 200, 40, 255),
+        _kernel("attn", 250, 20, 255),
+        _kernel("gemm", 275, 10, 168),
+        _kernel("copy", 400, 3),
     ]
     rows = summarize_events(events)["gpu_time_by_span"]
     assert [r["span"] for r in rows] == ["flashrec.decode_step", "flashrec.prefill", NO_SPAN]
@@ -389,11 +392,7 @@ def test_gpu_time_is_charged_to_the_outermost_device_span():
 def test_report_lists_gpu_time_by_span(tmp_path):
     from harness.render import trace_lines
 
-    events = [
-        {"ph": "X", "cat": "gpu_user_annotation", "name": "flashrec.decode_step", "ts": 0, "dur": 50},
-        {"ph": "X", "cat": "kernel", "name": "Kernel", "ts": 0, "dur": 40,
-         "args": {"registers per thread": 255}},
-    ]  # fmt: skip
+    events = [_gspan("flashrec.decode_step", 0, 50), _kernel("Kernel", 0, 40, 255)]
     p = tmp_path / "t.trace.json.gz"
     with gzip.open(p, "wt") as fh:
         json.dump({"traceEvents": events}, fh)
@@ -409,18 +408,12 @@ def test_report_lists_gpu_time_by_span(tmp_path):
 
 
 def test_gpu_bound_limit_names_the_span_and_kernel_the_gpu_works_in():
-    def gspan(name, ts, dur):
-        return {"ph": "X", "cat": "gpu_user_annotation", "name": name, "ts": ts, "dur": dur}
-
-    def k(name, ts, dur):
-        return {"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": dur}
-
     events = [
-        gspan("flashrec.prefill", 0, 300),
-        gspan("flashrec.decode_step", 300, 100),
-        k("gemm", 0, 200),
-        k("norm", 200, 95),
-        k("attn", 300, 95),
+        _gspan("flashrec.prefill", 0, 300),
+        _gspan("flashrec.decode_step", 300, 100),
+        _kernel("gemm", 0, 200),
+        _kernel("norm", 200, 95),
+        _kernel("attn", 300, 95),
     ]
     s = summarize_events(events)
     assert s["limit"] == (
