@@ -18,8 +18,7 @@ import os
 import random
 import time
 
-from flashrec.engine.request import BeamResult, GenResult
-from flashrec.engine.scheduler import SidText
+from flashrec.engine.request import BeamResult, GenResult, SidText
 from flashrec.server import responses
 from flashrec.server.respond_pool import RespondPool
 

@@ -21,7 +21,7 @@ from flashrec.beam.search import expand, sequence_scores, unconstrained_candidat
 from flashrec.config import env_flag
 from flashrec.engine.prefill_graph import BUCKET
 from flashrec.engine.radix import Node, RadixCache
-from flashrec.engine.request import BeamResult, EngineError, GenRequest, GenResult
+from flashrec.engine.request import BeamResult, EngineError, GenRequest, GenResult, SidText
 from flashrec.engine.runner import ModelRunner, host_to_device, make_prefill_meta
 from flashrec.engine.stephash import StepHasher, hash_tensors
 from flashrec.profiler import trace_range
@@ -481,28 +481,3 @@ def _by_shape(items, key) -> list[list]:
     for it in items:
         groups.setdefault(tuple(key(it)), []).append(it)
     return list(groups.values())
-
-
-class SidText:
-    """The text of a beam's tokens: SID tokens from a table read once through the tokenizer
-    (no tokenizer call per beam), anything else through ``tokenizer.decode``; "" without a
-    tokenizer. ``BeamResult`` calls it when its ``text`` is first read."""
-
-    def __init__(self, tokenizer, layout: SidLayout) -> None:
-        self.tokenizer = tokenizer
-        self.table = _sid_token_text(tokenizer, layout) if tokenizer is not None else {}
-
-    def __call__(self, tokens: list[int]) -> str:
-        try:  # map over the dict's own lookup: ~3x faster per beam than a generator
-            return "".join(map(self.table.__getitem__, tokens))
-        except KeyError:  # a token outside the SID range
-            if self.tokenizer is None:
-                return ""
-            return self.tokenizer.decode(tokens, skip_special_tokens=False)
-
-
-def _sid_token_text(tokenizer, layout: SidLayout) -> dict[int, str]:
-    """Text of every SID token (codes, begin, end), read once through the tokenizer."""
-    lo, hi = layout.sid_range
-    ids = list(range(lo, hi))
-    return dict(zip(ids, tokenizer.convert_ids_to_tokens(ids)))

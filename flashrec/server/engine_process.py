@@ -324,7 +324,7 @@ class EngineProcess:
             raise EngineProcessError(f"the engine failed to start: {message}")
         self.info = msg[1]
         from flashrec.engine.engine import load_tokenizer
-        from flashrec.engine.scheduler import SidText
+        from flashrec.engine.request import SidText
 
         # the SID text of the beams, over a tokenizer of this process (loaded here, before
         # the reader thread exists: two threads importing transformers at once can fail)

@@ -9,8 +9,9 @@ wide answers in parallel, each in its own process (its own GIL), from the result
 
 - Only non-streamed bodies of at least ``MIN_BEAMS`` beams go to a worker: a narrow answer
   costs less to build than to ship.
-- A worker makes the beams' text from the SID table the server already holds (handed over
-  once, at start), and loads the tokenizer only for a beam with tokens outside it.
+- A result crosses to a worker in the engine-process pipe's wire form; the worker makes the
+  beams' text with a ``SidText`` over the table the server already holds (handed over once,
+  at start), which loads the tokenizer only for a beam with tokens outside it.
 - The bodies are the same text as the in-loop builders' (``responses.*_json``).
 - A pool that breaks (a worker killed) is dropped with one warning; every later answer is
   built on the event loop, as with ``--respond-workers 0``. No request fails for it.
@@ -23,76 +24,61 @@ import logging
 import multiprocessing as mp
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from typing import Any
 
-from flashrec.engine.request import BeamResult, GenResult
+from flashrec.engine.request import BeamResult, GenResult, SidText
 from flashrec.server import responses
+from flashrec.server.engine_process import result_from_wire, result_to_wire
 
 _log = logging.getLogger("flashrec.server")
 
 MIN_BEAMS = 64  # answers narrower than this are built on the event loop
 
 # ---- in a worker process -----------------------------------------------------------------
-_worker: dict[str, Any] = {}
+_worker: dict[str, SidText] = {}
 
 
 def _init_worker(table: dict[int, str], model_path: str | None) -> None:
-    _worker["table"] = table
-    _worker["model_path"] = model_path
-    _worker["tokenizer"] = None
+    _worker["text"] = SidText.from_table(table, model_path)
 
 
-def _text(tokens: list[int]) -> str:
-    """A beam's text: the SID table, else the tokenizer (loaded on first need)."""
-    try:
-        return "".join(map(_worker["table"].__getitem__, tokens))
-    except KeyError:
-        if _worker["model_path"] is None:
-            return ""
-        if _worker["tokenizer"] is None:
-            from flashrec.engine.engine import load_tokenizer
-
-            _worker["tokenizer"] = load_tokenizer(_worker["model_path"])
-        return _worker["tokenizer"].decode(tokens, skip_special_tokens=False)
+def _ready() -> bool:
+    """A no-op task: ``RespondPool.start`` runs one per worker to start them all."""
+    return "text" in _worker
 
 
-def _result(wire: tuple) -> GenResult:
-    rid, beams, prompt_tokens, cached = wire
-    return GenResult(
-        rid,
-        [BeamResult(t, c, s, r, _text if x is None else x) for t, c, s, r, x in beams],
-        prompt_tokens,
-        cached,
-    )
+def _result(wire: tuple, texts: list[str | None]) -> GenResult:
+    """The result the engine-process pipe would deliver, with the beams' text made here from
+    the SID table, except where the server process sent it made."""
+    res = result_from_wire(wire, _worker["text"])
+    if any(t is not None for t in texts):
+        res.beams = [
+            b
+            if t is None
+            else BeamResult(b.token_ids, b.cum_logprob, b.sequence_score, b.finish_reason, t)
+            for b, t in zip(res.beams, texts)
+        ]
+    return res
 
 
-def _chat(wire: tuple, model: str, created: int) -> str:
-    return responses.chat_completion_json(_result(wire), model, created)
+def _chat(wire: tuple, texts: list[str | None], model: str, created: int) -> str:
+    return responses.chat_completion_json(_result(wire, texts), model, created)
 
 
-def _generate(wire: tuple, latency: float) -> str:
-    return responses.generate_result_json(_result(wire), latency)
+def _generate(wire: tuple, texts: list[str | None], latency: float) -> str:
+    return responses.generate_result_json(_result(wire, texts), latency)
 
 
 # ---- in the server process ---------------------------------------------------------------
-def _wire(result: GenResult) -> tuple:
-    """What a worker needs of ``result``: its beams' values and their text where it is made
-    already (a string source, or read before), never a text function: the worker makes the
-    rest from its SID table."""
-    from flashrec.engine.scheduler import SidText  # the server process has it imported
-
-    beams = [
-        (
-            b.token_ids,
-            b.cum_logprob,
-            b.sequence_score,
-            b.finish_reason,
-            # a text source other than a SID table (a test's, a future engine's) runs here
-            b._text if b._text is not None or isinstance(b.text_source, SidText) else b.text,
-        )
+def _wire(result: GenResult) -> tuple[tuple, list[str | None]]:
+    """What a worker needs of ``result``: the engine-process wire form (values, never a text
+    function) and each beam's text where it must be made here: already made, or from a
+    source other than a SID table (a test's, a future engine's); None where the worker makes
+    it from its table."""
+    texts = [
+        None if b._text is None and isinstance(b.text_source, SidText) else b.text
         for b in result.beams
     ]
-    return (result.rid, beams, result.prompt_tokens, result.cached_tokens)
+    return result_to_wire(result), texts
 
 
 class RespondPool:
@@ -114,7 +100,7 @@ class RespondPool:
         """Start every worker now (spawn and import), not on the first wide answer."""
         pool = self._pool
         if pool is not None:
-            for f in [pool.submit(_text, []) for _ in range(self.workers)]:
+            for f in [pool.submit(_ready) for _ in range(self.workers)]:
                 f.result()
 
     def takes(self, result: GenResult) -> bool:
@@ -124,7 +110,7 @@ class RespondPool:
         """``responses.chat_completion_json(result, model, created)``, built by a worker when
         ``takes(result)``, else here."""
         if self.takes(result):
-            text = await self._run(_chat, _wire(result), model, created)
+            text = await self._run(_chat, *_wire(result), model, created)
             if text is not None:
                 return text
         return responses.chat_completion_json(result, model, created)
@@ -132,7 +118,7 @@ class RespondPool:
     async def generate_json(self, result: GenResult, latency: float) -> str:
         """``responses.generate_result_json(result, latency)``, as ``chat_json``."""
         if self.takes(result):
-            text = await self._run(_generate, _wire(result), latency)
+            text = await self._run(_generate, *_wire(result), latency)
             if text is not None:
                 return text
         return responses.generate_result_json(result, latency)

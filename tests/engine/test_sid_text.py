@@ -3,7 +3,7 @@ tokens outside it."""
 
 from __future__ import annotations
 
-from flashrec.engine.scheduler import SidText
+from flashrec.engine.request import SidText
 
 
 class _Layout:
@@ -41,3 +41,19 @@ def test_without_a_tokenizer_the_text_is_empty():
     text = SidText(None, _Layout())
     assert text([100, 101]) == ""
     assert text([]) == ""
+
+
+def test_from_table_makes_the_same_text_and_loads_the_tokenizer_on_first_need(tiny_model):
+    """A SidText over a table read elsewhere (a respond worker's): SID tokens from the table
+    without a tokenizer; a beam with other tokens loads it from the model path once."""
+    from flashrec.config import EngineConfig
+    from flashrec.engine.engine import Engine
+
+    cfg = EngineConfig(model_path=str(tiny_model), sid_vocab_file=str(tiny_model / "catalog.json"))
+    full = Engine(cfg).scheduler._text  # the engine's own, over its tokenizer
+    copy = SidText.from_table(full.table, str(tiny_model))
+    sid = list(full.table)[:4]
+    assert copy(sid) == full(sid) and copy.tokenizer is None
+    other = [5, 6, *sid[:2]]  # tokens outside the SID table
+    assert copy(other) == full(other) != "" and copy.tokenizer is not None
+    assert SidText.from_table(full.table, None)(other) == ""
