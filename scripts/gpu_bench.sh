@@ -13,7 +13,8 @@
 # TAR=1 adds $OUT/matrix.tgz, the whole report directory in one file.
 # STAGES=probes runs the side-by-side probe scripts into $OUT: scripts/reorder_probe.py (GPU)
 # scripts/respond_probe.py (the host's cores: answer bodies on the loop vs worker processes) and
-# the qk_norm_rope_store launch-settings sweep (tests/kernels/bench_kernels.py --qk-sweep).
+# the qk_norm_rope_store launch-settings sweep (tests/kernels/bench_kernels.py --qk-sweep) and the
+# beam-decode attention tile sweep beside FlashInfer's paged prefill and cuDNN (--attn-sweep).
 # STAGES=ab runs A/B pairs, same machine, same call (see docs/baselines.md): the defaults
 # (step graph on) against the step graph off, at p=1000 and n=50, and at p=1000 also against
 # the prefill graph off (no HF baseline in these runs: the pairs compare FlashRec with itself).
@@ -52,7 +53,8 @@ case $STAGES in *" tests "*)
 case $STAGES in *" probes "*)  # kernel-level A/Bs, both forms side by side in one process
   python scripts/reorder_probe.py | tee "$OUT/reorder_probe.jsonl"
   python scripts/respond_probe.py --workers 2 4 8 | tee "$OUT/respond_probe.jsonl"
-  python tests/kernels/bench_kernels.py --qk-sweep | tee "$OUT/qk_sweep.txt";; esac
+  python tests/kernels/bench_kernels.py --qk-sweep | tee "$OUT/qk_sweep.txt"
+  python tests/kernels/bench_kernels.py --attn-sweep | tee "$OUT/attn_sweep.txt";; esac
 case $STAGES in *" cells "*) OUT=$OUT bash scripts/h200_bench.sh "$MODEL";; esac
 case $STAGES in *" ab "*)
   for cells in ${AB_CELLS:-p1000_n256_c1_bf16 n50_c32_fp8}; do

@@ -295,12 +295,16 @@ def beam_decode_attention_triton(
     partials: tuple[torch.Tensor, torch.Tensor] | None = None,
     sms: int | None = None,
     splits: int | None = None,
+    num_warps: int = 4,
+    num_stages: int = 2,
 ):
     """Triton launch. ``work``: int32 [W, 3] of (request, block, split) (request -1 = unused
     entry). ``ctrl``: int32 device pair (splits, items); None = (1, W). With splits > 1 the
     caller guarantees R <= SPLIT_MAX_ROWS; ``partials`` (from :func:`alloc_partials`) is
     allocated here when None. ``splits``: the host's copy of ctrl[0]; 1 skips the merge
-    launch, None (a graph capture) launches it (it exits when the replayed count is 1)."""
+    launch, None (a graph capture) launches it (it exits when the replayed count is 1).
+    ``num_warps`` / ``num_stages``: launch settings (``bench_kernels.py --attn-sweep`` times
+    them); ``block_m`` must match the block size ``work`` was built with."""
     R, hq, d = q.shape
     hkv = k_pool.shape[1]
     assert d == next_pow2(d), "head_dim must be a power of two"
@@ -325,7 +329,7 @@ def beam_decode_attention_triton(
         G=hq // hkv, HQ=hq, D=d, DEPTH=depth, BLOCK_M=block_m, BLOCK_N=block_n,
         PREC="ieee" if q.dtype == torch.float32 else "tf32",  # fp32 models: no TF32 shortcut
         I64_POOL=k_pool.numel() >= 2**31, I64_DEC=dk.numel() >= 2**31,
-        num_warps=4, num_stages=2,
+        num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     m_rows = min(R, part_rows)
     if m_rows > 0 and splits != 1:

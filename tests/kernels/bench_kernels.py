@@ -2,7 +2,9 @@
 
 Run on the GPU machine from the repo root: ``python tests/kernels/bench_kernels.py``
 (``--qk-sweep``: only qk_norm_rope_store's launch settings, checked bit for bit against the
-default launch).
+default launch; ``--attn-sweep``: only the beam-decode attention kernel's tiles and launch
+settings, next to FlashInfer's paged prefill (beams as queries, non-causal) and dense cuDNN
+SDPA on the same prompt-part data).
 Prints time per call and effective bandwidth (bytes read + written / time) for Qwen3-1.7B
 shapes (hidden 2048, intermediate 6144, 16 q / 8 kv heads of 128); warm-up excluded.
 """
@@ -108,6 +110,125 @@ def _qk_sweep(m: int) -> None:
             )
 
 
+ATTN_SHAPES = ((8, 512, 2465), (32, 50, 2465), (1, 256, 1000), (8, 256, 5000))
+# (BLOCK_M, BLOCK_N, warps, stages); the first is the engine's launch
+ATTN_TILES = (
+    (64, 64, 4, 2), (64, 64, 4, 3), (64, 64, 4, 1), (64, 32, 4, 2), (64, 128, 4, 2),
+    (64, 64, 8, 2), (128, 64, 8, 2), (128, 32, 8, 2), (128, 64, 4, 2), (32, 64, 4, 2),
+    (32, 128, 4, 2), (16, 64, 4, 2),
+)  # fmt: skip
+
+
+def _attn_sweep(reqs: int, n: int, length: int, kv_dtype: torch.dtype) -> None:
+    """One decode step's attention (one layer, 16 q / 8 kv heads of 128, 3 SID levels, at the
+    last level) for ``reqs`` requests of ``n`` beams over ``length``-token prompts: every tile
+    of the Triton kernel (max |diff| against the engine's tile), then the prompt part alone
+    through FlashInfer's paged prefill (page size 1, the pool's own slots) and through dense
+    cuDNN SDPA (KV repeated to 16 heads, equal lengths): the rates a kernel could reach."""
+    from flashrec.kernels import beam_attention as ba
+
+    hq, hkv, d, depth = 16, 8, 128, 3
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    g = torch.Generator(device=DEV).manual_seed(2)
+    rows_n = reqs * n
+    pool = reqs * length + 64
+    kp = torch.randn(pool, hkv, d, device=DEV, dtype=BF16, generator=g).to(kv_dtype)
+    vp = torch.randn(pool, hkv, d, device=DEV, dtype=BF16, generator=g).to(kv_dtype)
+    dk = torch.randn(rows_n * depth, hkv, d, device=DEV, dtype=BF16, generator=g).to(kv_dtype)
+    dv = torch.randn(rows_n * depth, hkv, d, device=DEV, dtype=BF16, generator=g).to(kv_dtype)
+    q = torch.randn(rows_n, hq, d, device=DEV, dtype=BF16, generator=g)
+    # each request's prompt in one run of slots, the requests in a shuffled order
+    order = torch.randperm(reqs, generator=torch.Generator().manual_seed(3)).tolist()
+    slots = torch.cat([torch.arange(o * length, (o + 1) * length) for o in order])
+    slots = slots.int().to(DEV)
+    i32 = lambda xs: torch.tensor(xs, dtype=torch.int32, device=DEV)  # noqa: E731
+    row_start = i32([r * n for r in range(reqs)])
+    slot_start = i32([r * length for r in range(reqs)])
+    meta = (i32([n] * reqs), slot_start, i32([length] * reqs), i32([depth - 1] * reqs))
+    rows = torch.randperm(rows_n, device=DEV, generator=g)
+    scale = d**-0.5
+    tag = f"R={reqs} n={n} L={length} kv={str(kv_dtype).split('.')[-1]}"
+    flops = 4 * rows_n * hq * length * d  # QK and PV of the prompt part
+    ref = None
+    for bm, bn, warps, stages in ATTN_TILES:
+        blocks = reqs * -(-(hq // hkv) * n // bm)
+        splits = ba.choose_splits(blocks, hkv, rows_n, length, sms)
+        work = i32(ba.build_work([n] * reqs, hq // hkv, bm, splits))
+        ctrl = i32([splits, work.shape[0]])
+        parts = ba.alloc_partials(rows_n, hq, d, DEV)
+
+        def run(bm=bm, bn=bn, warps=warps, stages=stages, work=work, ctrl=ctrl, parts=parts,
+                splits=splits):  # fmt: skip
+            return ba.beam_decode_attention_triton(
+                q, kp, vp, slots, work, row_start, *meta, dk, dv, rows, depth, scale,
+                block_m=bm, block_n=bn, ctrl=ctrl, partials=parts, sms=sms, splits=splits,
+                num_warps=warps, num_stages=stages,
+            )  # fmt: skip
+
+        try:
+            out = run()
+            torch.cuda.synchronize()
+        except Exception as exc:  # noqa: BLE001 - a tile that does not compile or fit
+            print(f"beam_attn {tag} tile={bm}x{bn}x{warps}w{stages}s: {type(exc).__name__}: "
+                  f"{str(exc).splitlines()[0][:120]}", flush=True)  # fmt: skip
+            continue
+        ref = out if ref is None else ref
+        diff = (out.float() - ref.float()).abs().max().item()
+        ms = tt.do_bench(run, warmup=10, rep=50)
+        print(f"beam_attn {tag} tile={bm}x{bn}x{warps}w{stages}s splits={splits}: "
+              f"{ms * 1e3:8.1f} us {flops / ms / 1e9:6.0f} TFLOP/s maxdiff={diff:.2e}",
+              flush=True)  # fmt: skip
+    try:
+        import flashinfer
+    except Exception as exc:  # noqa: BLE001
+        print(f"flashinfer not importable: {exc}")
+        return
+    ws = torch.empty(256 << 20, dtype=torch.uint8, device=DEV)
+    qo = torch.arange(0, rows_n + 1, n, dtype=torch.int32)
+    kvp = torch.arange(0, reqs * length + 1, length, dtype=torch.int32)
+    last = torch.ones(reqs, dtype=torch.int32)
+    for backend in ("fa2", "fa3"):
+        try:
+            w = flashinfer.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD", backend=backend)
+            w.plan(qo, kvp, slots, last, hq, hkv, d, 1, causal=False, sm_scale=scale,
+                   q_data_type=BF16, kv_data_type=kv_dtype, o_data_type=BF16)  # fmt: skip
+            cache = (kp.view(pool, 1, hkv, d), vp.view(pool, 1, hkv, d))
+            o, lse = w.run(q, cache, return_lse=True)
+            torch.cuda.synchronize()
+            ms = tt.do_bench(lambda w=w, cache=cache: w.run(q, cache, return_lse=True),
+                             warmup=10, rep=50)  # fmt: skip
+            import time
+
+            t0 = time.perf_counter()
+            for _ in range(20):
+                w.plan(qo, kvp, slots, last, hq, hkv, d, 1, causal=False, sm_scale=scale,
+                       q_data_type=BF16, kv_data_type=kv_dtype, o_data_type=BF16)  # fmt: skip
+            plan_us = (time.perf_counter() - t0) / 20 * 1e6
+            print(f"flashinfer paged prefill {backend} {tag} (prompt part, +lse): "
+                  f"{ms * 1e3:8.1f} us {flops / ms / 1e9:6.0f} TFLOP/s plan {plan_us:.0f} us "
+                  f"lse={tuple(lse.shape)}", flush=True)  # fmt: skip
+        except Exception as exc:  # noqa: BLE001 - a backend / dtype pair it does not take
+            print(f"flashinfer paged prefill {backend} {tag}: {type(exc).__name__}: "
+                  f"{str(exc).splitlines()[0][:160] if str(exc) else ''}", flush=True)  # fmt: skip
+    if kv_dtype == BF16 and reqs * length * n <= 8 * 5000 * 512:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        qd = q.view(reqs, n, hq, d).transpose(1, 2)
+        kd = kp[: reqs * length].view(reqs, length, hkv, d).transpose(1, 2)
+        kd = kd.repeat_interleave(hq // hkv, 1)
+        vd = vp[: reqs * length].view(reqs, length, hkv, d).transpose(1, 2)
+        vd = vd.repeat_interleave(hq // hkv, 1)
+        try:
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                f = lambda: torch.nn.functional.scaled_dot_product_attention(qd, kd, vd)  # noqa: E731
+                f()
+                ms = tt.do_bench(f, warmup=10, rep=50)
+            print(f"dense cudnn sdpa {tag} (prompt part, KV repeated): {ms * 1e3:8.1f} us "
+                  f"{flops / ms / 1e9:6.0f} TFLOP/s", flush=True)  # fmt: skip
+        except Exception as exc:  # noqa: BLE001
+            print(f"dense cudnn sdpa {tag}: {type(exc).__name__}: {exc}")
+
+
 def main() -> None:
     import sys
 
@@ -115,6 +236,11 @@ def main() -> None:
     if "--qk-sweep" in sys.argv:  # only the qk_norm_rope_store launch-settings sweep
         for m in (15000, 35000):
             _qk_sweep(m)
+        return
+    if "--attn-sweep" in sys.argv:  # only the beam-decode attention tiles (+ FlashInfer, cuDNN)
+        for kv in (torch.float8_e4m3fn, BF16):
+            for shape in ATTN_SHAPES:
+                _attn_sweep(*shape, kv)
         return
     for m in (64, 1600, 16384):
         _run(m)
