@@ -28,6 +28,7 @@ HEAD = {
     "PREC": "tf32",
     "I64_POOL": False,
     "I64_DEC": False,
+    "F16_DOT": False,
 }  # OneRec-1.7B: 16 q / 8 kv heads
 
 

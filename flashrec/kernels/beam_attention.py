@@ -124,7 +124,7 @@ def _kernel():
         part_ml_ptr, part_rows, scale, s_qr, s_qh, s_kp, s_kh, s_dk, s_dh, s_or, s_oh,
         G: tl.constexpr, HQ: tl.constexpr, D: tl.constexpr, DEPTH: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr,
-        I64_POOL: tl.constexpr, I64_DEC: tl.constexpr,
+        I64_POOL: tl.constexpr, I64_DEC: tl.constexpr, F16_DOT: tl.constexpr,
     ):  # fmt: skip
         r = tl.load(work_ptr + 3 * w)
         if r >= 0:
@@ -146,6 +146,8 @@ def _kernel():
                 mask=m_mask[:, None],
                 other=0.0,
             )
+            if F16_DOT:  # FP8 KV: e4m3 -> f16 is one conversion, e4m3 -> bf16 is not
+                q = q.to(tl.float16)
             m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
             l_i = tl.zeros([BLOCK_M], tl.float32)
             acc = tl.zeros([BLOCK_M, D], tl.float32)
@@ -215,7 +217,7 @@ def _kernel():
         part_rows, scale, s_qr, s_qh, s_kp, s_kh, s_dk, s_dh, s_or, s_oh,
         G: tl.constexpr, HQ: tl.constexpr, D: tl.constexpr, DEPTH: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr,
-        I64_POOL: tl.constexpr, I64_DEC: tl.constexpr,
+        I64_POOL: tl.constexpr, I64_DEC: tl.constexpr, F16_DOT: tl.constexpr,
     ):  # fmt: skip
         kvh = tl.program_id(1)
         nsplit = tl.load(ctrl_ptr)
@@ -228,7 +230,7 @@ def _kernel():
                 w, kvh, nsplit, q_ptr, kp_ptr, vp_ptr, slots_ptr, work_ptr, row_start_ptr,
                 n_ptr, slot_start_ptr, len_ptr, step_ptr, dk_ptr, dv_ptr, rows_ptr, out_ptr,
                 part_o_ptr, part_ml_ptr, part_rows, scale, s_qr, s_qh, s_kp, s_kh, s_dk, s_dh,
-                s_or, s_oh, G, HQ, D, DEPTH, BLOCK_M, BLOCK_N, PREC, I64_POOL, I64_DEC,
+                s_or, s_oh, G, HQ, D, DEPTH, BLOCK_M, BLOCK_N, PREC, I64_POOL, I64_DEC, F16_DOT,
             )  # fmt: skip
 
     @triton.jit
@@ -262,6 +264,28 @@ def _kernel():
     return _KERNEL
 
 
+def launch_settings(kv_dtype: torch.dtype, q_dtype: torch.dtype) -> dict:
+    """The engine's launch of the beam-decode kernel (64-row blocks, runner.BLOCK_M) per KV
+    cache dtype, from ``bench_kernels.py --attn-sweep`` on an H200 (session 9,
+    ``reports/h200/2026-11-30-s9``; one layer, 16 q / 8 kv heads of 128):
+
+    - FP8 KV with bf16 / f16 queries: 128-key blocks and float16 products (e4m3 -> f16 is a
+      single conversion; e4m3 -> bf16 is not). 8 x 512 beams over 2,465 tokens: 627 -> 369 us
+      against the earlier 64-key bf16-product launch; 32 x 50: 338 -> 202 us.
+    - BF16 KV: 64-key blocks, 3 pipeline stages (128-key blocks spill: 1.6x slower there);
+      8 x 512: 410 -> 394 us.
+    - anything else (float32 models): the plain 64 x 64 launch.
+
+    float16 products round q to f16 (exact for |q| < 65,504; q is RMS-normed per head, so far
+    below that) and the probabilities to f16 (more mantissa than bf16)."""
+    fp8 = kv_dtype == torch.float8_e4m3fn and q_dtype in (torch.bfloat16, torch.float16)
+    if fp8:
+        return {"block_n": 128, "num_warps": 4, "num_stages": 2, "f16_dot": True}
+    if kv_dtype == torch.bfloat16 and q_dtype == torch.bfloat16:
+        return {"block_n": 64, "num_warps": 4, "num_stages": 3, "f16_dot": False}
+    return {"block_n": 64, "num_warps": 4, "num_stages": 2, "f16_dot": False}
+
+
 def alloc_partials(rows: int, hq: int, d: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     """Split-K scratch for up to ``rows`` query rows (capped at ``SPLIT_MAX_ROWS``: wider
     batches never split). Contents need no initialisation."""
@@ -290,13 +314,14 @@ def beam_decode_attention_triton(
     scale,
     out=None,
     block_m: int = 64,
-    block_n: int = 64,
+    block_n: int | None = None,
     ctrl: torch.Tensor | None = None,
     partials: tuple[torch.Tensor, torch.Tensor] | None = None,
     sms: int | None = None,
     splits: int | None = None,
-    num_warps: int = 4,
-    num_stages: int = 2,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
+    f16_dot: bool | None = None,
 ):
     """Triton launch. ``work``: int32 [W, 3] of (request, block, split) (request -1 = unused
     entry). ``ctrl``: int32 device pair (splits, items); None = (1, W). With splits > 1 the
@@ -304,7 +329,15 @@ def beam_decode_attention_triton(
     allocated here when None. ``splits``: the host's copy of ctrl[0]; 1 skips the merge
     launch, None (a graph capture) launches it (it exits when the replayed count is 1).
     ``num_warps`` / ``num_stages``: launch settings (``bench_kernels.py --attn-sweep`` times
-    them); ``block_m`` must match the block size ``work`` was built with."""
+    them); ``block_m`` must match the block size ``work`` was built with. ``f16_dot``: with an
+    FP8 KV cache and bf16 queries, run the products in float16 (q rounded to f16, keys and
+    values converted e4m3 -> f16 exactly, float32 accumulation). Each of these left None takes
+    :func:`launch_settings`' value for the KV and query dtypes."""
+    auto = launch_settings(k_pool.dtype, q.dtype)
+    block_n = auto["block_n"] if block_n is None else block_n
+    num_warps = auto["num_warps"] if num_warps is None else num_warps
+    num_stages = auto["num_stages"] if num_stages is None else num_stages
+    f16_dot = auto["f16_dot"] if f16_dot is None else f16_dot
     R, hq, d = q.shape
     hkv = k_pool.shape[1]
     assert d == next_pow2(d), "head_dim must be a power of two"
@@ -328,7 +361,7 @@ def beam_decode_attention_triton(
         dk.stride(1), out.stride(0), out.stride(1),
         G=hq // hkv, HQ=hq, D=d, DEPTH=depth, BLOCK_M=block_m, BLOCK_N=block_n,
         PREC="ieee" if q.dtype == torch.float32 else "tf32",  # fp32 models: no TF32 shortcut
-        I64_POOL=k_pool.numel() >= 2**31, I64_DEC=dk.numel() >= 2**31,
+        I64_POOL=k_pool.numel() >= 2**31, I64_DEC=dk.numel() >= 2**31, F16_DOT=f16_dot,
         num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     m_rows = min(R, part_rows)

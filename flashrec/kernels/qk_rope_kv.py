@@ -139,15 +139,18 @@ def qk_norm_rope_store_triton(
     skip_store: bool = False,
     round_kv: bool = False,
     block_h: int | None = None,
-    num_warps: int = 4,
+    num_warps: int = 2,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One Triton kernel for :func:`qk_norm_rope_store_ref`.
 
     Grid: (tokens, head blocks); the first ``cdiv(Hq, BLOCK_H)`` blocks of a token take q
     heads, the rest take k heads and also copy the matching v heads into the cache.
     ``block_h`` (heads per program, a power of two; default: the fewer of the q and kv heads,
-    at most 2,048 elements) and ``num_warps`` are launch settings only, for tuning sweeps
-    (``tests/kernels/bench_kernels.py``): every setting writes the same values.
+    at most 2,048 elements) and ``num_warps`` are launch settings, for tuning sweeps
+    (``tests/kernels/bench_kernels.py --qk-sweep``). Every setting computes the reference's
+    values within rounding, but the per-head reductions run in a different order, so the last
+    bit can differ between settings (the H200 sweep of session 9 showed it at 16 / 8 heads of
+    128). The default, 2 warps, was the fastest there: 1.13x the earlier 4 at 15k-35k tokens.
     """
     from flashrec.kernels.tl.qk_rope import qk_norm_rope_store_kernel
 

@@ -151,7 +151,11 @@ def _attn_sweep(reqs: int, n: int, length: int, kv_dtype: torch.dtype) -> None:
     tag = f"R={reqs} n={n} L={length} kv={str(kv_dtype).split('.')[-1]}"
     flops = 4 * rows_n * hq * length * d  # QK and PV of the prompt part
     ref = None
-    for bm, bn, warps, stages in ATTN_TILES:
+    for tile in ATTN_TILES:
+        bm, bn, warps, stages = tile[:4]
+        f16 = bool(tile[4]) if len(tile) > 4 else False  # FP8 KV: products in float16
+        if f16 and kv_dtype == BF16:
+            continue
         blocks = reqs * -(-(hq // hkv) * n // bm)
         splits = ba.choose_splits(blocks, hkv, rows_n, length, sms)
         work = i32(ba.build_work([n] * reqs, hq // hkv, bm, splits))
@@ -159,24 +163,24 @@ def _attn_sweep(reqs: int, n: int, length: int, kv_dtype: torch.dtype) -> None:
         parts = ba.alloc_partials(rows_n, hq, d, DEV)
 
         def run(bm=bm, bn=bn, warps=warps, stages=stages, work=work, ctrl=ctrl, parts=parts,
-                splits=splits):  # fmt: skip
+                splits=splits, f16=f16):  # fmt: skip
             return ba.beam_decode_attention_triton(
                 q, kp, vp, slots, work, row_start, *meta, dk, dv, rows, depth, scale,
                 block_m=bm, block_n=bn, ctrl=ctrl, partials=parts, sms=sms, splits=splits,
-                num_warps=warps, num_stages=stages,
+                num_warps=warps, num_stages=stages, f16_dot=f16,
             )  # fmt: skip
 
         try:
             out = run()
             torch.cuda.synchronize()
         except Exception as exc:  # noqa: BLE001 - a tile that does not compile or fit
-            print(f"beam_attn {tag} tile={bm}x{bn}x{warps}w{stages}s: {type(exc).__name__}: "
+            print(f"beam_attn {tag} tile={bm}x{bn}x{warps}w{stages}s f16={f16}: {type(exc).__name__}: "
                   f"{str(exc).splitlines()[0][:120]}", flush=True)  # fmt: skip
             continue
         ref = out if ref is None else ref
         diff = (out.float() - ref.float()).abs().max().item()
         ms = tt.do_bench(run, warmup=10, rep=50)
-        print(f"beam_attn {tag} tile={bm}x{bn}x{warps}w{stages}s splits={splits}: "
+        print(f"beam_attn {tag} tile={bm}x{bn}x{warps}w{stages}s f16={f16} splits={splits}: "
               f"{ms * 1e3:8.1f} us {flops / ms / 1e9:6.0f} TFLOP/s maxdiff={diff:.2e}",
               flush=True)  # fmt: skip
     if os.environ.get("ATTN_FI", "1") == "0":  # skip FlashInfer (a fresh JIT build is ~70 s)
@@ -241,7 +245,8 @@ def main() -> None:
             _qk_sweep(m)
         return
     if "--attn-sweep" in sys.argv:  # only the beam-decode attention tiles (+ FlashInfer, cuDNN)
-        # ATTN_TILES="64x128x4x2 ..." (BLOCK_M x BLOCK_N x warps x stages), ATTN_KV="bf16 fp8"
+        # ATTN_TILES="64x128x4x2 64x128x4x2x1 ..." (BLOCK_M x BLOCK_N x warps x stages [x f16
+        # products, FP8 KV only]), ATTN_KV="bf16 fp8"
         global ATTN_TILES
         if os.environ.get("ATTN_TILES"):
             ATTN_TILES = tuple(

@@ -40,3 +40,40 @@ def test_beam_attention_matches_reference(triton_backend, splits):
             block_m=16, block_n=16, ctrl=i32([splits, len(items) + 3]), sms=sms, splits=splits,
         )  # fmt: skip
         torch.testing.assert_close(out.float(), ref.float(), atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kv", ["fp8", "bf16"])
+def test_engine_launch_settings_match_reference(kv):
+    """The engine's launch (``launch_settings``: FP8 KV takes 128-key blocks and float16
+    products, BF16 KV 3 pipeline stages) at OneRec-1.7B head shapes, with prompts longer than
+    one key block and ragged, against the reference; for FP8 KV, the float16 products also
+    against the bfloat16 ones."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    dev = "cuda"
+    torch.manual_seed(7)
+    dt = torch.float8_e4m3fn if kv == "fp8" else torch.bfloat16
+    hq, hkv, d, depth = 16, 8, 128, 3
+    req_n, lens, steps = [64, 7, 130], [300, 129, 1000], [2, 0, 1]
+    pool, nrows = sum(lens) + 50, sum(req_n) + 5
+    kp = torch.randn(pool, hkv, d, device=dev).to(dt)
+    vp = torch.randn(pool, hkv, d, device=dev).to(dt)
+    dk = torch.randn(nrows * depth, hkv, d, device=dev).to(dt)
+    dv = torch.randn(nrows * depth, hkv, d, device=dev).to(dt)
+    q = torch.randn(sum(req_n), hq, d, device=dev, dtype=torch.bfloat16)
+    slots = torch.randperm(pool, device=dev)[: sum(lens)].int()
+    i32 = lambda xs: torch.tensor(xs, dtype=torch.int32, device=dev)  # noqa: E731
+    starts = i32([0, 64, 71])
+    args = (i32(req_n), i32([0, 300, 429]), i32(lens), i32(steps))
+    rows = torch.randperm(nrows, device=dev)[: sum(req_n)]
+    ref = beam_decode_attention_ref(q, kp, vp, slots, starts, *args, dk, dv, rows, depth, d**-0.5)
+    work = i32(build_work(req_n, hq // hkv, 64))
+    outs = {}
+    for f16 in (None, False):  # None: the engine's launch for this KV dtype
+        outs[f16] = beam_decode_attention_triton(
+            q, kp, vp, slots, work, starts, *args, dk, dv, rows, depth, d**-0.5, f16_dot=f16
+        )
+        torch.testing.assert_close(outs[f16].float(), ref.float(), atol=2e-2, rtol=2e-2)
+    if kv == "fp8":  # the two product precisions agree to bf16 rounding
+        torch.testing.assert_close(outs[None].float(), outs[False].float(), atol=8e-3, rtol=8e-3)

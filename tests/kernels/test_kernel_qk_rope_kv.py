@@ -265,30 +265,43 @@ def test_round_kv_writes_the_stored_values_back(triton_backend, dtype) -> None:
         assert not torch.equal(rounded[:, hq * d : width], plain[:, hq * d : width])
 
 
-@pytest.mark.parametrize("block_h,num_warps", [(1, 1), (2, 4), (4, 2), (8, 8), (16, 4)])
-def test_launch_settings_write_the_same_values(triton_backend, block_h, num_warps) -> None:
-    """Heads per program and warps are launch settings only (the tuning sweep of
-    bench_kernels.py relies on it): every output equals the default launch's, bit for bit,
-    with an e4m3 cache and the stored values written back; a non-power-of-two is refused."""
+@pytest.mark.parametrize("block_h,num_warps", [(1, 1), (2, 4), (4, 2), (8, 8), (16, 4), (8, 2)])
+def test_launch_settings_compute_the_reference(
+    triton_backend, assert_act_close, assert_fp8_close, block_h, num_warps
+) -> None:
+    """Heads per program and warps are launch settings (the tuning sweep of bench_kernels.py
+    times them): at OneRec-1.7B's head shapes every setting matches the reference within the
+    kernel's usual rounding tolerance, with an e4m3 cache and the stored values written back.
+    Bit equality between settings is not promised: the per-head sums run in another order.
+    A non-power-of-two is refused."""
     dev = triton_backend.device
-    t, hq, hkv, d = 5, 8, 4, 64
+    t, hq, hkv, d = 5, 16, 8, 128
     buf, width, positions, qw, kw = _inputs(t, hq, hkv, d, torch.bfloat16, pad=8, seed=11)
     buf, positions, qw, kw = buf.to(dev), positions.to(dev), qw.to(dev), kw.to(dev)
     table = build_cos_sin(MAX_POS, d, THETA, device=dev)
     slots = 2 * t + 1
     out_loc = torch.randperm(slots)[:t].to(dev)
     outs = []
-    for kw_launch in ({}, {"block_h": block_h, "num_warps": num_warps}):
+    for fn, kw_launch in (
+        (qk_norm_rope_store_ref, {}),
+        (qk_norm_rope_store_triton, {"block_h": block_h, "num_warps": num_warps}),
+    ):
         b = buf.clone()
         kc = torch.zeros(slots, hkv, d, device=dev).to(FP8)
         vc = torch.zeros(slots, hkv, d, device=dev).to(FP8)
-        qk_norm_rope_store_triton(
+        fn(
             b[:, :width], hq, hkv, d, positions, table, qw, kw, EPS, kc, vc, out_loc,
             0.05, 0.5, round_kv=True, **kw_launch,
         )  # fmt: skip
-        outs.append((b.view(torch.int16), kc.view(torch.uint8), vc.view(torch.uint8)))
-    for a, b in zip(*outs):
-        assert torch.equal(a, b)
+        outs.append((b, kc, vc))
+    (b_ref, kc_ref, vc_ref), (b, kc, vc) = outs
+    frac = triton_backend.max_frac
+    assert_act_close(b[:, : hq * d], b_ref[:, : hq * d], max_frac=frac)  # q
+    ks = torch.full((slots, hkv, 1), 0.05, device=dev)
+    vs = torch.full((slots, hkv, 1), 0.5, device=dev)
+    assert_fp8_close((kc, ks), (kc_ref, ks), max_frac=frac)
+    assert_fp8_close((vc, vs), (vc_ref, vs), exact=True)  # v is copied, never normed
+    assert torch.equal(b[:, width:], b_ref[:, width:])  # padding untouched
     with pytest.raises(ValueError, match="power of two"):
         qk_norm_rope_store_triton(
             buf[:, :width].clone(), hq, hkv, d, positions, table, qw, kw, EPS, None, None,
