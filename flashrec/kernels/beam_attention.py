@@ -264,7 +264,7 @@ def _kernel():
     return _KERNEL
 
 
-def launch_settings(kv_dtype: torch.dtype, q_dtype: torch.dtype) -> dict:
+def launch_settings(kv_dtype: torch.dtype, q_dtype: torch.dtype, head_dim: int = 128) -> dict:
     """The engine's launch of the beam-decode kernel (64-row blocks, runner.BLOCK_M) per KV
     cache dtype, from ``bench_kernels.py --attn-sweep`` on an H200 (session 9,
     ``reports/h200/2026-11-30-s9``; one layer, 16 q / 8 kv heads of 128):
@@ -277,10 +277,14 @@ def launch_settings(kv_dtype: torch.dtype, q_dtype: torch.dtype) -> dict:
     - anything else (float32 models): the plain 64 x 64 launch.
 
     float16 products round q to f16 (exact for |q| < 65,504; q is RMS-normed per head, so far
-    below that) and the probabilities to f16 (more mantissa than bf16)."""
+    below that) and the probabilities to f16 (more mantissa than bf16). Against a float64
+    reference they land at the output's own bf16 rounding (0.0046 at 16 / 8 heads of 128),
+    where the bf16 products do not (0.0078). 128-key blocks with FP8 KV at head_dim 16 made an
+    illegal memory access on the H200 (Triton 3.6), so heads under 64 keep 64-key blocks."""
     fp8 = kv_dtype == torch.float8_e4m3fn and q_dtype in (torch.bfloat16, torch.float16)
-    if fp8:
-        return {"block_n": 128, "num_warps": 4, "num_stages": 2, "f16_dot": True}
+    if fp8:  # 128-key blocks only where measured: at head_dim 16 they fault on the H200
+        return {"block_n": 128 if head_dim >= 64 else 64, "num_warps": 4, "num_stages": 2,
+                "f16_dot": True}  # fmt: skip
     if kv_dtype == torch.bfloat16 and q_dtype == torch.bfloat16:
         return {"block_n": 64, "num_warps": 4, "num_stages": 3, "f16_dot": False}
     return {"block_n": 64, "num_warps": 4, "num_stages": 2, "f16_dot": False}
@@ -333,7 +337,7 @@ def beam_decode_attention_triton(
     FP8 KV cache and bf16 queries, run the products in float16 (q rounded to f16, keys and
     values converted e4m3 -> f16 exactly, float32 accumulation). Each of these left None takes
     :func:`launch_settings`' value for the KV and query dtypes."""
-    auto = launch_settings(k_pool.dtype, q.dtype)
+    auto = launch_settings(k_pool.dtype, q.dtype, q.shape[-1])
     block_n = auto["block_n"] if block_n is None else block_n
     num_warps = auto["num_warps"] if num_warps is None else num_warps
     num_stages = auto["num_stages"] if num_stages is None else num_stages

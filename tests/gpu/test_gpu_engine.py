@@ -366,8 +366,10 @@ def test_prefill_graph_equals_eager_prefill(synth_model, quantization):
         runs.append(out)
     # fp8: the padded bucket changes the GEMMs' M (cuBLAS picks other tiles); a last-bit change
     # before a per-token FP8 quantisation can flip a rounding (the H200 showed 0.06-0.11 nat
-    # with FlashInfer on the eager side), so fp8 gets the cross-kernel tolerance (0.1 nat)
-    _similar(runs[0], runs[1], tol=5e-2 if quantization == "none" else 0.1, overlap=0.9)
+    # with FlashInfer on the eager side; session 9: 0.12 nat for one beam once decode ran its
+    # float16-product launch, which is closer to a float64 reference than the old one), so fp8
+    # gets 0.15 nat. A wrong mask, prefix or padding slot moves every score by far more.
+    _similar(runs[0], runs[1], tol=5e-2 if quantization == "none" else 0.15, overlap=0.9)
 
 
 def _record_prefix_lens(pw, used: list) -> None:
