@@ -33,3 +33,37 @@ def test_prefill_matches_reference():
     got = backend.forward(q, k, v, 0, meta)  # stores the new K/V, then attends
     ref = prefill_reference(backend, q, 0, meta)
     torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_prefill_takes_row_strided_views():
+    """The model hands the SDPA prefill q / k / v as views into the fused QKV rows (no
+    contiguous copy of q first: ``takes_strided_q``); the result equals the one from
+    contiguous inputs, on every path (batched equal lengths, lone prompts, cached prefixes)."""
+    torch.manual_seed(1)
+    cfg = ModelConfig("Qwen3ForCausalLM", 64, 1, 4, 2, 16, 128, 100, 1e-6, 1e6, 4096, True)
+    shapes = [(0, 7), (0, 7), (5, 3), (0, 11), (9, 1)]
+    seqs, nxt = [], 0
+    for pre, new in shapes:
+        slots = list(range(nxt, nxt + pre + new))
+        nxt += pre + new
+        seqs.append((pre, slots[pre:], slots))
+    t = sum(n for _, n in shapes)
+    qkv = torch.randn(t, (4 + 2 + 2) * 16 + 8)  # padded row, like a GEMM output slice
+    q = qkv[:, :64].view(t, 4, 16)
+    k = qkv[:, 64:96].view(t, 2, 16)
+    v = qkv[:, 96:128].view(t, 2, 16)
+    assert not q.is_contiguous()
+    outs = []
+    for strided in (True, False):
+        kv = KVCache(cfg, 512, 8, 3, torch.float32, "cpu")
+        torch.manual_seed(2)
+        for pre, _, slots in seqs:
+            if pre:
+                kv.k[0][slots[:pre]] = torch.randn(pre, 2, 16)
+                kv.v[0][slots[:pre]] = torch.randn(pre, 2, 16)
+        backend = TorchAttention(kv, 4, 2, 16)
+        meta = make_prefill_meta(seqs, "cpu")
+        assert backend.takes_strided_q(meta)
+        args = (q, k, v) if strided else (q.contiguous(), k.contiguous(), v.contiguous())
+        outs.append(backend.forward(*args, 0, meta))
+    torch.testing.assert_close(outs[0], outs[1], atol=0, rtol=0)
