@@ -163,6 +163,10 @@ class EngineConfig:
         None,
         "one CUDA graph per decode step: model forward + restricted LM head + trie mask + top-n + beam expansion + KV reorder, for batches whose requests all have n = --beam-width and temperature 0 (others run the model graph and expand eagerly); on CPU the same static step runs eagerly. Default: on where decode CUDA graphs are captured (GPU without --disable-cuda-graph), off on CPU; --no-enable-step-graph captures the model forward only (docs/baselines.md, session 8)",
     )
+    overlap_results: bool | None = _opt(
+        None,
+        "hand a step's finished requests back at the end of the NEXT step, after that step's GPU work is launched, whenever other requests wait or run: the device-to-host copy of the results starts at once and the host waits for it only once the GPU has more work queued, so the GPU is not left idle while the host builds answers and schedules. Nothing waits longer than the next step's launches; with nothing else to run, results come back at once (one request at a time is unaffected). Default: on with CUDA, off on CPU; --no-overlap-results hands results back in the step that finished them",
+    )
     prefill_graph_max_tokens: int | None = _opt(
         None,
         "a prefill of ONE prompt with no cached prefix and at most this many tokens, while no other request is running, replays a CUDA graph of the whole forward, captured per 128-token bucket (padding tokens write to reserved scratch slots; attention through SDPA; radix matches shorter than one bucket are then recomputed, raising --prefix-cache-min-match to 128); 0 = off; default: 2048 where CUDA graphs are captured (GPU without --disable-cuda-graph), 0 on CPU. For one-request-at-a-time latency, where eager launches dominate. On CPU a non-zero value runs the same padded forward eagerly",
@@ -270,6 +274,14 @@ class EngineConfig:
         if self.enable_step_graph is not None:
             return self.enable_step_graph
         return self.graphs_on
+
+    @property
+    def resolved_overlap_results(self) -> bool:
+        """Whether finished requests' results are handed back one step later while other work
+        is queued (``--overlap-results``)."""
+        if self.overlap_results is not None:
+            return self.overlap_results
+        return self.resolved_device == "cuda"
 
     @property
     def resolved_prefill_graph_max_tokens(self) -> int:

@@ -251,6 +251,7 @@ def engine_settings_table(report: dict) -> Table | None:
                 step,
                 str(eff.get("prefill_graph_max_tokens", "-")),
                 str(eff.get("piecewise_prefill_max_tokens", "-")),
+                {True: "on", False: "off"}.get(eff.get("overlap_results"), "-"),
                 "on" if "engine_process_pid" in eng else "off",
             ]
         )
@@ -258,7 +259,7 @@ def engine_settings_table(report: dict) -> Table | None:
         return None
     head = ["cell", "device, dtype", "FP8 GEMMs", "KV cache", "attention", "decode graphs"]
     head += ["whole-step graph", "prefill graph tokens", "piecewise prefill tokens"]
-    return head + ["engine process"], rows
+    return head + ["overlapped results", "engine process"], rows
 
 
 def targets_table(report: dict) -> Table | None:
@@ -441,8 +442,9 @@ BURST_NOTE = (
 ENGINE_SETTINGS_NOTE = (
     "What each server reported at start, after its auto knobs resolved on the device: decode "
     "CUDA graphs and their batch sizes, the whole-step decode graph, the largest buckets of "
-    "the one-prompt and piecewise prefill graphs (0 = off), and whether the engine ran in a "
-    "process of its own."
+    "the one-prompt and piecewise prefill graphs (0 = off), whether finished requests' "
+    "results were handed back one step later while the GPU ran on (--overlap-results; - = a "
+    "server that does not report it), and whether the engine ran in a process of its own."
 )
 TARGETS_NOTE = (
     "Targets are goals: a missed one is reported with the shortfall, the ratio actual / target "

@@ -209,6 +209,7 @@ class Engine:
             "prefill_graph_max_tokens": run.prefill_graphs.sizes[-1] if run.prefill_graphs else 0,
             "piecewise_prefill_max_tokens": run.piecewise.sizes[-1] if run.piecewise else 0,
             "kv_reorder_positions": run.kv.reorder_positions,
+            "overlap_results": self.scheduler.overlap_results,
         }
 
 

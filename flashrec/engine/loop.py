@@ -166,6 +166,9 @@ class EngineLoop:
                 finished = [(st.req, exc) for st in list(self.scheduler.running)]
                 for st in list(self.scheduler.running):
                     self.scheduler.cancel(st.req.rid)
+                # requests that finished before the failure (--overlap-results held their
+                # results back): their results if the copy completes, else the error
+                finished += self.scheduler.flush_pending()
             for req, res in finished:
                 self._resolve(req.rid, res)
             self._take_snapshot()

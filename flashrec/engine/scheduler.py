@@ -89,6 +89,10 @@ class Scheduler:
         self._hasher: StepHasher | None = None
         self._planted: dict[int, torch.Tensor] | None = {} if env_flag(PLANT_ID_CACHE_ENV) else None
         self.step_delay_s = 0.0
+        # --overlap-results: a step's finished requests, their results' device-to-host copy
+        # started, handed back by the next step once its GPU work is launched
+        self.overlap_results = self.cfg.resolved_overlap_results
+        self._pending: _PendingResults | None = None
         # shorter radix matches are recomputed (--prefix-cache-min-match); with prefill graphs
         # at least one bucket, since only prompts without a cached prefix replay one
         self.min_match = self.cfg.prefix_cache_min_match
@@ -129,7 +133,21 @@ class Scheduler:
         return self.kv.tokens.num_used - evictable - self.kv_reserved_tokens
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self._pending)
+
+    def flush_pending(self, exc: BaseException | None = None):
+        """Results held back by ``--overlap-results`` (finished now), or ``exc`` for each of
+        those requests when given; the engine loop calls it when a step fails, so no finished
+        request is lost."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return []
+        if exc is not None:
+            return [(st.req, exc) for st in pending.states]
+        try:
+            return self._results_finish(pending)
+        except Exception as err:  # noqa: BLE001 - the copy failed: fail those requests
+            return [(st.req, err) for st in pending.states]
 
     def flush_cache(self) -> int:
         if self.radix is None:
@@ -147,12 +165,24 @@ class Scheduler:
             out.extend(self._prefill(admitted))
         out.extend(self._decode())
         done = [s for s in self.running if s.done]
+        started = None
         if done:
             with trace_range("flashrec.results"):
-                for st, res in zip(done, self._results(done)):
+                started = self._results_start(done)  # device ranking + asynchronous copy
+                for st in done:
                     self.running.remove(st)
-                    out.append((st.req, res))
-                    self._release(st)
+                    self._release(st)  # stream order: later writes to its KV come after
+        # the previous step's held-back results: this step's GPU work is already queued, so
+        # the GPU keeps running while they are waited for and built
+        if self._pending is not None:
+            with trace_range("flashrec.results"):
+                out.extend(self.flush_pending())
+        if started is not None:
+            if self.overlap_results and (self.waiting or self.running):
+                self._pending = started
+            else:
+                with trace_range("flashrec.results"):
+                    out.extend(self._results_finish(started))
         self.stats.steps_total += 1
         if self.step_delay_s:
             time.sleep(self.step_delay_s)
@@ -403,10 +433,11 @@ class Scheduler:
                 st.tokens = t
 
     # ---- results / cleanup --------------------------------------------------------------
-    def _results(self, states: list[ReqState]) -> list[GenResult]:
-        """Ranked beams of finished requests. The ranking runs on the device; every request's
-        tokens, cumulative logprobs and scores come back in ONE device-to-host copy (one sync
-        per step, whatever the number of finished requests)."""
+    def _results_start(self, states: list[ReqState]) -> _PendingResults:
+        """The ranking of finished requests' beams, on the device, and ONE asynchronous
+        device-to-host copy of every request's tokens, cumulative logprobs and scores (one sync
+        per step, whatever the number of finished requests), into pinned memory with an event
+        behind it; :meth:`_results_finish` waits for that event."""
         blocks, ordered = [], []
         for same in _by_shape(range(len(states)), lambda i: states[i].tokens.shape):
             ordered.extend(same)  # indices into states, batched per token-history shape
@@ -421,7 +452,21 @@ class Scheduler:
             cols = [tokens.gather(1, order[:, :, None].expand(-1, -1, g)).double()]
             cols += [x.gather(1, order)[:, :, None].double() for x in (cum, scores, alive)]
             blocks.append(torch.cat(cols, dim=2).reshape(-1))  # int64 ids < 2^53: exact
-        host = torch.cat(blocks).cpu().numpy()
+        flat = torch.cat(blocks)
+        if flat.device.type != "cuda":
+            return _PendingResults(states, ordered, flat, None)
+        host = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True)
+        host.copy_(flat, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        return _PendingResults(states, ordered, host, event)
+
+    def _results_finish(self, pending: _PendingResults) -> list[tuple[GenRequest, GenResult]]:
+        """Wait for a started copy and build the requests' results (ranked beams)."""
+        if pending.event is not None:
+            pending.event.synchronize()
+        states, ordered = pending.states, pending.ordered
+        host = pending.host.numpy()
         done_at = time.monotonic()
         out: list[GenResult] = [None] * len(states)  # type: ignore[list-item]
         off = 0
@@ -445,7 +490,7 @@ class Scheduler:
                 engine_s=done_at - st.admitted_at,
                 done_at=done_at,
             )
-        return out
+        return [(st.req, res) for st, res in zip(states, out)]
 
     def _release(self, st: ReqState) -> None:
         if st.rows is not None:
@@ -465,6 +510,17 @@ class Scheduler:
             self._release(st)
         err = EngineError(f"{type(exc).__name__}: {exc}")
         return [(st.req, err) for st in batch]
+
+
+@dataclass
+class _PendingResults:
+    """Finished requests whose ranked results are on their way to the host: ``host`` (pinned
+    on CUDA) is complete once ``event`` (None on CPU: already complete) has passed."""
+
+    states: list[ReqState]
+    ordered: list[int]
+    host: torch.Tensor
+    event: torch.cuda.Event | None
 
 
 def _extend_histories(states: list[ReqState], parents, new_tok) -> torch.Tensor:

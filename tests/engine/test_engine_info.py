@@ -26,6 +26,7 @@ def test_cpu_defaults_resolve_to_eager(tiny_model):
         "prefill_graph_max_tokens": 0,
         "piecewise_prefill_max_tokens": 0,
         "kv_reorder_positions": 1,  # 3 SID levels, free end token
+        "overlap_results": False,  # auto: on with CUDA only
     }
 
 
@@ -36,8 +37,10 @@ def test_explicit_knobs_show_through(tiny_model):
         prefill_graph_max_tokens=256,
         piecewise_prefill_max_tokens=512,
         logprob_scope="full",
+        overlap_results=True,
     )
     assert eff["step_graph"] is True and eff["step_graph_sizes"] == []  # eager on CPU
     assert eff["prefill_graph_max_tokens"] == 256
     assert eff["piecewise_prefill_max_tokens"] == 512
     assert eff["kv_reorder_positions"] == 2  # the end token's forward reads one more
+    assert eff["overlap_results"] is True

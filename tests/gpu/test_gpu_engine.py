@@ -494,9 +494,41 @@ def test_gpu_defaults_capture_the_whole_step(synth_model):
     assert eff["prefill_graph_max_tokens"] == 2048
     assert eff["piecewise_prefill_max_tokens"] > 0
     assert eff["kv_reorder_positions"] == 1
+    assert eff["overlap_results"] is True
     # the step graph answers: every request of width 16 at temperature 0 replays it
     calls = []
     orig = eng.runner.graphs.run_step
     eng.runner.graphs.run_step = lambda *a: calls.append(a[0].shape[0]) or orig(*a)
     res = eng.generate([eng.new_request(eng.build_prompt(messages=p), n=16) for p in PROMPTS])
     assert calls and all(r.beams for r in res)
+
+
+def test_overlap_results_same_beams_on_gpu(synth_model):
+    """--overlap-results on the GPU (pinned asynchronous copy + event, results handed back one
+    step later while other requests wait): every request's beams and scores equal those of
+    the same staggered run with it off, bit for bit, and some results were held back."""
+    path = synth_model("tiny", catalog_size=2000)
+    runs = []
+    for overlap in (False, True):
+        eng = Engine(
+            EngineConfig(
+                model_path=str(path), sid_vocab_file=str(path / "catalog.json"), device="cuda",
+                beam_width=16, cuda_graph_max_bs=128, batch_slots=256, dtype="bfloat16",
+                enable_prefix_cache=False, overlap_results=overlap,
+            )
+        )  # fmt: skip
+        reqs = [eng.new_request(eng.build_prompt(messages=p), n=16) for p in PROMPTS * 2]
+        pending, got, step = list(reqs), {}, 0
+        while pending or eng.scheduler.has_work():
+            for _ in range(2):
+                if pending:
+                    eng.scheduler.add(pending.pop(0))
+            step += 1
+            for req, res in eng.scheduler.step():
+                got[req.rid] = (step, res)
+        runs.append([got[r.rid] for r in reqs])
+    for (s_off, a), (s_on, b) in zip(*runs):
+        assert [x.token_ids for x in a.beams] == [x.token_ids for x in b.beams]
+        assert [x.sequence_score for x in a.beams] == [x.sequence_score for x in b.beams]
+        assert s_on - s_off in (0, 1)
+    assert any(s_on > s_off for (s_off, _), (s_on, _) in zip(*runs))

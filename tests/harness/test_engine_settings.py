@@ -25,6 +25,7 @@ GPU = {
         "prefill_graph_max_tokens": 2048,
         "piecewise_prefill_max_tokens": 8192,
         "kv_reorder_positions": 1,
+        "overlap_results": True,
     },
 }
 CPU = {
@@ -41,7 +42,7 @@ CPU = {
         "prefill_graph_max_tokens": 0,
         "piecewise_prefill_max_tokens": 0,
         "kv_reorder_positions": 1,
-    },
+    },  # a server from before --overlap-results: "-"
 }
 
 
@@ -58,8 +59,9 @@ def test_rows_say_what_each_server_ran_with():
     assert head[0] == "cell" and head[-1] == "engine process"
     assert rows == [
         ["gpu", "cuda, bfloat16", "yes", "float8_e4m3fn", "flashinfer", "4 sizes, 50..200 rows",
-         "on (4 sizes, 50..200 rows)", "2048", "8192", "on"],
-        ["cpu", "cpu, float32", "no", "float32", "torch", "eager", "on (eager)", "0", "0", "off"],
+         "on (4 sizes, 50..200 rows)", "2048", "8192", "on", "on"],
+        ["cpu", "cpu, float32", "no", "float32", "torch", "eager", "on (eager)", "0", "0", "-",
+         "off"],
     ]  # fmt: skip
     titles = [t for t, _, _ in _extra_tables({**report, "targets": {}})]
     assert "Engine settings (from /get_server_info)" in titles
