@@ -4,6 +4,7 @@ device run.
 
     python scripts/kernel_regs.py [--file flashrec/kernels/beam_attention.py]
         [--kv bf16 fp8e4nv] [--tiles 64x64x4 32x64x4 ...]   (BLOCK_M x BLOCK_N x num_warps)
+        [--f16-dot]   (float16 products, as the engine launches it with FP8 KV)
 
 Prints one line per (kv dtype, tile): ``REG:<registers per thread> STACK:<bytes>``; a STACK
 above a few hundred bytes means the kernel spills to local memory in its inner loops.
@@ -77,8 +78,12 @@ def main() -> int:
     ap.add_argument("--file", default="flashrec/kernels/beam_attention.py")
     ap.add_argument("--kv", nargs="+", default=["bf16", "fp8e4nv"])
     ap.add_argument("--tiles", nargs="+", default=["64x64x4", "64x64x8", "32x64x4"])
+    ap.add_argument(
+        "--f16-dot", action="store_true", help="float16 products (the engine's FP8-KV launch)"
+    )
     args = ap.parse_args()
     kernel = _load(args.file)
+    HEAD["F16_DOT"] = args.f16_dot
     for kv in args.kv:
         for tile in args.tiles:
             bm, bn, w = (int(x) for x in tile.split("x"))
