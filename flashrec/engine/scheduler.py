@@ -172,17 +172,18 @@ class Scheduler:
                 for st in done:
                     self.running.remove(st)
                     self._release(st)  # stream order: later writes to its KV come after
+        hold = started is not None and self.overlap_results and bool(self.waiting or self.running)
+        if started is not None and not hold:  # nothing else queued: hand them back now
+            with trace_range("flashrec.results"):
+                out.extend(self._results_finish(started))
         # the previous step's held-back results: this step's GPU work is already queued, so
-        # the GPU keeps running while they are waited for and built
+        # the GPU keeps running while they are waited for and built (after a wait for a later
+        # copy just above, their event has passed: no second wait)
         if self._pending is not None:
             with trace_range("flashrec.results"):
                 out.extend(self.flush_pending())
-        if started is not None:
-            if self.overlap_results and (self.waiting or self.running):
-                self._pending = started
-            else:
-                with trace_range("flashrec.results"):
-                    out.extend(self._results_finish(started))
+        if hold:
+            self._pending = started
         self.stats.steps_total += 1
         if self.step_delay_s:
             time.sleep(self.step_delay_s)
@@ -463,7 +464,7 @@ class Scheduler:
 
     def _results_finish(self, pending: _PendingResults) -> list[tuple[GenRequest, GenResult]]:
         """Wait for a started copy and build the requests' results (ranked beams)."""
-        if pending.event is not None:
+        if pending.event is not None and not pending.event.query():  # query: no sync
             pending.event.synchronize()
         states, ordered = pending.states, pending.ordered
         host = pending.host.numpy()
