@@ -5,6 +5,7 @@ device run.
     python scripts/kernel_regs.py [--file flashrec/kernels/beam_attention.py]
         [--kv bf16 fp8e4nv] [--tiles 64x64x4 32x64x4 ...]   (BLOCK_M x BLOCK_N x num_warps)
         [--f16-dot]   (float16 products, as the engine launches it with FP8 KV)
+        [--stages N]  (software pipeline stages, default 2)
 
 Prints one line per (kv dtype, tile): ``REG:<registers per thread> STACK:<bytes>``; a STACK
 above a few hundred bytes means the kernel spills to local memory in its inner loops.
@@ -41,7 +42,7 @@ def _load(path: str):
     return k[0] if isinstance(k, tuple) else k
 
 
-def usage(kernel, kv: str, block_m: int, block_n: int, warps: int) -> str:
+def usage(kernel, kv: str, block_m: int, block_n: int, warps: int, stages: int = 2) -> str:
     typed = {
         "q_ptr": "*bf16",
         "out_ptr": "*bf16",
@@ -62,7 +63,7 @@ def usage(kernel, kv: str, block_m: int, block_n: int, warps: int) -> str:
         fn=kernel, signature=sig, constexprs={k: v for k, v in const.items() if k in sig}
     )
     cc = triton.compile(
-        src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": 2}
+        src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages}
     )
     cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
@@ -81,6 +82,7 @@ def main() -> int:
     ap.add_argument(
         "--f16-dot", action="store_true", help="float16 products (the engine's FP8-KV launch)"
     )
+    ap.add_argument("--stages", type=int, default=2, help="software pipeline stages")
     args = ap.parse_args()
     kernel = _load(args.file)
     HEAD["F16_DOT"] = args.f16_dot
@@ -88,7 +90,7 @@ def main() -> int:
         for tile in args.tiles:
             bm, bn, w = (int(x) for x in tile.split("x"))
             print(
-                f"{args.file} kv={kv} BLOCK_M={bm} BLOCK_N={bn} warps={w}: {usage(kernel, kv, bm, bn, w)}"
+                f"{args.file} kv={kv} BLOCK_M={bm} BLOCK_N={bn} warps={w}: {usage(kernel, kv, bm, bn, w, args.stages)}"
             )
     return 0
 
