@@ -12,9 +12,10 @@
 # MODEL (default .cache/onerec) and the FlashInfer JIT cache stay between calls of a warm machine.
 # TAR=1 adds $OUT/matrix.tgz, the whole report directory in one file.
 # STAGES=probes runs the side-by-side probe scripts into $OUT: scripts/reorder_probe.py (GPU)
-# scripts/respond_probe.py (the host's cores: answer bodies on the loop vs worker processes) and
-# the qk_norm_rope_store launch-settings sweep (tests/kernels/bench_kernels.py --qk-sweep) and the
-# beam-decode attention tile sweep beside FlashInfer's paged prefill and cuDNN (--attn-sweep).
+# scripts/respond_probe.py (the host's cores: answer bodies on the loop vs worker processes),
+# the qk_norm_rope_store and silu_mul launch-settings sweeps (tests/kernels/bench_kernels.py
+# --qk-sweep, --silu-sweep) and the beam-decode attention tile sweep beside FlashInfer's paged
+# prefill and cuDNN (--attn-sweep).
 # STAGES=ab runs A/B pairs, same machine, same call (see docs/baselines.md): the defaults
 # (step graph on) against the step graph off, at p=1000 and n=50, and at p=1000 also against
 # the prefill graph off (no HF baseline in these runs: the pairs compare FlashRec with itself).
@@ -54,6 +55,7 @@ case $STAGES in *" probes "*)  # kernel-level A/Bs, both forms side by side in o
   python scripts/reorder_probe.py | tee "$OUT/reorder_probe.jsonl"
   python scripts/respond_probe.py --workers 2 4 8 | tee "$OUT/respond_probe.jsonl"
   python tests/kernels/bench_kernels.py --qk-sweep | tee "$OUT/qk_sweep.txt"
+  python tests/kernels/bench_kernels.py --silu-sweep | tee "$OUT/silu_sweep.txt"
   python tests/kernels/bench_kernels.py --attn-sweep | tee "$OUT/attn_sweep.txt";; esac
 case $STAGES in *" cells "*) OUT=$OUT bash scripts/h200_bench.sh "$MODEL";; esac
 case $STAGES in *" ab "*)

@@ -45,7 +45,12 @@ def silu_mul_quant_fp8_ref(gate_up: torch.Tensor) -> tuple[torch.Tensor, torch.T
     return per_token_quant_fp8_ref(silu_mul_ref(gate_up))
 
 
-def _launch(gate_up: torch.Tensor, quant: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _launch(
+    gate_up: torch.Tensor, quant: bool, num_warps: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``num_warps``: a launch setting for tuning sweeps (``bench_kernels.py --silu-sweep``);
+    None = ``launch_warps`` of the row tile. Each program still owns one whole row, so the
+    values written do not depend on it beyond the order of the absmax reduction."""
     from flashrec.kernels.tl.silu import silu_mul_kernel
 
     two_i = gate_up.shape[-1]
@@ -63,7 +68,7 @@ def _launch(gate_up: torch.Tensor, quant: bool) -> tuple[torch.Tensor, torch.Ten
         silu_mul_kernel[(m,)](
             gu, gu.stride(0), y, y if scale is None else scale, inter,
             BLOCK=block, NUM_TILES=-(-inter // block), QUANT=quant, EMULATE=interpreting(),
-            num_warps=launch_warps(block),
+            num_warps=launch_warps(block) if num_warps is None else num_warps,
         )  # fmt: skip
     lead = gate_up.shape[:-1]
     return y.view(*lead, inter), None if scale is None else scale.view(*lead, 1)
@@ -74,9 +79,11 @@ def silu_mul_triton(gate_up: torch.Tensor) -> torch.Tensor:
     return _launch(gate_up, quant=False)[0]
 
 
-def silu_mul_quant_fp8_triton(gate_up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def silu_mul_quant_fp8_triton(
+    gate_up: torch.Tensor, num_warps: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Triton version of :func:`silu_mul_quant_fp8_ref`; ``y`` never hits memory in bf16."""
-    y, scale = _launch(gate_up, quant=True)
+    y, scale = _launch(gate_up, quant=True, num_warps=num_warps)
     assert scale is not None
     return y, scale
 

@@ -1,10 +1,11 @@
 """GPU micro-benchmark of the fused kernels against their references (not a pytest module).
 
-Run on the GPU machine from the repo root: ``python tests/kernels/bench_kernels.py``
-(``--qk-sweep``: only qk_norm_rope_store's launch settings, checked bit for bit against the
-default launch; ``--attn-sweep``: only the beam-decode attention kernel's tiles and launch
-settings, next to FlashInfer's paged prefill (beams as queries, non-causal) and dense cuDNN
-SDPA on the same prompt-part data).
+Run on the GPU machine from the repo root: ``python tests/kernels/bench_kernels.py``. Sweeps:
+- ``--qk-sweep``: qk_norm_rope_store's launch settings, compared with the default launch;
+- ``--silu-sweep``: silu_mul -> e4m3's warps, compared with the default launch;
+- ``--attn-sweep``: the beam-decode attention kernel's tiles and launch settings, next to
+  FlashInfer's paged prefill (beams as queries, non-causal) and dense cuDNN SDPA on the same
+  prompt-part data.
 Prints time per call and effective bandwidth (bytes read + written / time) for Qwen3-1.7B
 shapes (hidden 2048, intermediate 6144, 16 q / 8 kv heads of 128); warm-up excluded.
 """
@@ -64,6 +65,27 @@ def _run(m: int) -> None:
     tflops = 2 * m * 4096 * hidden / ms / 1e9
     print(f"{'fp8_linear M=' + str(m) + ' N=4096 K=2048':48s} {ms * 1e3:9.1f} us "
           f"{tflops:8.0f} TFLOP/s")  # fmt: skip
+
+
+def _silu_sweep(m: int) -> None:
+    """silu_mul -> e4m3 (the FP8 MLP's form) at M tokens of OneRec-1.7B's 6,144-wide
+    intermediate, per warp count: time, bandwidth (the row in, codes and scale out) and the
+    largest code difference from the default launch. Session 9's n=50 trace has it at ~3.1
+    TB/s, under the ~4.2 TB/s rms_norm reaches."""
+    inter = 6144
+    g = torch.Generator(device=DEV).manual_seed(3)
+    gu = torch.randn(m, 2 * inter, device=DEV, dtype=BF16, generator=g)
+    ref, ref_s = silu_fp8.silu_mul_quant_fp8_triton(gu)
+    nb = m * (inter * 2 * 2 + inter + 4)
+    for warps in (4, 8, 16, 32):
+        y, sc = silu_fp8.silu_mul_quant_fp8_triton(gu, num_warps=warps)
+        codes = (y.view(torch.uint8).int() - ref.view(torch.uint8).int()).abs().max().item()
+        same_s = torch.equal(sc, ref_s)
+        _bench(
+            f"silu_mul_quant_fp8 warps={warps} M={m} codes_maxdiff={codes} scale_same={same_s}",
+            lambda w=warps: silu_fp8.silu_mul_quant_fp8_triton(gu, num_warps=w),
+            nb,
+        )
 
 
 def _qk_sweep(m: int) -> None:
@@ -243,6 +265,10 @@ def main() -> None:
     if "--qk-sweep" in sys.argv:  # only the qk_norm_rope_store launch-settings sweep
         for m in (15000, 35000):
             _qk_sweep(m)
+        return
+    if "--silu-sweep" in sys.argv:  # only silu_mul -> e4m3's warps
+        for m in (4096, 15000, 35000):
+            _silu_sweep(m)
         return
     if "--attn-sweep" in sys.argv:  # only the beam-decode attention tiles (+ FlashInfer, cuDNN)
         # ATTN_TILES="64x128x4x2 64x128x4x2x1 ..." (BLOCK_M x BLOCK_N x warps x stages [x f16
