@@ -342,6 +342,13 @@ def trace_lines(report: dict) -> list[str]:
                         for g in f["largest_gaps_us"][:3]
                     )
                 )
+            over = f.get("gaps_over")
+            if isinstance(over, dict) and over["count"]:
+                out.append(
+                    f"  - GPU gaps over {over['threshold_us'] / 1000:.1f} ms: {over['count']}, "
+                    f"{over['total_us'] / 1000:.1f} ms together ({over['fraction']:.1%} of the "
+                    "window)"
+                )
             if isinstance(f.get("gpu_time_by_span"), list) and f["gpu_time_by_span"]:
                 out.append("  - GPU time by span (its top kernels: launches x mean, longest):")
                 for r in f["gpu_time_by_span"]:

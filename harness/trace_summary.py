@@ -50,6 +50,7 @@ DECODE_SPANS = ("flashrec.decode", "flashrec.decode_step")
 FORWARD_SPANS = ("flashrec.prefill", *DECODE_SPANS, "flashrec.layer")
 KERNEL_LAUNCH = {"cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernelEx"}
 NO_SPAN = "(no host span)"
+GAP_THRESHOLD_US = 300.0  # GPU gaps longer than this are counted and summed (gaps_over)
 GPU_BOUND_BUSY = 0.8  # busy fraction from which a trace reads as GPU-bound
 
 
@@ -136,6 +137,7 @@ def _gpu(
         return {
             "gpu_busy_fraction": NA,
             "largest_gaps_us": NA,
+            "gaps_over": NA,
             "cuda_graph_launches": graph if runtime else NA,
             "decode_graph_launches": decode_field if runtime else NA,
             "kernel_launches": launches if runtime else NA,
@@ -157,6 +159,15 @@ def _gpu(
         ),
         key=lambda g: -g["gap_us"],
     )[:gaps_k]
+    # every gap over GAP_THRESHOLD_US: how often and how long the GPU waited (a step boundary
+    # waiting for the host shows up here; the launch-sized gaps between kernels do not)
+    long = [b[0] - a[1] for a, b in zip(merged, merged[1:]) if b[0] - a[1] > GAP_THRESHOLD_US]
+    gaps_over = {
+        "threshold_us": GAP_THRESHOLD_US,
+        "count": len(long),
+        "total_us": round(sum(long), 1),
+        "fraction": round(sum(long) / span, 4) if span > 0 else NA,
+    }
     kernels: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
     for start, end, name in spans:
         kernels[name][0] += end - start
@@ -167,6 +178,7 @@ def _gpu(
     return {
         "gpu_busy_fraction": round(busy / span, 4) if span > 0 else NA,
         "largest_gaps_us": gaps,
+        "gaps_over": gaps_over,
         "cuda_graph_launches": graph,
         "decode_graph_launches": decode_field,
         "kernel_launches": launches,

@@ -112,12 +112,18 @@ def gpu_events() -> list[dict]:
 
 
 def test_gpu_summary():
+    k = lambda name, ts, dur: {"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": dur}  # noqa: E731
     s = summarize_events(gpu_events())
     assert s["device"] == "gpu" and s["steps"] == 1
     assert s["gpu_busy_fraction"] == pytest.approx(110 / 510, abs=1e-4)
     gaps = s["largest_gaps_us"]
     assert gaps[0]["gap_us"] == 300 and gaps[0]["before"] == "rmsnorm"
     assert gaps[1]["gap_us"] == 100 and gaps[1]["after"] == "fp8_scaled_mm_kernel"
+    # gaps over 300 us: none (the 300 us one is not over); the 100 us one is too short
+    assert s["gaps_over"] == {"threshold_us": 300.0, "count": 0, "total_us": 0, "fraction": 0}
+    late = summarize_events(gpu_events() + [k("late_kernel", 1500, 10)])
+    assert late["gaps_over"]["count"] == 1 and late["gaps_over"]["total_us"] == 990
+    assert late["gaps_over"]["fraction"] == pytest.approx(990 / 1510, abs=1e-4)
     # no FlashRec decode span in this trace: any graph launch counts (another engine's trace)
     assert s["decode_graph_replay"] is True and s["cuda_graph_launches"] == 1
     assert s["decode_graph_launches"] == "n/a"
@@ -424,3 +430,27 @@ def test_gpu_bound_limit_names_the_span_and_kernel_the_gpu_works_in():
     assert summarize_events(events[2:])["limit"] == (
         "gpu-bound: the GPU is busy 98.7% of the traced window"
     )
+
+
+def test_report_counts_gpu_gaps_over_the_threshold(tmp_path):
+    """REPORT.md's trace lines say how many GPU gaps exceed 0.3 ms and how long they last
+    together (the GPU waiting for the host at step boundaries), and say nothing without one."""
+    from harness.render import trace_lines
+
+    k = lambda name, ts, dur: {"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": dur}  # noqa: E731
+
+    def lines(events):
+        p = tmp_path / f"{len(events)}.trace.json.gz"
+        for e in events:
+            e.setdefault("pid", 0)
+            e.setdefault("tid", 0)
+        with gzip.open(p, "wt") as fh:
+            json.dump({"traceEvents": events}, fh)
+        report = {
+            "cells": [{"id": "c", "trace": {"status": "complete", "files": [summarize_trace(p)]}}]
+        }
+        return [x for x in trace_lines(report) if "GPU gaps over" in x]
+
+    assert lines(gpu_events()) == []  # its longest gap is exactly 300 us: not over
+    (line,) = lines(gpu_events() + [k("late", 1500, 10), k("later", 2510, 10)])
+    assert "GPU gaps over 0.3 ms: 2, 2.0 ms together (79.0% of the window)" in line
