@@ -49,9 +49,15 @@ def _generate_bodies(srv: ServerThread, texts: list[str], n: int) -> list[dict]:
 
 
 def _children(pid: int) -> set[int]:
+    """Child processes of ``pid``, over all of its threads. A thread may end between the
+    listing and the read (its children then belong to another thread of the process, which
+    the loop reads too): a vanished task is skipped."""
     out = set()
     for task in Path(f"/proc/{pid}/task").iterdir():
-        kids = Path(f"/proc/{pid}/task/{task.name}/children").read_text().split()
+        try:
+            kids = Path(f"/proc/{pid}/task/{task.name}/children").read_text().split()
+        except FileNotFoundError:
+            continue
         out.update(int(k) for k in kids)
     return out
 
