@@ -165,7 +165,7 @@ class EngineConfig:
     )
     overlap_results: bool | None = _opt(
         None,
-        "hand a step's finished requests back at the end of the NEXT step, after that step's GPU work is launched, whenever other requests wait or run: the device-to-host copy of the results starts at once and the host waits for it only once the GPU has more work queued, so the GPU is not left idle while the host builds answers and schedules. Nothing waits longer than the next step's launches; with nothing else to run, results come back at once (one request at a time is unaffected). Default: on with CUDA, off on CPU; --no-overlap-results hands results back in the step that finished them",
+        "hand a step's finished requests back at the end of the NEXT step, after that step's GPU work is launched, whenever other requests wait or run: the device-to-host copy of the results starts at once and the host waits for it only once the GPU has more work queued, so the GPU is not left idle while the host builds answers and schedules. Nothing waits longer than the next step's launches; with nothing else to run, results come back at once (one request at a time is unaffected). Default: off until the served A/B on the H200 (matrices/h200_overlap_ab.yaml) has measured it; --overlap-results turns it on",
     )
     prefill_graph_max_tokens: int | None = _opt(
         None,
@@ -281,7 +281,7 @@ class EngineConfig:
         is queued (``--overlap-results``)."""
         if self.overlap_results is not None:
             return self.overlap_results
-        return self.resolved_device == "cuda"
+        return False  # off by default until measured on the H200 (docs/baselines.md, session 9)
 
     @property
     def resolved_prefill_graph_max_tokens(self) -> int:
