@@ -147,21 +147,22 @@ def _gpu(
         }
     busy = sum(m[1] - m[0] for m in merged)
     span = merged[-1][1] - merged[0][0]
+    between = [(b[0] - a[1], a, b) for a, b in zip(merged, merged[1:])]  # (gap, before, after)
     gaps = sorted(
         (
             {
-                "gap_us": round(b[0] - a[1], 1),
+                "gap_us": round(gap, 1),
                 "at_us": round(a[1] - merged[0][0], 1),
                 "before": a[3][:120],
                 "after": b[2][:120],
             }
-            for a, b in zip(merged, merged[1:])
+            for gap, a, b in between
         ),
         key=lambda g: -g["gap_us"],
     )[:gaps_k]
     # every gap over GAP_THRESHOLD_US: how often and how long the GPU waited (a step boundary
     # waiting for the host shows up here; the launch-sized gaps between kernels do not)
-    long = [b[0] - a[1] for a, b in zip(merged, merged[1:]) if b[0] - a[1] > GAP_THRESHOLD_US]
+    long = [gap for gap, _, _ in between if gap > GAP_THRESHOLD_US]
     gaps_over = {
         "threshold_us": GAP_THRESHOLD_US,
         "count": len(long),

@@ -10,20 +10,27 @@ from flashrec.engine.kv import KVCache
 from flashrec.engine.runner import make_prefill_meta
 from flashrec.layers.attention import TorchAttention, prefill_reference
 
+# (prefix_len, new_len): equal-length plain prompts are batched, prefixed ones go alone
+SHAPES = [(0, 7), (0, 7), (5, 3), (0, 11), (9, 1)]
 
-def test_prefill_matches_reference():
-    torch.manual_seed(0)
-    cfg = ModelConfig("Qwen3ForCausalLM", 64, 1, 4, 2, 16, 128, 100, 1e-6, 1e6, 4096, True)
-    kv = KVCache(cfg, 512, 8, 3, torch.float32, "cpu")
-    # (prefix_len, new_len): equal-length plain prompts are batched, prefixed ones go alone
-    shapes = [(0, 7), (0, 7), (5, 3), (0, 11), (9, 1)]
+
+def _seqs(shapes) -> list[tuple[int, list[int], list[int]]]:
+    """(prefix_len, new slots, all slots) per prompt, the prompts' slots side by side."""
     seqs, nxt = [], 0
     for pre, new in shapes:
         slots = list(range(nxt, nxt + pre + new))
         nxt += pre + new
         seqs.append((pre, slots[pre:], slots))
+    return seqs
+
+
+def test_prefill_matches_reference():
+    torch.manual_seed(0)
+    cfg = ModelConfig("Qwen3ForCausalLM", 64, 1, 4, 2, 16, 128, 100, 1e-6, 1e6, 4096, True)
+    kv = KVCache(cfg, 512, 8, 3, torch.float32, "cpu")
+    seqs = _seqs(SHAPES)
     meta = make_prefill_meta(seqs, "cpu")
-    t = sum(n for _, n in shapes)
+    t = sum(n for _, n in SHAPES)
     q, k, v = (torch.randn(t, h, 16) for h in (4, 2, 2))
     for pre, _, slots in seqs:  # cached prefixes already in the pool
         if pre:
@@ -41,13 +48,8 @@ def test_prefill_takes_row_strided_views():
     contiguous inputs, on every path (batched equal lengths, lone prompts, cached prefixes)."""
     torch.manual_seed(1)
     cfg = ModelConfig("Qwen3ForCausalLM", 64, 1, 4, 2, 16, 128, 100, 1e-6, 1e6, 4096, True)
-    shapes = [(0, 7), (0, 7), (5, 3), (0, 11), (9, 1)]
-    seqs, nxt = [], 0
-    for pre, new in shapes:
-        slots = list(range(nxt, nxt + pre + new))
-        nxt += pre + new
-        seqs.append((pre, slots[pre:], slots))
-    t = sum(n for _, n in shapes)
+    seqs = _seqs(SHAPES)
+    t = sum(n for _, n in SHAPES)
     qkv = torch.randn(t, (4 + 2 + 2) * 16 + 8)  # padded row, like a GEMM output slice
     q = qkv[:, :64].view(t, 4, 16)
     k = qkv[:, 64:96].view(t, 2, 16)

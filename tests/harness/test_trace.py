@@ -112,7 +112,6 @@ def gpu_events() -> list[dict]:
 
 
 def test_gpu_summary():
-    k = lambda name, ts, dur: {"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": dur}  # noqa: E731
     s = summarize_events(gpu_events())
     assert s["device"] == "gpu" and s["steps"] == 1
     assert s["gpu_busy_fraction"] == pytest.approx(110 / 510, abs=1e-4)
@@ -121,7 +120,7 @@ def test_gpu_summary():
     assert gaps[1]["gap_us"] == 100 and gaps[1]["after"] == "fp8_scaled_mm_kernel"
     # gaps over 300 us: none (the 300 us one is not over); the 100 us one is too short
     assert s["gaps_over"] == {"threshold_us": 300.0, "count": 0, "total_us": 0, "fraction": 0}
-    late = summarize_events(gpu_events() + [k("late_kernel", 1500, 10)])
+    late = summarize_events(gpu_events() + [_kernel("late_kernel", 1500, 10)])
     assert late["gaps_over"]["count"] == 1 and late["gaps_over"]["total_us"] == 990
     assert late["gaps_over"]["fraction"] == pytest.approx(990 / 1510, abs=1e-4)
     # no FlashRec decode span in this trace: any graph launch counts (another engine's trace)
@@ -146,6 +145,22 @@ def _kernel(name: str, ts: float, dur: float, regs: int | None = None) -> dict:
     """A kernel event, with the registers per thread the profiler records when given."""
     args = {"args": {"registers per thread": regs}} if regs else {}
     return {"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": dur, **args}
+
+
+def _report_lines(tmp_path: Path, events: list[dict]) -> list[str]:
+    """REPORT.md's trace lines for ``events`` written as a gzipped trace and summarized."""
+    from harness.render import trace_lines
+
+    p = tmp_path / f"t{len(list(tmp_path.iterdir()))}.trace.json.gz"
+    for e in events:
+        e.setdefault("pid", 0)
+        e.setdefault("tid", 0)
+    with gzip.open(p, "wt") as fh:
+        json.dump({"traceEvents": events}, fh)
+    report = {
+        "cells": [{"id": "c", "trace": {"status": "complete", "files": [summarize_trace(p)]}}]
+    }
+    return trace_lines(report)
 
 
 def test_decode_graph_replay_counts_only_launches_inside_decode_spans():
@@ -326,9 +341,6 @@ def test_gpu_idle_by_python_frame():
 def test_report_trace_lines_show_the_new_fields(tmp_path):
     """REPORT.md's trace section prints the limit, the idle split by host span and by Python
     frame, the allocator / sync calls and the decode cadence of a summary."""
-    from harness.render import trace_lines
-
-    p = tmp_path / "t.trace.json.gz"
     events = gpu_events() + [
         _span("flashrec.prefill", 40, 120),
         _span("flashrec.decode", 300, 100),
@@ -343,15 +355,7 @@ def test_report_trace_lines_show_the_new_fields(tmp_path):
         },  # fmt: skip
         {"ph": "X", "cat": "cuda_runtime", "name": "cudaStreamSynchronize", "ts": 450, "dur": 7},
     ]
-    for e in events:
-        e.setdefault("pid", 0)
-        e.setdefault("tid", 0)
-    with gzip.open(p, "wt") as fh:
-        json.dump({"traceEvents": events}, fh)
-    report = {
-        "cells": [{"id": "c", "trace": {"status": "complete", "files": [summarize_trace(p)]}}]
-    }
-    text = "\n".join(trace_lines(report))
+    text = "\n".join(_report_lines(tmp_path, events))
     assert "**limit: host-bound" in text and "GPU idle while the host is in" in text
     (frames,) = [line for line in text.splitlines() if "GPU idle by Python frame" in line]
     assert "runner.py(1): prefill 0.1 ms" in frames
@@ -396,16 +400,8 @@ def test_gpu_time_is_charged_to_the_outermost_device_span():
 
 
 def test_report_lists_gpu_time_by_span(tmp_path):
-    from harness.render import trace_lines
-
     events = [_gspan("flashrec.decode_step", 0, 50), _kernel("Kernel", 0, 40, 255)]
-    p = tmp_path / "t.trace.json.gz"
-    with gzip.open(p, "wt") as fh:
-        json.dump({"traceEvents": events}, fh)
-    report = {
-        "cells": [{"id": "c", "trace": {"status": "complete", "files": [summarize_trace(p)]}}]
-    }
-    text = "\n".join(trace_lines(report))
+    text = "\n".join(_report_lines(tmp_path, events))
     assert "GPU time by span" in text
     assert (
         "flashrec.decode_step 0.0 ms (100.0% of GPU time, 1 ops): Kernel 0.0 ms (1 x 40 us, max 40, 255 regs)"
@@ -435,22 +431,10 @@ def test_gpu_bound_limit_names_the_span_and_kernel_the_gpu_works_in():
 def test_report_counts_gpu_gaps_over_the_threshold(tmp_path):
     """REPORT.md's trace lines say how many GPU gaps exceed 0.3 ms and how long they last
     together (the GPU waiting for the host at step boundaries), and say nothing without one."""
-    from harness.render import trace_lines
-
-    k = lambda name, ts, dur: {"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": dur}  # noqa: E731
 
     def lines(events):
-        p = tmp_path / f"{len(events)}.trace.json.gz"
-        for e in events:
-            e.setdefault("pid", 0)
-            e.setdefault("tid", 0)
-        with gzip.open(p, "wt") as fh:
-            json.dump({"traceEvents": events}, fh)
-        report = {
-            "cells": [{"id": "c", "trace": {"status": "complete", "files": [summarize_trace(p)]}}]
-        }
-        return [x for x in trace_lines(report) if "GPU gaps over" in x]
+        return [x for x in _report_lines(tmp_path, events) if "GPU gaps over" in x]
 
     assert lines(gpu_events()) == []  # its longest gap is exactly 300 us: not over
-    (line,) = lines(gpu_events() + [k("late", 1500, 10), k("later", 2510, 10)])
+    (line,) = lines(gpu_events() + [_kernel("late", 1500, 10), _kernel("later", 2510, 10)])
     assert "GPU gaps over 0.3 ms: 2, 2.0 ms together (79.0% of the window)" in line
