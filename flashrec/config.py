@@ -165,7 +165,7 @@ class EngineConfig:
     )
     overlap_results: bool | None = _opt(
         None,
-        "hand a step's finished requests back at the end of the NEXT step, after that step's GPU work is launched, whenever other requests wait or run: the device-to-host copy of the results starts at once and the host waits for it only once the GPU has more work queued, so the GPU is not left idle while the host builds answers and schedules. Nothing waits longer than the next step's launches; with nothing else to run, results come back at once (one request at a time is unaffected). Default: off until the served A/B on the H200 (matrices/h200_overlap_ab.yaml) has measured it; --overlap-results turns it on",
+        "hand a step's finished requests back at the end of the NEXT step, after that step's GPU work is launched, whenever other requests wait or run: the device-to-host copy of the results starts at once and the host waits for it only once the GPU has more work queued, so the GPU is not left idle while the host builds answers and schedules. Nothing waits longer than the next step's launches; with nothing else to run, results come back at once (one request at a time is unaffected). Default: on with CUDA (the served A/B on the H200, matrices/h200_overlap_ab.yaml: n=50 c=32 FP8 1.10x QPS, GPU busy 79% -> 97%; docs/baselines.md, session 10), off on CPU; --no-overlap-results hands every result back in its own step",
     )
     prefill_graph_max_tokens: int | None = _opt(
         None,
@@ -281,7 +281,9 @@ class EngineConfig:
         is queued (``--overlap-results``)."""
         if self.overlap_results is not None:
             return self.overlap_results
-        return False  # off by default until measured on the H200 (docs/baselines.md, session 9)
+        # on with CUDA: measured on the H200 (docs/baselines.md, session 10); on CPU the
+        # host and the device are the same cores, so there is nothing to overlap
+        return self.resolved_device == "cuda"
 
     @property
     def resolved_prefill_graph_max_tokens(self) -> int:

@@ -3,7 +3,8 @@
 Each tensor draws from its own ``torch.Generator`` seeded by sha256(seed, name), so a tensor's
 values do not depend on which other tensors exist (e.g. overriding ``num_hidden_layers`` keeps
 layer 0 identical) nor on the storage dtype (a bf16 and an fp8 build share the same float32
-draws). Tensors are generated and written in row blocks: peak memory is one block, not the model.
+draws). Tensors are drawn in row blocks by a few worker threads and written in order: peak memory
+is a few tensors, not the model.
 
 Init scales keep the model well conditioned but not flat: Linear weights ~ N(0, 1/fan_in), so
 every projection preserves activation scale; norm weights ~ U(0.8, 1.2); embeddings and the
@@ -19,8 +20,11 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import sys
+from collections import deque
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -140,6 +144,19 @@ def _entries(spec: TensorSpec, dtype: str) -> list[tuple[str, str, tuple[int, ..
 _ITEMSIZE = {"F32": 4, "BF16": 2, "F8_E4M3": 1}
 
 
+def _encoded(spec: TensorSpec, seed: int, dtype: str) -> list:
+    """The tensor's bytes as stored (numpy views, in file order); an fp8 weight's scales last."""
+    parts, scales = [], []
+    for block in _blocks(spec, seed):
+        if dtype == "fp8" and spec.quantizable:
+            block, scale = quantize_fp8(block)
+            scales.append(scale.numpy())
+        else:
+            block = block.to(DTYPES[dtype])
+        parts.append(block.contiguous().view(torch.uint8).numpy())
+    return parts + scales
+
+
 def write_safetensors(
     path: Path, specs: list[TensorSpec], seed: int, dtype: str, progress: bool = False
 ) -> None:
@@ -164,22 +181,29 @@ def write_safetensors(
     blob += b" " * (-len(blob) % 8)
     layer, num_layers = None, 1 + max((s.layer for s in specs if s.layer is not None), default=-1)
     tmp = path.with_name(path.name + ".partial")
-    with open(tmp, "wb") as f:
+    # Tensors are drawn in worker threads (the draws release the GIL; each tensor has its own
+    # generator, so the bytes do not depend on the order) and written in spec order; at most
+    # `ahead` tensors are held encoded at once.
+    workers = max(1, min(8, os.cpu_count() or 1))
+    ahead = 2 * workers
+    with open(tmp, "wb") as f, ThreadPoolExecutor(workers) as pool:
         f.write(len(blob).to_bytes(8, "little") + blob)
-        for spec in specs:
+        pending: deque = deque()
+        todo = iter(specs)
+        for spec in todo:
+            pending.append((spec, pool.submit(_encoded, spec, seed, dtype)))
+            if len(pending) >= ahead:
+                break
+        while pending:
+            spec, fut = pending.popleft()
+            nxt = next(todo, None)
+            if nxt is not None:
+                pending.append((nxt, pool.submit(_encoded, nxt, seed, dtype)))
             if progress and spec.layer is not None and spec.layer != layer:
                 layer = spec.layer
                 print(f"synth: layer {layer + 1}/{num_layers}", file=sys.stderr, flush=True)
-            scales = []
-            for block in _blocks(spec, seed):
-                if dtype == "fp8" and spec.quantizable:
-                    block, scale = quantize_fp8(block)
-                    scales.append(scale)
-                else:
-                    block = block.to(DTYPES[dtype])
-                f.write(block.contiguous().view(torch.uint8).numpy().data)
-            for scale in scales:
-                f.write(scale.numpy().data)
+            for part in fut.result():
+                f.write(part.data)
         written = f.tell() - 8 - len(blob)
     if written != offset:
         raise AssertionError(f"{tmp}: wrote {written} data bytes, header says {offset}")
