@@ -69,6 +69,9 @@ class CellResult:
     # measured round -> server-side deltas over it (harness.server_metrics: GC pauses)
     server_rounds: dict[int, dict[str, float]] = field(default_factory=dict)
     burst: int = 0  # requests per burst of a "burst" load (0: another load mode)
+    # where and when it was measured (harness.environment.measured_stamp), saved with the cell
+    measured: dict = field(default_factory=dict)
+    resumed: bool = False  # loaded from an earlier run's cell.json by --resume
 
 
 @dataclass

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import datetime as dt
+import functools
 import hashlib
 import json
 import platform
@@ -84,6 +86,27 @@ def environment(matrix: dict, matrix_path: str | None, model_hash: str | None) -
         "matrix_hash": content_hash(matrix),
         "model_hash": model_hash,
     }
+
+
+@functools.lru_cache(maxsize=1)
+def _machine() -> dict[str, Any]:
+    root = str(Path(__file__).resolve().parent.parent)
+    git, gpu = git_info(root), gpu_info()
+    return {
+        "host": platform.node(),
+        "gpu": gpu["gpus"][0]["name"] if gpu["gpus"] else None,
+        "driver": gpu["driver"],
+        "git": git["commit"],
+        "dirty": git["dirty"],
+        "torch": versions().get("torch"),
+    }
+
+
+def measured_stamp() -> dict[str, Any]:
+    """Where and when a cell was measured: saved with the cell, so that a report that resumes
+    it (``--resume``) can say which run, machine and commit its numbers come from."""
+    now = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    return {"at": now, **_machine()}
 
 
 def _cpu_count() -> int | None:

@@ -85,7 +85,32 @@ def cell_entry(res: CellResult, spec: MatrixSpec) -> dict:
         "duration_s": res.duration_s,
         "baseline": {"hf": _hf_entry(hf, metrics)} if hf else {},
         "mfu": _mfu_entry(res.mfu, metrics),
+        "measured": res.measured or None,
+        "resumed": res.resumed,
     }
+
+
+def resumed_note(measured: dict | None, env: dict) -> str:
+    """The note of a cell that --resume took from an earlier run: when, where and at which
+    commit it was measured, and whether that differs from the run writing the report."""
+    if not measured:
+        return "resumed from an earlier run (which machine and commit is not recorded)"
+    git = (measured.get("git") or "?")[:7] + (" (dirty)" if measured.get("dirty") else "")
+    where = measured.get("host") or "?"
+    if measured.get("gpu"):
+        where += f", {measured['gpu']}"
+    note = f"resumed: measured {measured.get('at', '?')} on {where}, git {git}"
+    gpus = [g["name"] for g in env.get("gpus") or []]
+    other = []
+    if measured.get("host") != env.get("host") or measured.get("gpu") != (
+        gpus[0] if gpus else None
+    ):
+        other.append("machine")
+    if measured.get("git") != (env.get("git") or {}).get("commit"):
+        other.append("commit")
+    if other:
+        note += f" (not this report's {' or '.join(other)})"
+    return note
 
 
 def _median(metrics: dict, name: str) -> float | None:
@@ -128,22 +153,36 @@ def build_report(
 ) -> dict:
     """The report.json document (gates are filled in by :mod:`harness.gate`)."""
     matrix = spec.model_dump(mode="json")
+    env = environment(matrix, matrix_path, model.hash if model else None)
     cells = [cell_entry(r, spec) for r in results]
+    for c in cells:
+        if c["resumed"]:
+            c["notes"].insert(0, resumed_note(c["measured"], env))
     traced = [c["id"] for c in cells if c["trace"]]
+    rules = [r.format(radix=spec.load.radix, band_k=spec.stats.band_k) for r in RULES]
+    resumed = sum(c["resumed"] for c in cells)
+    if resumed:
+        rules[0] = (
+            f"every server was started fresh by the run that measured its cells; {resumed} of "
+            f"{len(cells)} cells were measured by an earlier run and resumed into this report "
+            "(--resume): the environment above is the run that wrote the report, each resumed "
+            "cell's own (when, machine, commit) is in its notes"
+        )
     return _clean(
         {
             "schema_version": SCHEMA_VERSION,
             "run_id": run_id,
             "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
             "clock_epoch_unix": EPOCH_UNIX,
-            "environment": environment(matrix, matrix_path, model.hash if model else None),
+            "environment": env,
             "matrix": matrix,
             "model": model.__dict__ if model else None,
             "measurement": {
                 "rounds": max((c["rounds"] for c in cells), default=0),
                 "radix": spec.load.radix,
                 "traced_cells": traced,
-                "rules": [r.format(radix=spec.load.radix, band_k=spec.stats.band_k) for r in RULES],
+                "rules": rules,
+                "resumed_cells": resumed,
             },
             "cells": cells,
             "parity": stages.get("parity", {"status": "not_configured"}),

@@ -20,7 +20,7 @@ from harness import hf_baseline
 from harness.cell import CellContext, CellResult, run_cell, safe_name
 from harness.cells import Cell, group_by_server, select
 from harness.client import Record
-from harness.environment import content_hash
+from harness.environment import content_hash, measured_stamp
 from harness.flops import ceiling_for, mfu_info
 from harness.model import ModelError, ResolvedModel, resolve_model
 from harness.progress import Progress
@@ -65,6 +65,8 @@ def save_result(out_dir: Path, res: CellResult) -> None:
     """Write ``cells/<id>/cell.json`` and ``records.jsonl`` (cell.json last: it marks done)."""
     d = out_dir / "cells" / safe_name(res.id)
     d.mkdir(parents=True, exist_ok=True)
+    if not res.measured:  # the first save, when its rounds are done; kept by later saves
+        res.measured = measured_stamp()
     with open(d / "records.jsonl", "w") as f:
         for r in res.records:
             f.write(json.dumps(asdict(r)) + "\n")
@@ -382,6 +384,7 @@ def run_matrix(
         for c in chosen:
             prev = load_result(opts.out_dir, c.id)
             if prev is not None and prev.status == "ok":
+                prev.resumed = True
                 results[c.id] = prev
                 progress.end_cell("ok (resumed)", skipped=True)
     try:

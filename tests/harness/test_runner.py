@@ -137,13 +137,35 @@ def test_only_resume_dry_run(tmp_path, marker, capsys):
     assert "2 cell(s), 2 server start(s)" in plan and "--beam-width 8" in plan
     out = tmp_path / "out"
     assert run_cli(str(path), "--out", str(out), "--only", "concurrency=1") == 0
-    assert len(load(out)["cells"]) == 2
+    first = load(out)
+    assert len(first["cells"]) == 2 and first["measurement"]["resumed_cells"] == 0
+    assert not any(c["resumed"] for c in first["cells"])
+    assert first["measurement"]["rules"][0].startswith("every server was started fresh by this run")
     done = out / "cells" / "fake,beam_width=4,concurrency=1" / "cell.json"
+    stamp = json.loads(done.read_text())["measured"]
+    assert stamp["git"] == first["environment"]["git"]["commit"] and stamp["at"]
+    # a cell measured elsewhere: the resumed report must not pass it off as its own
+    other = done.parent.parent / "fake,beam_width=8,concurrency=1" / "cell.json"
+    meta = json.loads(other.read_text())
+    meta["measured"] = {**meta["measured"], "host": "gpu-box-7", "gpu": "NVIDIA H200"}
+    other.write_text(json.dumps(meta))
     before = done.stat().st_mtime_ns
     assert run_cli(str(path), "--out", str(out), "--resume", "--rounds", "2") == 0
     rep = load(out)
     assert len(rep["cells"]) == 4 and all(c["status"] == "ok" for c in rep["cells"])
     assert done.stat().st_mtime_ns == before, "finished cells are not rerun"
+    cells = {c["id"]: c for c in rep["cells"]}
+    assert rep["measurement"]["resumed_cells"] == 2
+    assert "2 of 4 cells were measured by an earlier run" in rep["measurement"]["rules"][0]
+    assert [c["resumed"] for c in rep["cells"]] == [True, False, True, False]
+    assert cells["fake,beam_width=4,concurrency=1"]["notes"][0] == (
+        f"resumed: measured {stamp['at']} on {stamp['host']}, git {stamp['git'][:7]}"
+        + (" (dirty)" if stamp["dirty"] else "")
+    )
+    moved = cells["fake,beam_width=8,concurrency=1"]["notes"][0]
+    assert "on gpu-box-7, NVIDIA H200" in moved and moved.endswith("(not this report's machine)")
+    assert not any("resumed" in n for n in cells["fake,beam_width=4,concurrency=2"]["notes"])
+    assert "resumed: measured" in (out / "REPORT.md").read_text()
     assert len(list((out / "servers").iterdir())) == 4
     other = write_matrix(tmp_path, {**m, "name": "other"}, "other.yaml")
     assert run_cli(str(other), "--out", str(out), "--resume") == 2
