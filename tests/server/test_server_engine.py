@@ -122,14 +122,27 @@ def test_shared_system_prompt_hits_cache_and_matches_cold(real: ServerThread, of
 def test_200_disconnects_free_everything(real: ServerThread) -> None:
     before = real.metrics()
     bodies = [{"messages": user(f"disconnect {i}"), "n": 32 + i % 33} for i in range(200)]
-    real.abandon(bodies, settle_s=0.3)
-    m = real.wait_engine_idle()
+    # a planted 20 ms per decode step keeps most of the 200 in flight when the sockets close:
+    # without it a fast machine could answer every request first, and nothing is cancelled
+    runner = real.engine.runner
+    original = runner.decode
+
+    def slow(*args: Any, **kwargs: Any) -> Any:
+        time.sleep(0.02)
+        return original(*args, **kwargs)
+
+    runner.decode = slow
+    try:
+        real.abandon(bodies, settle_s=0.3)
+        m = real.wait_engine_idle()
+    finally:
+        runner.decode = original
     assert m["flashrec_running_requests"] == 0 and m["flashrec_queue_length"] == 0
     assert m["flashrec_slots_used"] == 0
     assert m["flashrec_kv_tokens_used"] == 0
     assert m["flashrec_http_inflight_requests"] == 0
     key = 'flashrec_requests_total{endpoint="chat",outcome="cancelled"}'
-    assert m[key] - before[key] > 0
+    assert m[key] - before[key] >= 100  # most of the 200 (178 on the 2-core CI machine)
     assert real.get("/health").status_code == 200
     ok = real.post("/v1/chat/completions", {"messages": user("after"), "n": 4})
     assert ok.status_code == 200 and len(ok.json()["choices"]) == 4
