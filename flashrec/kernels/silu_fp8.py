@@ -46,11 +46,12 @@ def silu_mul_quant_fp8_ref(gate_up: torch.Tensor) -> tuple[torch.Tensor, torch.T
 
 
 def _launch(
-    gate_up: torch.Tensor, quant: bool, num_warps: int | None = None
+    gate_up: torch.Tensor, quant: bool, num_warps: int | None = None, block: int | None = None
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``num_warps``: a launch setting for tuning sweeps (``bench_kernels.py --silu-sweep``);
-    None = ``launch_warps`` of the row tile. Each program still owns one whole row, so the
-    values written do not depend on it beyond the order of the absmax reduction."""
+    """``num_warps`` and ``block`` (the column tile, a power of two) are launch settings for
+    tuning sweeps (``bench_kernels.py --silu-sweep``); None = ``launch_warps`` of the tile and
+    the whole row in one tile up to ``_MAX_BLOCK``. Each program still owns one whole row, so
+    the values written do not depend on them beyond the order of the absmax reduction."""
     from flashrec.kernels.tl.silu import silu_mul_kernel
 
     two_i = gate_up.shape[-1]
@@ -64,7 +65,10 @@ def _launch(
     y = torch.empty((m, inter), dtype=FP8_DTYPE if quant else gate_up.dtype, device=gu.device)
     scale = torch.empty((m, 1), dtype=torch.float32, device=gu.device) if quant else None
     if m > 0:
-        block = min(next_pow2(inter), _MAX_BLOCK)
+        if block is None:
+            block = min(next_pow2(inter), _MAX_BLOCK)
+        elif block <= 0 or block & (block - 1):
+            raise ValueError(f"block must be a power of two, got {block}")
         silu_mul_kernel[(m,)](
             gu, gu.stride(0), y, y if scale is None else scale, inter,
             BLOCK=block, NUM_TILES=-(-inter // block), QUANT=quant, EMULATE=interpreting(),
@@ -80,10 +84,10 @@ def silu_mul_triton(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 def silu_mul_quant_fp8_triton(
-    gate_up: torch.Tensor, num_warps: int | None = None
+    gate_up: torch.Tensor, num_warps: int | None = None, block: int | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Triton version of :func:`silu_mul_quant_fp8_ref`; ``y`` never hits memory in bf16."""
-    y, scale = _launch(gate_up, quant=True, num_warps=num_warps)
+    y, scale = _launch(gate_up, quant=True, num_warps=num_warps, block=block)
     assert scale is not None
     return y, scale
 

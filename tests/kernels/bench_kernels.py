@@ -2,7 +2,7 @@
 
 Run on the GPU machine from the repo root: ``python tests/kernels/bench_kernels.py``. Sweeps:
 - ``--qk-sweep``: qk_norm_rope_store's launch settings, compared with the default launch;
-- ``--silu-sweep``: silu_mul -> e4m3's warps, compared with the default launch;
+- ``--silu-sweep``: silu_mul -> e4m3's warps and column tiles, compared with the default launch;
 - ``--attn-sweep``: the beam-decode attention kernel's tiles and launch settings, next to
   FlashInfer's paged prefill (beams as queries, non-causal) and dense cuDNN SDPA on the same
   prompt-part data.
@@ -78,13 +78,18 @@ def _silu_sweep(m: int) -> None:
     gu = torch.randn(m, 2 * inter, device=DEV, dtype=BF16, generator=g)
     ref, ref_s = silu_fp8.silu_mul_quant_fp8_triton(gu)
     nb = m * (inter * 2 * 2 + inter + 4)
-    for warps in (4, 8, 16, 32):
-        y, sc = silu_fp8.silu_mul_quant_fp8_triton(gu, num_warps=warps)
+    # the default tile pads 6,144 columns to 8,192 lanes; 2,048 x 3 and 1,024 x 6 are exact
+    # but walk the row twice (absmax, then codes; the second read should hit L2)
+    for block, warps in [(None, w) for w in (4, 8, 16, 32)] + [
+        (b, w) for b in (1024, 2048) for w in (2, 4, 8)
+    ]:
+        y, sc = silu_fp8.silu_mul_quant_fp8_triton(gu, num_warps=warps, block=block)
         codes = (y.view(torch.uint8).int() - ref.view(torch.uint8).int()).abs().max().item()
         same_s = torch.equal(sc, ref_s)
         _bench(
-            f"silu_mul_quant_fp8 warps={warps} M={m} codes_maxdiff={codes} scale_same={same_s}",
-            lambda w=warps: silu_fp8.silu_mul_quant_fp8_triton(gu, num_warps=w),
+            f"silu_mul_quant_fp8 block={block or 'row'} warps={warps} M={m} "
+            f"codes_maxdiff={codes} scale_same={same_s}",
+            lambda w=warps, b=block: silu_fp8.silu_mul_quant_fp8_triton(gu, num_warps=w, block=b),
             nb,
         )
 
@@ -268,7 +273,7 @@ def main() -> None:
         for m in (15000, 35000):
             _qk_sweep(m)
         return
-    if "--silu-sweep" in sys.argv:  # only silu_mul -> e4m3's warps
+    if "--silu-sweep" in sys.argv:  # only silu_mul -> e4m3's launch settings
         for m in (4096, 15000, 35000):
             _silu_sweep(m)
         return

@@ -71,3 +71,21 @@ def test_quant_launch_warps_compute_the_reference(triton_backend, assert_fp8_clo
         silu_mul_quant_fp8_ref(gate_up),
         max_frac=triton_backend.max_frac,
     )
+
+
+@pytest.mark.parametrize("block", [1024, 2048, 8192])
+def test_quant_column_tiles_compute_the_reference(triton_backend, assert_fp8_close, block):
+    """The column tile is a launch setting too: 6,144 columns as one padded tile of 8,192, or
+    as 3 or 6 exact tiles (two passes over the row: absmax, then codes). Each matches the
+    reference, and a tile that is not a power of two is refused."""
+    dev = triton_backend.device
+    m = 5 if dev == "cpu" else 300
+    torch.manual_seed(12)
+    gate_up = (torch.randn(m, 2 * 6144) * 3).to(torch.bfloat16).to(dev)
+    assert_fp8_close(
+        silu_mul_quant_fp8_triton(gate_up, block=block),
+        silu_mul_quant_fp8_ref(gate_up),
+        max_frac=triton_backend.max_frac,
+    )
+    with pytest.raises(ValueError, match="power of two"):
+        silu_mul_quant_fp8_triton(gate_up, block=3 * 1024)
