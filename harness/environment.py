@@ -14,6 +14,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+ROOT = str(Path(__file__).resolve().parent.parent)  # the checkout the harness runs from
 PACKAGES = ("torch", "flashinfer-python", "triton", "transformers", "flashrec", "aiohttp", "numpy")
 
 
@@ -73,9 +74,8 @@ def content_hash(obj: Any) -> str:
 
 def environment(matrix: dict, matrix_path: str | None, model_hash: str | None) -> dict[str, Any]:
     """The report's ``environment`` section."""
-    root = str(Path(__file__).resolve().parent.parent)
     return {
-        "git": git_info(root),
+        "git": git_info(ROOT),
         **gpu_info(),
         "versions": versions(),
         "host": platform.node(),
@@ -89,9 +89,10 @@ def environment(matrix: dict, matrix_path: str | None, model_hash: str | None) -
 
 
 @functools.lru_cache(maxsize=1)
-def _machine() -> dict[str, Any]:
-    root = str(Path(__file__).resolve().parent.parent)
-    git, gpu = git_info(root), gpu_info()
+def machine() -> dict[str, Any]:
+    """This process's host, first GPU, driver, commit and torch (the fields a cell's
+    ``measured`` stamp keeps)."""
+    git, gpu = git_info(ROOT), gpu_info()
     return {
         "host": platform.node(),
         "gpu": gpu["gpus"][0]["name"] if gpu["gpus"] else None,
@@ -106,7 +107,7 @@ def measured_stamp() -> dict[str, Any]:
     """Where and when a cell was measured: saved with the cell, so that a report that resumes
     it (``--resume``) can say which run, machine and commit its numbers come from."""
     now = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-    return {"at": now, **_machine()}
+    return {"at": now, **machine()}
 
 
 def _cpu_count() -> int | None:

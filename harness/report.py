@@ -18,7 +18,7 @@ from typing import Any
 from harness import SCHEMA_VERSION
 from harness.cell import CellResult
 from harness.client import EPOCH_UNIX, Record
-from harness.environment import environment
+from harness.environment import environment, machine
 from harness.flops import derived_metrics
 from harness.metrics import KEY_METRICS, burst_extra, by_round, cell_metrics, notes, round_metrics
 from harness.model import ResolvedModel
@@ -90,9 +90,10 @@ def cell_entry(res: CellResult, spec: MatrixSpec) -> dict:
     }
 
 
-def resumed_note(measured: dict | None, env: dict) -> str:
+def resumed_note(measured: dict | None, here: dict) -> str:
     """The note of a cell that --resume took from an earlier run: when, where and at which
-    commit it was measured, and whether that differs from the run writing the report."""
+    commit it was measured, and whether that differs from ``here`` (the reporting run's
+    :func:`harness.environment.machine`)."""
     if not measured:
         return "resumed from an earlier run (which machine and commit is not recorded)"
     git = (measured.get("git") or "?")[:7] + (" (dirty)" if measured.get("dirty") else "")
@@ -100,13 +101,10 @@ def resumed_note(measured: dict | None, env: dict) -> str:
     if measured.get("gpu"):
         where += f", {measured['gpu']}"
     note = f"resumed: measured {measured.get('at', '?')} on {where}, git {git}"
-    gpus = [g["name"] for g in env.get("gpus") or []]
     other = []
-    if measured.get("host") != env.get("host") or measured.get("gpu") != (
-        gpus[0] if gpus else None
-    ):
+    if any(measured.get(k) != here[k] for k in ("host", "gpu")):
         other.append("machine")
-    if measured.get("git") != (env.get("git") or {}).get("commit"):
+    if measured.get("git") != here["git"]:
         other.append("commit")
     if other:
         note += f" (not this report's {' or '.join(other)})"
@@ -157,7 +155,7 @@ def build_report(
     cells = [cell_entry(r, spec) for r in results]
     for c in cells:
         if c["resumed"]:
-            c["notes"].insert(0, resumed_note(c["measured"], env))
+            c["notes"].insert(0, resumed_note(c["measured"], machine()))
     traced = [c["id"] for c in cells if c["trace"]]
     rules = [r.format(radix=spec.load.radix, band_k=spec.stats.band_k) for r in RULES]
     resumed = sum(c["resumed"] for c in cells)

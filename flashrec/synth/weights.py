@@ -26,6 +26,7 @@ from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
 
 import torch
@@ -188,17 +189,11 @@ def write_safetensors(
     ahead = 2 * workers
     with open(tmp, "wb") as f, ThreadPoolExecutor(workers) as pool:
         f.write(len(blob).to_bytes(8, "little") + blob)
-        pending: deque = deque()
-        todo = iter(specs)
-        for spec in todo:
-            pending.append((spec, pool.submit(_encoded, spec, seed, dtype)))
-            if len(pending) >= ahead:
-                break
+        todo = ((spec, pool.submit(_encoded, spec, seed, dtype)) for spec in specs)
+        pending = deque(islice(todo, ahead))
         while pending:
             spec, fut = pending.popleft()
-            nxt = next(todo, None)
-            if nxt is not None:
-                pending.append((nxt, pool.submit(_encoded, nxt, seed, dtype)))
+            pending.extend(islice(todo, 1))  # keep `ahead` tensors in flight
             if progress and spec.layer is not None and spec.layer != layer:
                 layer = spec.layer
                 print(f"synth: layer {layer + 1}/{num_layers}", file=sys.stderr, flush=True)
