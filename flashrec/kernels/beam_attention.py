@@ -125,6 +125,7 @@ def _kernel():
         G: tl.constexpr, HQ: tl.constexpr, D: tl.constexpr, DEPTH: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr,
         I64_POOL: tl.constexpr, I64_DEC: tl.constexpr, F16_DOT: tl.constexpr,
+        LIVE_ONLY: tl.constexpr,
     ):  # fmt: skip
         r = tl.load(work_ptr + 3 * w)
         if r >= 0:
@@ -181,20 +182,29 @@ def _kernel():
             else:
                 drow = drow.to(tl.int32)
             offs_r = tl.arange(0, BLOCK_M)
+            if LIVE_ONLY:  # blocks holding a key this forward: split 0, positions <= step
+                nlive = tl.where(split == 0, step + 1, 0)
+            else:
+                nlive = DEPTH
             for j in tl.static_range(DEPTH):
-                ok = m_mask & (j <= step) & (split == 0)
-                d_off = (drow * DEPTH + j)[:, None] * s_dk + kvh * s_dh + offs_d[None, :]
-                kj = tl.load(dk_ptr + d_off, mask=ok[:, None], other=0.0).to(q.dtype)
-                sj = tl.dot(q, tl.trans(kj), input_precision=PREC) * scale
-                diag = (offs_r[:, None] == offs_r[None, :]) & ok[None, :]
-                sj = tl.where(diag, sj, float("-inf"))
-                m_new = tl.maximum(m_i, tl.max(sj, 1))
-                alpha = tl.where(m_new > float("-inf"), tl.exp(m_i - m_new), 1.0)
-                pj = tl.where(diag, tl.exp(sj - m_new[:, None]), 0.0)
-                l_i = l_i * alpha + tl.sum(pj, 1)
-                vj = tl.load(dv_ptr + d_off, mask=ok[:, None], other=0.0).to(q.dtype)
-                acc = acc * alpha[:, None] + tl.dot(pj.to(vj.dtype), vj, input_precision=PREC)
-                m_i = m_new
+                # LIVE_ONLY: a block past this forward's step, or in a split other than 0,
+                # holds no key: branch around it (products, loads and the rescale) instead of
+                # computing it masked. At 3 levels that is 2 of 3 blocks at step 0, 1 at step 1,
+                # and all 3 in every split > 0 (the one-request, wide-beam launches)
+                if j < nlive:
+                    ok = m_mask & (j <= step) & (split == 0)
+                    d_off = (drow * DEPTH + j)[:, None] * s_dk + kvh * s_dh + offs_d[None, :]
+                    kj = tl.load(dk_ptr + d_off, mask=ok[:, None], other=0.0).to(q.dtype)
+                    sj = tl.dot(q, tl.trans(kj), input_precision=PREC) * scale
+                    diag = (offs_r[:, None] == offs_r[None, :]) & ok[None, :]
+                    sj = tl.where(diag, sj, float("-inf"))
+                    m_new = tl.maximum(m_i, tl.max(sj, 1))
+                    alpha = tl.where(m_new > float("-inf"), tl.exp(m_i - m_new), 1.0)
+                    pj = tl.where(diag, tl.exp(sj - m_new[:, None]), 0.0)
+                    l_i = l_i * alpha + tl.sum(pj, 1)
+                    vj = tl.load(dv_ptr + d_off, mask=ok[:, None], other=0.0).to(q.dtype)
+                    acc = acc * alpha[:, None] + tl.dot(pj.to(vj.dtype), vj, input_precision=PREC)
+                    m_i = m_new
             if nsplit == 1:
                 o = acc / l_i[:, None]
                 tl.store(
@@ -218,6 +228,7 @@ def _kernel():
         G: tl.constexpr, HQ: tl.constexpr, D: tl.constexpr, DEPTH: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr,
         I64_POOL: tl.constexpr, I64_DEC: tl.constexpr, F16_DOT: tl.constexpr,
+        LIVE_ONLY: tl.constexpr,
     ):  # fmt: skip
         kvh = tl.program_id(1)
         nsplit = tl.load(ctrl_ptr)
@@ -231,6 +242,7 @@ def _kernel():
                 n_ptr, slot_start_ptr, len_ptr, step_ptr, dk_ptr, dv_ptr, rows_ptr, out_ptr,
                 part_o_ptr, part_ml_ptr, part_rows, scale, s_qr, s_qh, s_kp, s_kh, s_dk, s_dh,
                 s_or, s_oh, G, HQ, D, DEPTH, BLOCK_M, BLOCK_N, PREC, I64_POOL, I64_DEC, F16_DOT,
+                LIVE_ONLY,
             )  # fmt: skip
 
     @triton.jit
@@ -326,6 +338,7 @@ def beam_decode_attention_triton(
     num_warps: int | None = None,
     num_stages: int | None = None,
     f16_dot: bool | None = None,
+    live_only: bool = True,
 ):
     """Triton launch. ``work``: int32 [W, 3] of (request, block, split) (request -1 = unused
     entry). ``ctrl``: int32 device pair (splits, items); None = (1, W). With splits > 1 the
@@ -336,7 +349,9 @@ def beam_decode_attention_triton(
     them); ``block_m`` must match the block size ``work`` was built with. ``f16_dot``: with an
     FP8 KV cache and bf16 queries, run the products in float16 (q rounded to f16, keys and
     values converted e4m3 -> f16 exactly, float32 accumulation). Each of these left None takes
-    :func:`launch_settings`' value for the KV and query dtypes."""
+    :func:`launch_settings`' value for the KV and query dtypes. ``live_only``: branch around the
+    per-beam decode-key blocks that hold no key this forward (False computes them masked, as
+    before session 11; ``bench_kernels.py --attn-sweep`` times both)."""
     auto = launch_settings(k_pool.dtype, q.dtype, q.shape[-1])
     block_n = auto["block_n"] if block_n is None else block_n
     num_warps = auto["num_warps"] if num_warps is None else num_warps
@@ -366,7 +381,7 @@ def beam_decode_attention_triton(
         G=hq // hkv, HQ=hq, D=d, DEPTH=depth, BLOCK_M=block_m, BLOCK_N=block_n,
         PREC="ieee" if q.dtype == torch.float32 else "tf32",  # fp32 models: no TF32 shortcut
         I64_POOL=k_pool.numel() >= 2**31, I64_DEC=dk.numel() >= 2**31, F16_DOT=f16_dot,
-        num_warps=num_warps, num_stages=num_stages,
+        LIVE_ONLY=live_only, num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     m_rows = min(R, part_rows)
     if m_rows > 0 and splits != 1:

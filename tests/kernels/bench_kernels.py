@@ -211,6 +211,27 @@ def _attn_sweep(reqs: int, n: int, length: int, kv_dtype: torch.dtype) -> None:
         print(f"beam_attn {tag} tile={bm}x{bn}x{warps}w{stages}s f16={f16} splits={splits}: "
               f"{ms * 1e3:8.1f} us {flops / ms / 1e9:6.0f} TFLOP/s maxdiff={diff:.2e}",
               flush=True)  # fmt: skip
+        if tile == ATTN_TILES[0]:  # the engine's tile: decode-key blocks branched vs masked
+            for step in range(depth):  # the engine's 3-level decode runs steps 0 and 1
+                st = (meta[0], meta[1], meta[2], i32([step] * reqs))
+                res = {}
+                for live in (True, False):
+
+                    def run_live(live=live, st=st, bm=bm, bn=bn, warps=warps, stages=stages,
+                                 work=work, ctrl=ctrl, parts=parts, splits=splits, f16=f16):  # fmt: skip
+                        return ba.beam_decode_attention_triton(
+                            q, kp, vp, slots, work, row_start, *st, dk, dv, rows, depth, scale,
+                            block_m=bm, block_n=bn, ctrl=ctrl, partials=parts, sms=sms,
+                            splits=splits, num_warps=warps, num_stages=stages, f16_dot=f16,
+                            live_only=live,
+                        )  # fmt: skip
+
+                    res[live] = (run_live(), tt.do_bench(run_live, warmup=10, rep=50))
+                same = (res[True][0].float() - res[False][0].float()).abs().max().item()
+                print(f"beam_attn {tag} step={step} live-only blocks: "
+                      f"{res[True][1] * 1e3:8.1f} us, masked blocks {res[False][1] * 1e3:8.1f} us "
+                      f"({res[False][1] / res[True][1]:.2f}x) maxdiff={same:.2e}",
+                      flush=True)  # fmt: skip
     if os.environ.get("ATTN_FI", "1") == "0":  # skip FlashInfer (a fresh JIT build is ~70 s)
         return
     try:
