@@ -102,22 +102,34 @@ class AttentionBackend:
 
     def takes_strided_q(self, meta) -> bool:
         """Whether this forward takes q as the row-strided view into the QKV output (no copy).
-        The SDPA prefill does: it makes q head-major with one copy of its own (``_sdpa``), so a
-        contiguous copy before it would be a second copy of q per layer (28 of the 140 copy
-        kernels per p=1,000 prefill in session 9's H200 trace)."""
+        The SDPA prefill does: SDPA reads q head-major through a view of those rows
+        (``_sdpa``), so a contiguous copy before it would be a copy for nothing (28 of the 140
+        copy kernels per p=1,000 prefill in session 9's H200 trace)."""
         return meta.mode == "prefill"
 
     def prefill(self, q, k, v, layer_id, meta: PrefillMeta):
         """Causal attention of each prompt's new tokens over its cached prefix + itself, no
         padding. Sequences without a cached prefix and of equal length go through one batched
-        SDPA call; others one call each. Inputs are made contiguous [B, H, L, D] (SDPA's fast
-        cuDNN / flash kernels want that layout) and kv heads are repeated for GQA."""
+        SDPA call; others one call each. SDPA takes head-major views of the token rows and
+        shares each kv head among its q heads itself (``_sdpa``): no copies in or out when
+        every sequence is new and of one length."""
         kp, vp = self.kv.k[layer_id], self.kv.v[layer_id]
         if self.kv.dtype != q.dtype and not meta.kv_rounded:
             # quantized KV (fp8): attend to the stored values, exactly what a later request
             # that hits this prompt in the radix cache will read (cold == warm); the fused
             # GPU kernel hands them back in the QKV row instead (``kv_rounded``)
             k, v = kp[meta.out_loc].to(q.dtype), vp[meta.out_loc].to(q.dtype)
+        if len(set(meta.new_lens)) == 1 and not any(meta.prefix_lens):
+            # every sequence new and of one length (a prefill graph's bucket, one prompt or
+            # several): one SDPA call over views of the rows, its output read in place
+            b, n_new = len(meta.new_lens), meta.new_lens[0]
+            o = self._sdpa(
+                q.view(b, n_new, self.hq, self.d),
+                k.view(b, n_new, self.hkv, self.d),
+                v.view(b, n_new, self.hkv, self.d),
+                None,
+            )
+            return o.transpose(1, 2).reshape(b * n_new, self.hq * self.d)
         out = torch.empty(q.shape[0], self.hq * self.d, dtype=q.dtype, device=q.device)
         offs, off = [], 0
         for n_new in meta.new_lens:
@@ -164,22 +176,26 @@ class AttentionBackend:
         return self._sdpa(q[off : off + n_new][None], ks[None], vs[None], mask)
 
     def _sdpa(self, q, k, v, mask):
-        """q [B, Lq, Hq, D], k/v [B, Lk, Hkv, D] -> [B, Hq, Lq, D] (SDPA's own layout: the
-        caller copies it into token-major rows once); causal (lower right)."""
+        """q [B, Lq, Hq, D], k/v [B, Lk, Hkv, D] -> [B, Hq, Lq, D]; causal (lower right).
+
+        The inputs go in as head-major views of their token rows (strided, no copies) and the
+        kv heads are shared by their q heads inside the kernel (``enable_gqa``), not repeated:
+        on the H200 (session 11, ``scripts/prefill_layout_probe.py``) cuDNN, flash and
+        efficient all take these views and return the output token-major, so
+        ``o.transpose(1, 2)`` is contiguous and the caller reads it without a copy. Before,
+        q was copied head-major, k/v repeated to the q heads and the output copied back: four
+        copy kernels per layer (112 of the copies in a p=1,000 prefill's trace)."""
         g = self.hq // self.hkv
-        qh = q.transpose(1, 2).contiguous()
-        kh = k.transpose(1, 2)
-        vh = v.transpose(1, 2)
-        if g > 1:
-            kh = kh.repeat_interleave(g, dim=1)
-            vh = vh.repeat_interleave(g, dim=1)
-        kh, vh = kh.contiguous(), vh.contiguous()
+        qh, kh, vh = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        gqa = {"enable_gqa": True} if g > 1 else {}
         with _sdpa_backends(qh):
             if mask is None:
-                o = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, scale=self.scale)
-            else:
-                o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, scale=self.scale)
-        return o
+                return F.scaled_dot_product_attention(
+                    qh, kh, vh, is_causal=True, scale=self.scale, **gqa
+                )
+            return F.scaled_dot_product_attention(
+                qh, kh, vh, attn_mask=mask, scale=self.scale, **gqa
+            )
 
     def decode(self, q, layer_id: int, meta: DecodeMeta) -> torch.Tensor:
         raise NotImplementedError
