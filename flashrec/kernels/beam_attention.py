@@ -292,22 +292,14 @@ def launch_settings(kv_dtype: torch.dtype, q_dtype: torch.dtype, head_dim: int =
     below that) and the probabilities to f16 (more mantissa than bf16). Against a float64
     reference they land at the output's own bf16 rounding (0.0046 at 16 / 8 heads of 128),
     where the bf16 products do not (0.0078). 128-key blocks with FP8 KV at head_dim 16 made an
-    illegal memory access on the H200 (Triton 3.6), so heads under 64 keep 64-key blocks.
-
-    ``live_only`` (session 11, ``reports/h200/2026-11-30-s11``, same process, one layer):
-    branching around the decode-key blocks that hold no key this forward made the BF16
-    launch 1.07x / 1.08x faster at steps 0 / 1 for 1 x 256 beams over 1,000 tokens (45.3 ->
-    42.4 us, 44.5 -> 41.2 us; prompt splits > 0 skip all three blocks) and 1.00-1.03x at the
-    wide shapes; with FP8 KV's launch it was 0.97-1.00x at every shape, so FP8 keeps the
-    masked blocks."""
+    illegal memory access on the H200 (Triton 3.6), so heads under 64 keep 64-key blocks."""
     fp8 = kv_dtype == torch.float8_e4m3fn and q_dtype in (torch.bfloat16, torch.float16)
     if fp8:  # 128-key blocks only where measured: at head_dim 16 they fault on the H200
         return {"block_n": 128 if head_dim >= 64 else 64, "num_warps": 4, "num_stages": 2,
-                "f16_dot": True, "live_only": False}  # fmt: skip
+                "f16_dot": True}  # fmt: skip
     if kv_dtype == torch.bfloat16 and q_dtype == torch.bfloat16:
-        return {"block_n": 64, "num_warps": 4, "num_stages": 3, "f16_dot": False,
-                "live_only": True}  # fmt: skip
-    return {"block_n": 64, "num_warps": 4, "num_stages": 2, "f16_dot": False, "live_only": True}
+        return {"block_n": 64, "num_warps": 4, "num_stages": 3, "f16_dot": False}
+    return {"block_n": 64, "num_warps": 4, "num_stages": 2, "f16_dot": False}
 
 
 def alloc_partials(rows: int, hq: int, d: int, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -346,7 +338,7 @@ def beam_decode_attention_triton(
     num_warps: int | None = None,
     num_stages: int | None = None,
     f16_dot: bool | None = None,
-    live_only: bool | None = None,
+    live_only: bool = True,
 ):
     """Triton launch. ``work``: int32 [W, 3] of (request, block, split) (request -1 = unused
     entry). ``ctrl``: int32 device pair (splits, items); None = (1, W). With splits > 1 the
@@ -357,15 +349,26 @@ def beam_decode_attention_triton(
     them); ``block_m`` must match the block size ``work`` was built with. ``f16_dot``: with an
     FP8 KV cache and bf16 queries, run the products in float16 (q rounded to f16, keys and
     values converted e4m3 -> f16 exactly, float32 accumulation). Each of these left None takes
-    :func:`launch_settings`' value for the KV and query dtypes. ``live_only``: branch around the
-    per-beam decode-key blocks that hold no key this forward (False computes them masked;
-    ``bench_kernels.py --attn-sweep`` times both)."""
+    :func:`launch_settings`' value for the KV and query dtypes. ``live_only`` (default):
+    branch around the per-beam decode-key blocks that hold no key this forward (False
+    computes them masked; ``bench_kernels.py --attn-sweep`` times both).
+
+    Measured on the H200 (session 11, ``reports/h200/2026-11-30-s11``):
+    - Kernel sweep (same process, one layer): the BF16 launch 1.07x / 1.08x faster at steps
+      0 / 1 for 1 x 256 beams over 1,000 tokens (45.3 -> 42.4 us, 44.5 -> 41.2 us; prompt
+      splits > 0 skip all three blocks), 1.00-1.03x at the wide shapes; FP8's launch
+      0.97-1.00x (no gain there).
+    - Served, FP8 at n=512, c=8: with the masked blocks (live_only off) the engine died in 2 of
+      2 runs (a segfault in cuGraphLaunch, then "illegal instruction" in round 1); with
+      live_only it ran 4 of 4 (call 1's three cells and call 4). The cause is not found (the
+      masked form is the kernel's form before session 11, which had run these cells); the
+      engine launches live_only for every KV dtype, and the masked form stays only as the
+      sweep's comparison."""
     auto = launch_settings(k_pool.dtype, q.dtype, q.shape[-1])
     block_n = auto["block_n"] if block_n is None else block_n
     num_warps = auto["num_warps"] if num_warps is None else num_warps
     num_stages = auto["num_stages"] if num_stages is None else num_stages
     f16_dot = auto["f16_dot"] if f16_dot is None else f16_dot
-    live_only = auto["live_only"] if live_only is None else live_only
     R, hq, d = q.shape
     hkv = k_pool.shape[1]
     assert d == next_pow2(d), "head_dim must be a power of two"
