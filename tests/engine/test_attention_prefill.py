@@ -69,3 +69,34 @@ def test_prefill_takes_row_strided_views():
         args = (q, k, v) if strided else (q.contiguous(), k.contiguous(), v.contiguous())
         outs.append(backend.forward(*args, 0, meta))
     torch.testing.assert_close(outs[0], outs[1], atol=0, rtol=0)
+
+
+def test_equal_length_prefill_reads_the_rows_without_copies():
+    """Prompts all new and of one length (one prompt, or a batch of them: a prefill graph's
+    bucket) go through one SDPA call over head-major views of the QKV rows, kv heads shared
+    through ``enable_gqa``: the result equals the reference and the attention makes no copy
+    (no contiguous q, no kv heads repeated, no output copied back to token rows)."""
+    from torch.profiler import profile
+
+    cfg = ModelConfig("Qwen3ForCausalLM", 64, 1, 4, 2, 16, 128, 100, 1e-6, 1e6, 4096, True)
+    for shapes in ([(0, 9)], [(0, 6)] * 3):
+        torch.manual_seed(3)
+        seqs = _seqs(shapes)
+        t = sum(n for _, n in shapes)
+        qkv = torch.randn(t, (4 + 2 + 2) * 16 + 8)  # padded row, like a GEMM output slice
+        q = qkv[:, :64].view(t, 4, 16)
+        k = qkv[:, 64:96].view(t, 2, 16)
+        v = qkv[:, 96:128].view(t, 2, 16)
+        kv = KVCache(cfg, 512, 8, 3, torch.float32, "cpu")
+        backend = TorchAttention(kv, 4, 2, 16)
+        meta = make_prefill_meta(seqs, "cpu")
+        backend.store(k, v, 0, meta)
+        with profile() as prof:
+            got = backend.prefill(q, k, v, 0, meta)
+        ops = [e.name for e in prof.events()]
+        copies = [o for o in ops if o in ("aten::copy_", "aten::clone", "aten::repeat_interleave")]
+        assert copies == [], copies
+        assert got.shape == (t, 64)
+        torch.testing.assert_close(
+            got, prefill_reference(backend, q, 0, meta), atol=1e-5, rtol=1e-5
+        )
