@@ -6,6 +6,8 @@ device run.
         [--kv bf16 fp8e4nv] [--tiles 64x64x4 32x64x4 ...]   (BLOCK_M x BLOCK_N x num_warps)
         [--f16-dot]   (float16 products, as the engine launches it with FP8 KV)
         [--stages N]  (software pipeline stages, default 2)
+        [--masked]    (decode-key blocks computed masked, ``live_only=False``; files from
+                       before session 11 have only that form)
 
 Prints one line per (kv dtype, tile): ``REG:<registers per thread> STACK:<bytes>``; a STACK
 above a few hundred bytes means the kernel spills to local memory in its inner loops.
@@ -31,6 +33,7 @@ HEAD = {
     "I64_POOL": False,
     "I64_DEC": False,
     "F16_DOT": False,
+    "LIVE_ONLY": True,
 }  # OneRec-1.7B: 16 q / 8 kv heads
 
 
@@ -59,6 +62,7 @@ def usage(kernel, kv: str, block_m: int, block_n: int, warps: int, stages: int =
             sig[name] = "constexpr"
         else:
             sig[name] = typed.get(name, "*i32" if name.endswith("_ptr") else "i32")
+    # an older kernel file may lack a launch constant (LIVE_ONLY): pass only the ones it takes
     src = triton.compiler.ASTSource(
         fn=kernel, signature=sig, constexprs={k: v for k, v in const.items() if k in sig}
     )
@@ -83,9 +87,13 @@ def main() -> int:
         "--f16-dot", action="store_true", help="float16 products (the engine's FP8-KV launch)"
     )
     ap.add_argument("--stages", type=int, default=2, help="software pipeline stages")
+    ap.add_argument(
+        "--masked", action="store_true", help="decode-key blocks computed masked (live_only off)"
+    )
     args = ap.parse_args()
     kernel = _load(args.file)
     HEAD["F16_DOT"] = args.f16_dot
+    HEAD["LIVE_ONLY"] = not args.masked
     for kv in args.kv:
         for tile in args.tiles:
             bm, bn, w = (int(x) for x in tile.split("x"))

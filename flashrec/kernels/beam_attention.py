@@ -360,10 +360,11 @@ def beam_decode_attention_triton(
       0.97-1.00x (no gain there).
     - Served, FP8 at n=512, c=8: with the masked blocks (live_only off) the engine died in 2 of
       2 runs (a segfault in cuGraphLaunch, then "illegal instruction" in round 1); with
-      live_only it ran 4 of 4 (call 1's three cells and call 4). The cause is not found (the
-      masked form is the kernel's form before session 11, which had run these cells); the
-      engine launches live_only for every KV dtype, and the masked form stays only as the
-      sweep's comparison."""
+      live_only it ran 4 of 4 (call 1's three cells and call 4). The cause is not found: the
+      masked form compiles (Triton 3.6, sm_90) to the same TTGIR as the kernel before
+      session 11, which had run these cells, so the fault is intermittent or elsewhere. The
+      engine launches live_only for every KV dtype; the masked form stays as the sweep's
+      comparison."""
     auto = launch_settings(k_pool.dtype, q.dtype, q.shape[-1])
     block_n = auto["block_n"] if block_n is None else block_n
     num_warps = auto["num_warps"] if num_warps is None else num_warps
