@@ -299,6 +299,7 @@ def expand_cells(spec: MatrixSpec) -> list[Cell]:
     _check_scopes(spec)
     cells: list[Cell] = []
     seen: set[str] = set()
+    checked: dict[str, str | None] = {}  # flag set -> flashrec serve's objection (None: ok)
     for engine in spec.engine_list:
         for axis_names, values in _combos(spec):
             params: dict[str, Scalar] = {"engine": engine.name, **values}
@@ -329,6 +330,8 @@ def expand_cells(spec: MatrixSpec) -> list[Cell]:
                 for k, v in params.items():
                     if k != "engine" and scope_of(k, spec) in ("server", "both"):
                         server_args[k] = v
+            if engine.kind == "flashrec":
+                server_args = _flashrec_args(cell_id, server_args, checked)
             cells.append(
                 Cell(
                     id=cell_id,
@@ -363,6 +366,23 @@ def select(spec: MatrixSpec, cells: list[Cell], filters: list[str] | None) -> li
     if spec.trace.cells == "first" and chosen and not any(c.traced for c in chosen):
         chosen[0] = dataclasses.replace(chosen[0], traced=True)
     return chosen
+
+
+def _flashrec_args(
+    cell_id: str, args: dict[str, Scalar], checked: dict[str, str | None]
+) -> dict[str, Scalar]:
+    """A flashrec cell's server flags, as ``flashrec serve`` takes them, checked by its own
+    parser now: a flag it rejects fails the matrix here (and in ``--dry-run``), not minutes
+    later when that cell's server exits during start."""
+    from harness.server import check_flashrec_args, flashrec_serve_args
+
+    args = flashrec_serve_args(args)
+    key = json.dumps(sorted(args.items()), default=str)
+    if key not in checked:
+        checked[key] = check_flashrec_args(args)
+    if checked[key] is not None:
+        raise SpecError("", 0, "cells", f"cell {cell_id}: flashrec serve: {checked[key]}")
+    return args
 
 
 def load_cells(path: str) -> tuple[MatrixSpec, list[Cell]]:

@@ -59,6 +59,50 @@ def flags(args: dict[str, Scalar]) -> list[str]:
     return out
 
 
+def flashrec_serve_args(args: dict[str, Scalar]) -> dict[str, Scalar]:
+    """``args`` as ``flashrec serve`` takes them. YAML 1.1 reads an unquoted ``on`` / ``off``
+    as a boolean, so ``engine_process: off`` arrives as False; an option whose choices are
+    ``on`` / ``off`` gets the word back (a boolean would become ``--no-engine-process``, a
+    flag that option does not have)."""
+    import dataclasses
+
+    from flashrec.config import ServerConfig
+
+    choices = {f.name: f.metadata.get("choices") for f in dataclasses.fields(ServerConfig)}
+    out: dict[str, Scalar] = {}
+    for key, value in args.items():
+        words = choices.get(key) or ()
+        if isinstance(value, bool) and {"on", "off"} <= set(words):
+            value = "on" if value else "off"
+        out[key] = value
+    return out
+
+
+def check_flashrec_args(args: dict[str, Scalar]) -> str | None:
+    """What ``flashrec serve`` says about these flags before it loads anything (its own
+    parser and its config checks): None when it takes them, else its message."""
+    import argparse
+    import contextlib
+    import io
+
+    from flashrec.config import ServerConfig, add_config_args, config_from_args
+
+    parser = argparse.ArgumentParser(prog="flashrec serve", add_help=False, exit_on_error=False)
+    add_config_args(parser, ServerConfig)
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            ns = parser.parse_args(flags(args))
+        config_from_args(ServerConfig, ns)
+    except SystemExit:  # argparse's own error exit (unknown flags): its last line
+        lines = err.getvalue().strip().splitlines()
+        last = lines[-1] if lines else "rejected by its parser"
+        return last.removeprefix(f"{parser.prog}: error: ")
+    except (argparse.ArgumentError, ValueError, TypeError) as exc:
+        return str(exc)
+    return None
+
+
 def group_members(pgid: int) -> list[int]:
     """Live (non-zombie) processes whose process group is ``pgid`` (from /proc)."""
     members = []

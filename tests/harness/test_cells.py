@@ -103,3 +103,49 @@ def test_filters_and_select():
     chosen = select(spec, cs, ["engine=sg"])
     assert chosen and all(c.engine.name == "sg" for c in chosen)
     assert chosen[0].traced, "trace: first follows the selection"
+
+
+FLASHREC = """\
+engine: {name: fr, kind: flashrec, device: cpu}
+model: {preset: tiny}
+cells:
+  - {beam_width: 4, concurrency: 1, engine_process: off, overlap_results: false}
+  - {beam_width: 4, concurrency: 1, engine_process: on, overlap_results: true}
+"""
+
+
+def test_flashrec_cells_take_yaml_on_off_as_words():
+    """YAML 1.1 reads unquoted on / off as booleans: an option whose choices are on / off gets
+    the word back (not --no-engine-process, which flashrec serve does not have); a real
+    boolean option keeps its --flag / --no-flag form."""
+    from harness.server import flags
+
+    _, cs = cells(FLASHREC)
+    got = {c.id: flags(c.server_args) for c in cs}
+    assert got == {
+        "fr,beam_width=4,concurrency=1,engine_process=false,overlap_results=false": [
+            "--beam-width", "4", "--engine-process", "off", "--no-overlap-results",
+        ],
+        "fr,beam_width=4,concurrency=1,engine_process=true,overlap_results=true": [
+            "--beam-width", "4", "--engine-process", "on", "--overlap-results",
+        ],
+    }  # fmt: skip
+
+
+def test_flashrec_flags_its_server_rejects_fail_the_matrix_at_load():
+    """A flag flashrec serve would reject (unknown, or out of its range) fails expansion with
+    the cell and flashrec's own message, before any server starts (and in --dry-run)."""
+    import pytest
+
+    from harness.spec import SpecError
+
+    for extra, words in (
+        ("respond_workers: 99", "--respond-workers must be in 0..64, got 99"),
+        ("bogus_knob: 3", "unrecognized arguments: --bogus-knob 3"),
+        ("kv_cache_dtype: fp4", "invalid choice: 'fp4'"),
+    ):
+        text = FLASHREC.replace("overlap_results: true", extra)
+        with pytest.raises(SpecError) as err:
+            cells(text)
+        assert "fr,beam_width=4,concurrency=1,engine_process=true" in err.value.message
+        assert words in err.value.message, err.value.message
