@@ -12,7 +12,9 @@
 # MODEL (default /dev/shm/onerec where /dev/shm is writable, else .cache/onerec) and the FlashInfer
 # JIT cache stay between calls of a warm machine. On the lent H200 the synthetic 1.7B model took
 # 19 s to write into /dev/shm and 200-420 s into the checkout's disk (session 10).
-# TAR=1 adds $OUT/matrix.tgz, the whole report directory in one file.
+# TAR=1 also writes $OUT/all.tgz: everything this run wrote under $OUT, in one file (and
+# $OUT/matrix.tgz, the report directory alone). The lent H200's transfer returns only a few
+# files and no deep paths: session 11 lost a sweep's output that way.
 # STAGES=probes runs the side-by-side probe scripts into $OUT: scripts/reorder_probe.py (GPU)
 # scripts/respond_probe.py (the host's cores: answer bodies on the loop vs worker processes),
 # the qk_norm_rope_store and silu_mul launch-settings sweeps (tests/kernels/bench_kernels.py
@@ -79,5 +81,8 @@ if [ $# -ge 1 ] && case $STAGES in *" matrix "*) true;; *) false;; esac; then
   # TAR=1: also one archive of the report directory (traces and per-cell folders included),
   # for transfers that drop deep or oddly named paths (the lent device's does)
   [ "${TAR:-0}" = 1 ] && tar czf "$OUT/matrix.tgz" -C "$OUT" matrix
+fi
+if [ "${TAR:-0}" = 1 ]; then  # last: the archive holds every file above
+  tar czf "/tmp/all.$$.tgz" -C "$OUT" --exclude=all.tgz . && mv "/tmp/all.$$.tgz" "$OUT/all.tgz"
 fi
 echo "results in $OUT"
