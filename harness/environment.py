@@ -27,16 +27,45 @@ def _run(argv: list[str], cwd: str | None = None) -> str | None:
 
 
 def git_info(cwd: str | None = None) -> dict[str, Any]:
-    """Commit, dirty flag and branch of the checkout at ``cwd`` (None when not a git repo)."""
+    """Commit, dirty flag and branch of the checkout at ``cwd`` (None when not a git repo);
+    for a dirty checkout also ``tree``, the id of the files as they are (``working_tree``)."""
     commit = _run(["git", "rev-parse", "HEAD"], cwd)
     if commit is None:
-        return {"commit": None, "dirty": None, "branch": None}
+        return {"commit": None, "dirty": None, "branch": None, "tree": None}
     status = _run(["git", "status", "--porcelain", "--untracked-files=no"], cwd)
     return {
         "commit": commit,
         "dirty": bool(status),
         "branch": _run(["git", "rev-parse", "--abbrev-ref", "HEAD"], cwd),
+        "tree": working_tree(cwd) if status else None,
     }
+
+
+@functools.lru_cache(maxsize=4)
+def working_tree(cwd: str | None = None) -> str | None:
+    """The git tree id of the checkout's files as they are now (tracked and untracked, not
+    ignored), written through a temporary index: the checkout's own index is untouched. It
+    equals ``git rev-parse <commit>^{tree}`` of any commit holding exactly these files,
+    whatever this checkout's history, so a machine that lays a working tree over an older
+    ``.git`` (the lent H200 does; its reports read "<old commit> (dirty)") still names the
+    code it ran. Computed once per process."""
+    import os
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        env = dict(os.environ, GIT_INDEX_FILE=os.path.join(tmp, "index"))
+        try:
+            added = subprocess.run(
+                ["git", "add", "-A", "."], cwd=cwd, env=env, capture_output=True, timeout=120
+            )
+            if added.returncode != 0:
+                return None
+            out = subprocess.run(
+                ["git", "write-tree"], cwd=cwd, env=env, capture_output=True, text=True, timeout=60
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+    return out.stdout.strip() if out.returncode == 0 else None
 
 
 def gpu_info() -> dict[str, Any]:
@@ -99,6 +128,7 @@ def machine() -> dict[str, Any]:
         "driver": gpu["driver"],
         "git": git["commit"],
         "dirty": git["dirty"],
+        "tree": git["tree"],
         "torch": versions().get("torch"),
     }
 

@@ -34,7 +34,9 @@ def header_lines(report: dict) -> list[str]:
     v = env.get("versions") or {}
     return [
         f"run `{report['run_id']}`, created {report['created']}",
-        f"git {git.get('commit') or '?'}" + (" (dirty)" if git.get("dirty") else ""),
+        f"git {git.get('commit') or '?'}"
+        + (f" (dirty; files = tree {git['tree']})" if git.get("tree") else "")
+        + (" (dirty)" if git.get("dirty") and not git.get("tree") else ""),
         f"GPU: {gpus}; driver {env.get('driver') or '-'}; CPUs {env.get('cpu_count')}",
         f"torch {v.get('torch')}, flashinfer {v.get('flashinfer-python')}, triton "
         f"{v.get('triton')}, transformers {v.get('transformers')}",

@@ -96,7 +96,10 @@ def resumed_note(measured: dict | None, here: dict) -> str:
     :func:`harness.environment.machine`)."""
     if not measured:
         return "resumed from an earlier run (which machine and commit is not recorded)"
-    git = (measured.get("git") or "?")[:7] + (" (dirty)" if measured.get("dirty") else "")
+    git = (measured.get("git") or "?")[:7]
+    if measured.get("dirty"):
+        tree = measured.get("tree")
+        git += f" (dirty, tree {tree[:7]})" if tree else " (dirty)"
     where = measured.get("host") or "?"
     if measured.get("gpu"):
         where += f", {measured['gpu']}"
@@ -104,7 +107,7 @@ def resumed_note(measured: dict | None, here: dict) -> str:
     other = []
     if any(measured.get(k) != here[k] for k in ("host", "gpu")):
         other.append("machine")
-    if measured.get("git") != here["git"]:
+    if measured.get("git") != here["git"] or measured.get("tree") != here.get("tree"):
         other.append("commit")
     if other:
         note += f" (not this report's {' or '.join(other)})"

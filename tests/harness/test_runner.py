@@ -160,7 +160,7 @@ def test_only_resume_dry_run(tmp_path, marker, capsys):
     assert [c["resumed"] for c in rep["cells"]] == [True, False, True, False]
     assert cells["fake,beam_width=4,concurrency=1"]["notes"][0] == (
         f"resumed: measured {stamp['at']} on {stamp['host']}, git {stamp['git'][:7]}"
-        + (" (dirty)" if stamp["dirty"] else "")
+        + (f" (dirty, tree {stamp['tree'][:7]})" if stamp["dirty"] else "")
     )
     moved = cells["fake,beam_width=8,concurrency=1"]["notes"][0]
     assert "on gpu-box-7, NVIDIA H200" in moved and moved.endswith("(not this report's machine)")

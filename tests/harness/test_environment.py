@@ -1,0 +1,67 @@
+"""harness.environment: a dirty checkout still names the code it ran (its files' git tree)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import pytest
+
+from harness.environment import git_info, working_tree
+from harness.report import resumed_note
+
+pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+
+
+def _git(cwd, *args) -> str:
+    out = subprocess.run(
+        ["git", "-c", "user.name=t", "-c", "user.email=t@t", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return out.stdout.strip()
+
+
+def test_dirty_tree_over_an_old_history_equals_the_commit_with_those_files(tmp_path):
+    """A working tree laid over an older .git (edited files, new untracked ones, an ignored
+    one): ``tree`` equals the tree of the commit that holds exactly those files elsewhere,
+    and the checkout's own index is left as it was."""
+    old = tmp_path / "device"
+    old.mkdir()
+    _git(old, "init", "-q")
+    (old / ".gitignore").write_text("*.whl\n")
+    (old / "a.py").write_text("x = 1\n")
+    _git(old, "add", "-A")
+    _git(old, "commit", "-qm", "old")
+    # the newer commit, made in another repository from the same start
+    new = tmp_path / "dev"
+    shutil.copytree(old, new)
+    (new / "a.py").write_text("x = 2\n")
+    (new / "b.py").write_text("y = 3\n")
+    _git(new, "add", "-A")
+    _git(new, "commit", "-qm", "new")
+    want = _git(new, "rev-parse", "HEAD^{tree}")
+    # the device: the old history, the new files, plus an ignored file
+    (old / "a.py").write_text("x = 2\n")
+    (old / "b.py").write_text("y = 3\n")
+    (old / "wheel.whl").write_text("binary")
+    working_tree.cache_clear()
+    info = git_info(str(old))
+    assert info["dirty"] is True
+    assert info["commit"] == _git(old, "rev-parse", "HEAD")  # still the old commit
+    assert info["tree"] == want != _git(old, "rev-parse", "HEAD^{tree}")
+    status = {line.strip() for line in _git(old, "status", "--porcelain").splitlines()}
+    assert status == {"M a.py", "?? b.py"}  # its own index untouched: b.py still untracked
+    clean = git_info(str(new))
+    assert clean["dirty"] is False and clean["tree"] is None
+
+
+def test_resumed_note_flags_another_tree_on_the_same_commit():
+    here = {"host": "h", "gpu": "G", "git": "c" * 40, "tree": "a" * 40}
+    same = dict(here, at="t", dirty=True)
+    assert "not this report" not in resumed_note(same, here)
+    assert "tree aaaaaaa" in resumed_note(same, here)
+    other = dict(same, tree="b" * 40)
+    assert "(not this report's commit)" in resumed_note(other, here)
