@@ -45,13 +45,33 @@ def silu_mul_quant_fp8_ref(gate_up: torch.Tensor) -> tuple[torch.Tensor, torch.T
     return per_token_quant_fp8_ref(silu_mul_ref(gate_up))
 
 
+def quant_row_warps(rows: int) -> int:
+    """Warps of the quantizing launch when a whole row is one 8,192-lane tile (OneRec-1.7B's
+    6,144 columns; other widths keep ``launch_warps``), by rows. ``bench_kernels.py --silu-sweep`` on the H200
+    (session 11, call 2, same process; codes and scales identical for every warp count):
+
+    =======  ========  ========  ========  ========
+    rows     4 warps   8 warps   16 warps  32 warps
+    =======  ========  ========  ========  ========
+    4,096    46.1 us   55.6 us   58.8 us   62.0 us
+    15,000   131.5 us  129.7 us  137.4 us  142.8 us
+    35,000   292.6 us  289.4 us  307.0 us  322.2 us
+    =======  ========  ========  ========  ========
+
+    16 warps (``launch_warps(8192)``, the launch before) was 1.28x slower than 4 at 4,096 rows
+    and 1.06x slower than 8 at 15,000 and 35,000. The split at 8,192 rows lies between the
+    measured sizes."""
+    return 4 if rows < 8192 else 8
+
+
 def _launch(
     gate_up: torch.Tensor, quant: bool, num_warps: int | None = None, block: int | None = None
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``num_warps`` and ``block`` (the column tile, a power of two) are launch settings for
-    tuning sweeps (``bench_kernels.py --silu-sweep``); None = ``launch_warps`` of the tile and
-    the whole row in one tile up to ``_MAX_BLOCK``. Each program still owns one whole row, so
-    the values written do not depend on them beyond the order of the absmax reduction."""
+    tuning sweeps (``bench_kernels.py --silu-sweep``); None = the whole row in one tile up to
+    ``_MAX_BLOCK`` and, for it, ``quant_row_warps`` when quantizing an 8,192-lane row, else
+    ``launch_warps`` of the tile. Each program still owns one whole row, so the values
+    written do not depend on them beyond the order of the absmax reduction."""
     from flashrec.kernels.tl.silu import silu_mul_kernel
 
     two_i = gate_up.shape[-1]
@@ -69,10 +89,14 @@ def _launch(
             block = min(next_pow2(inter), _MAX_BLOCK)
         elif block <= 0 or block & (block - 1):
             raise ValueError(f"block must be a power of two, got {block}")
+        tiles = -(-inter // block)
+        if num_warps is None:
+            row_tile = quant and tiles == 1 and block == 8192  # the measured launch
+            num_warps = quant_row_warps(m) if row_tile else launch_warps(block)
         silu_mul_kernel[(m,)](
             gu, gu.stride(0), y, y if scale is None else scale, inter,
-            BLOCK=block, NUM_TILES=-(-inter // block), QUANT=quant, EMULATE=interpreting(),
-            num_warps=launch_warps(block) if num_warps is None else num_warps,
+            BLOCK=block, NUM_TILES=tiles, QUANT=quant, EMULATE=interpreting(),
+            num_warps=num_warps,
         )  # fmt: skip
     lead = gate_up.shape[:-1]
     return y.view(*lead, inter), None if scale is None else scale.view(*lead, 1)
