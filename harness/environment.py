@@ -18,9 +18,13 @@ ROOT = str(Path(__file__).resolve().parent.parent)  # the checkout the harness r
 PACKAGES = ("torch", "flashinfer-python", "triton", "transformers", "flashrec", "aiohttp", "numpy")
 
 
-def _run(argv: list[str], cwd: str | None = None) -> str | None:
+def _run(
+    argv: list[str], cwd: str | None = None, env: dict | None = None, timeout: float = 15
+) -> str | None:
     try:
-        out = subprocess.run(argv, capture_output=True, text=True, timeout=15, cwd=cwd)
+        out = subprocess.run(
+            argv, capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     return out.stdout.strip() if out.returncode == 0 else None
@@ -54,18 +58,9 @@ def working_tree(cwd: str | None = None) -> str | None:
 
     with tempfile.TemporaryDirectory() as tmp:
         env = dict(os.environ, GIT_INDEX_FILE=os.path.join(tmp, "index"))
-        try:
-            added = subprocess.run(
-                ["git", "add", "-A", "."], cwd=cwd, env=env, capture_output=True, timeout=120
-            )
-            if added.returncode != 0:
-                return None
-            out = subprocess.run(
-                ["git", "write-tree"], cwd=cwd, env=env, capture_output=True, text=True, timeout=60
-            )
-        except (OSError, subprocess.TimeoutExpired):
+        if _run(["git", "add", "-A", "."], cwd, env, timeout=120) is None:
             return None
-    return out.stdout.strip() if out.returncode == 0 else None
+        return _run(["git", "write-tree"], cwd, env, timeout=60)
 
 
 def gpu_info() -> dict[str, Any]:

@@ -32,11 +32,12 @@ def header_lines(report: dict) -> list[str]:
     git = env.get("git") or {}
     gpus = ", ".join(g["name"] for g in env.get("gpus") or []) or "none"
     v = env.get("versions") or {}
+    dirty = " (dirty)" if git.get("dirty") else ""
+    if git.get("tree"):  # a dirty checkout: the files it ran, as a git tree id
+        dirty = f" (dirty; files = tree {git['tree']})"
     return [
         f"run `{report['run_id']}`, created {report['created']}",
-        f"git {git.get('commit') or '?'}"
-        + (f" (dirty; files = tree {git['tree']})" if git.get("tree") else "")
-        + (" (dirty)" if git.get("dirty") and not git.get("tree") else ""),
+        f"git {git.get('commit') or '?'}{dirty}",
         f"GPU: {gpus}; driver {env.get('driver') or '-'}; CPUs {env.get('cpu_count')}",
         f"torch {v.get('torch')}, flashinfer {v.get('flashinfer-python')}, triton "
         f"{v.get('triton')}, transformers {v.get('transformers')}",
