@@ -63,8 +63,19 @@ def usage(kernel, kv: str, block_m: int, block_n: int, warps: int, stages: int =
         else:
             sig[name] = typed.get(name, "*i32" if name.endswith("_ptr") else "i32")
     # an older kernel file may lack a launch constant (LIVE_ONLY): pass only the ones it takes
+    # what the JIT specialises at the engine's launch: every pointer 16-byte aligned and every
+    # stride a multiple of 16 (head_dim 128). Without these hints loads do not vectorise and
+    # the counts below would describe a kernel the engine never runs
+    attrs = {
+        (i,): [["tt.divisibility", 16]]
+        for i, name in enumerate(kernel.arg_names)
+        if sig.get(name, "").startswith("*") or name.startswith("s_")
+    }
     src = triton.compiler.ASTSource(
-        fn=kernel, signature=sig, constexprs={k: v for k, v in const.items() if k in sig}
+        fn=kernel,
+        signature=sig,
+        constexprs={k: v for k, v in const.items() if k in sig},
+        attrs=attrs,
     )
     cc = triton.compile(
         src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages}

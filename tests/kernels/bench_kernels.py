@@ -148,7 +148,9 @@ ATTN_TILES = (
 )  # fmt: skip
 
 
-def _attn_sweep(reqs: int, n: int, length: int, kv_dtype: torch.dtype) -> None:
+def _attn_sweep(
+    reqs: int, n: int, length: int, kv_dtype: torch.dtype, forced_splits: int | None = None
+) -> None:
     """One decode step's attention (one layer, 16 q / 8 kv heads of 128, 3 SID levels, at the
     last level) for ``reqs`` requests of ``n`` beams over ``length``-token prompts: every tile
     of the Triton kernel (max |diff| against the engine's tile), then the prompt part alone
@@ -186,6 +188,10 @@ def _attn_sweep(reqs: int, n: int, length: int, kv_dtype: torch.dtype) -> None:
             continue
         blocks = reqs * -(-(hq // hkv) * n // bm)
         splits = ba.choose_splits(blocks, hkv, rows_n, length, sms)
+        if forced_splits is not None:  # ATTN_SPLITS: a fixed count instead of the engine's
+            if forced_splits > 1 and rows_n > ba.SPLIT_MAX_ROWS:
+                continue
+            splits = forced_splits
         work = i32(ba.build_work([n] * reqs, hq // hkv, bm, splits))
         ctrl = i32([splits, work.shape[0]])
         parts = ba.alloc_partials(rows_n, hq, d, DEV)
@@ -211,7 +217,7 @@ def _attn_sweep(reqs: int, n: int, length: int, kv_dtype: torch.dtype) -> None:
         print(f"beam_attn {tag} tile={bm}x{bn}x{warps}w{stages}s f16={f16} splits={splits}: "
               f"{ms * 1e3:8.1f} us {flops / ms / 1e9:6.0f} TFLOP/s maxdiff={diff:.2e}",
               flush=True)  # fmt: skip
-        if tile == ATTN_TILES[0]:  # the engine's tile: decode-key blocks branched vs masked
+        if tile == ATTN_TILES[0] and forced_splits is None:  # engine tile: branched vs masked
             for step in range(depth):  # the engine's 3-level decode runs steps 0 and 1
                 st = (meta[0], meta[1], meta[2], i32([step] * reqs))
                 res = {}
@@ -306,10 +312,19 @@ def main() -> None:
             ATTN_TILES = tuple(
                 tuple(int(v) for v in t.split("x")) for t in os.environ["ATTN_TILES"].split()
             )
+        # ATTN_SHAPES="1x256x1000 ..." (requests x beams x prompt tokens); ATTN_SPLITS="1 2 4"
+        # times each tile at those fixed prompt-split counts instead of the engine's choice
+        shapes = ATTN_SHAPES
+        if os.environ.get("ATTN_SHAPES"):
+            shapes = tuple(
+                tuple(int(v) for v in s.split("x")) for s in os.environ["ATTN_SHAPES"].split()
+            )
+        forced = [int(x) for x in os.environ.get("ATTN_SPLITS", "").split()] or [None]
         kvs = {"fp8": torch.float8_e4m3fn, "bf16": BF16}
         for kv in (kvs[k] for k in os.environ.get("ATTN_KV", "fp8 bf16").split()):
-            for shape in ATTN_SHAPES:
-                _attn_sweep(*shape, kv)
+            for shape in shapes:
+                for sp in forced:
+                    _attn_sweep(*shape, kv, sp)
         return
     for m in (64, 1600, 16384):
         _run(m)
