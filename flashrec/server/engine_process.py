@@ -29,6 +29,7 @@ waiting request fails with an engine error, ``/health`` turns 503 and the cause 
 
 from __future__ import annotations
 
+import faulthandler
 import functools
 import itertools
 import logging
@@ -146,6 +147,9 @@ def child_main(conn: Any, config: Any, log_level: int) -> None:
     from flashrec.profiler import ProfileController
     from flashrec.server.gcwatch import GcWatch
 
+    # a fatal signal (a segfault in a driver call) prints every thread's Python stack into the
+    # server log before torch's own native dump: which call of which thread it was
+    faulthandler.enable(file=sys.stderr, all_threads=True)
     # the server process decides when the engine stops (it drains first); a Ctrl-C or a
     # SIGTERM sent to the whole process group must not kill the engine under a drain. A server
     # process that dies closes the pipe, and this process then stops by itself.
