@@ -147,9 +147,6 @@ def child_main(conn: Any, config: Any, log_level: int) -> None:
     from flashrec.profiler import ProfileController
     from flashrec.server.gcwatch import GcWatch
 
-    # a fatal signal (a segfault in a driver call) prints every thread's Python stack into the
-    # server log before torch's own native dump: which call of which thread it was
-    faulthandler.enable(file=sys.stderr, all_threads=True)
     # the server process decides when the engine stops (it drains first); a Ctrl-C or a
     # SIGTERM sent to the whole process group must not kill the engine under a drain. A server
     # process that dies closes the pipe, and this process then stops by itself.
@@ -159,6 +156,12 @@ def child_main(conn: Any, config: Any, log_level: int) -> None:
     sys.setswitchinterval(config.gil_switch_interval_ms / 1000.0)
     try:
         engine = Engine(config)
+        # a fatal signal (a segfault in a driver call) prints every thread's Python stack into
+        # the server log, then passes the signal to the handler installed before. That one is
+        # tvm-ffi's when FlashInfer is loaded: it prints native frames only and ends the process
+        # without passing the signal on, and it installs itself when the library loads. Hence
+        # here, after the engine (and FlashInfer) is up: this handler runs first, then that one
+        faulthandler.enable(file=sys.stderr, all_threads=True)
         loop = EngineLoop(engine)
         profiler = ProfileController(loop)
         gcw = GcWatch().install()

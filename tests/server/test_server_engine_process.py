@@ -203,6 +203,25 @@ def test_engine_death_fails_waiting_requests_and_stops_the_server(
             srv.stop()
 
 
+def test_a_fatal_signal_in_the_engine_process_dumps_its_python_stacks(
+    tiny_checkpoint: Path, capfd
+) -> None:
+    """A segfault in the engine process (the H200's n=512 crash in ``cuGraphLaunch``) leaves
+    every thread's Python stack in the log: which call of which thread it was."""
+    engine, loop = start_engine_process(real_config(tiny_checkpoint, engine_process="on"))
+    try:
+        pid = engine.server_info()["engine_process_pid"]
+        os.kill(pid, signal.SIGSEGV)
+        loop.proc.proc.join(timeout=60)
+        assert loop.proc.proc.exitcode == -signal.SIGSEGV
+    finally:
+        loop.stop()
+    err = capfd.readouterr().err
+    assert "Fatal Python error: Segmentation fault" in err
+    # the engine thread's stack: it waits for work in the loop
+    assert "flashrec/engine/loop.py" in err
+
+
 def test_a_failed_start_raises_with_the_cause(tmp_path: Path) -> None:
     config = real_config(tmp_path, engine_process="on")  # no checkpoint there
     t0 = time.monotonic()
