@@ -62,7 +62,7 @@ def run_main(argv: list[str]) -> int:
     from harness.model import ModelError
     from harness.progress import Progress
     from harness.report import build_report, write_report
-    from harness.runner import ResumeError, RunOptions, plan, run_matrix
+    from harness.runner import ResumeError, RunInterrupted, RunOptions, plan, run_matrix
     from harness.server import install_signal_handlers
     from harness.targets import evaluate_targets
 
@@ -92,6 +92,32 @@ def run_main(argv: list[str]) -> int:
     progress = Progress(len(chosen))
     try:
         results, stages, model = run_matrix(spec, cells, opts, progress)
+    except RunInterrupted as stop:
+        # a report of the cells that finished (marked as such), never none: a run cut by a time
+        # limit still leaves its numbers in REPORT.md, and --resume finishes it
+        if stop.results:
+            skipped = {"status": "skipped", "reason": f"the run was interrupted ({stop.cause})"}
+            stages = {
+                n: skipped
+                for n in ("parity", "determinism")
+                if getattr(spec, n) is not None and getattr(spec, n).enabled
+            }
+            report = build_report(spec, stop.results, stages, stop.model, out.name, args.matrix)
+            report["interrupted"] = {
+                "cause": stop.cause,
+                "cells_done": len(stop.results),
+                "cells_selected": stop.selected,
+            }
+            report["gates"] = evaluate_gates(spec.gates, report)
+            report["targets"] = evaluate_targets(spec.targets, report)
+            write_report(report, stop.results, out)
+        print(
+            f"\ninterrupted ({stop.cause}) after {len(stop.results)} of {stop.selected} cells; "
+            + (f"their report: {out}/REPORT.md; " if stop.results else "")
+            + f"rerun with --resume --out {out} to finish",
+            file=sys.stderr,
+        )
+        return stop.exit_code
     except KeyboardInterrupt:
         print(
             f"\ninterrupted; finished cells are in {out} (rerun with --resume --out {out})",

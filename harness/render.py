@@ -35,7 +35,16 @@ def header_lines(report: dict) -> list[str]:
     dirty = " (dirty)" if git.get("dirty") else ""
     if git.get("tree"):  # a dirty checkout: the files it ran, as a git tree id
         dirty = f" (dirty; files = tree {git['tree']})"
-    return [
+    stop = report.get("interrupted")
+    first = []
+    if stop:  # a run cut short: say so before anything else
+        first = [
+            f"INTERRUPTED ({stop['cause']}) after {stop['cells_done']} of "
+            f"{stop['cells_selected']} selected cells: only the cells that finished are "
+            "reported, later stages (parity, determinism) did not run; `--resume --out` with "
+            "this directory runs the rest"
+        ]
+    return first + [
         f"run `{report['run_id']}`, created {report['created']}",
         f"git {git.get('commit') or '?'}{dirty}",
         f"GPU: {gpus}; driver {env.get('driver') or '-'}; CPUs {env.get('cpu_count')}",

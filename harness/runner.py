@@ -356,6 +356,53 @@ class ResumeError(RuntimeError):
     """``--resume`` into a directory written by a different matrix."""
 
 
+class RunInterrupted(Exception):
+    """Ctrl-C or SIGTERM (a time limit's ``timeout``) stopped the run before every selected cell
+    ran. Carries what the report of the finished cells needs; their servers are already down
+    (the exception left every cell's ``finally`` on its way out)."""
+
+    def __init__(
+        self,
+        results: list[CellResult],
+        selected: int,
+        model: ResolvedModel | None,
+        cause: str,
+        exit_code: int,
+    ) -> None:
+        super().__init__(f"interrupted ({cause}) after {len(results)} of {selected} cells")
+        self.results, self.selected, self.model, self.cause = results, selected, model, cause
+        self.exit_code = exit_code  # 130 for Ctrl-C, 128 + signal for SIGTERM / SIGHUP
+
+
+# the files a report writes at the top of its directory (report.write_report)
+REPORT_FILES = (
+    "REPORT.md", "report.json", "report.html", "summary.csv", "records.csv", "records.parquet",
+)  # fmt: skip
+
+
+def set_aside_old_report(out_dir: Path) -> Path | None:
+    """A fresh run (no ``--resume``) into a directory that holds an earlier run's report: move
+    that report's files into ``OUT/superseded-<UTC time>/``, so a run that stops before writing
+    its own never leaves the earlier one looking like its result. Nothing is deleted; the
+    earlier run's cell folders stay where they are (a fresh run rewrites the ones it measures,
+    and only this run's cells enter its report). Returns the folder, or None."""
+    old = [out_dir / f for f in REPORT_FILES if (out_dir / f).is_file()]
+    if not old:
+        return None
+    import datetime as dt
+
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
+    dest = out_dir / f"superseded-{stamp}"
+    n = 1
+    while dest.exists():
+        n += 1
+        dest = out_dir / f"superseded-{stamp}-{n}"
+    dest.mkdir(parents=True)
+    for f in old:
+        f.rename(dest / f.name)
+    return dest
+
+
 def check_resume(opts: RunOptions, spec: MatrixSpec) -> None:
     """Record the matrix hash in ``OUT/run.json``; refuse to resume a different matrix."""
     path = opts.out_dir / "run.json"
@@ -379,6 +426,10 @@ def run_matrix(
     campaign = _Campaign(spec, opts, progress, model)
     opts.out_dir.mkdir(parents=True, exist_ok=True)
     check_resume(opts, spec)
+    if not opts.resume:
+        moved = set_aside_old_report(opts.out_dir)
+        if moved is not None:
+            progress.message(f"an earlier run's report in {opts.out_dir} moved to {moved}")
     results: dict[str, CellResult] = {}
     if opts.resume:
         for c in chosen:
@@ -389,6 +440,14 @@ def run_matrix(
                 progress.end_cell("ok (resumed)", skipped=True)
     try:
         asyncio.run(campaign.run(chosen, results))
+    except (KeyboardInterrupt, SystemExit) as exc:  # SIGTERM / SIGHUP arrive as SystemExit
+        if isinstance(exc, KeyboardInterrupt):
+            cause, code = "Ctrl-C", 130
+        else:
+            code = exc.code if isinstance(exc.code, int) else 143
+            cause = {143: "SIGTERM", 129: "SIGHUP"}.get(code, f"exit {code}")
+        done = [results[c.id] for c in chosen if c.id in results]
+        raise RunInterrupted(done, len(chosen), model, cause, code) from None
     finally:
         progress.close()
     ordered = [results[c.id] for c in chosen if c.id in results]

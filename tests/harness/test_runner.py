@@ -258,6 +258,51 @@ def test_interrupt_leaves_no_process(tmp_path, marker, sig, code):
     assert processes_with(marker) == []
 
 
+def test_a_run_stopped_after_a_cell_reports_that_cell(tmp_path, marker):
+    """SIGTERM (a time limit's ``timeout``) after the first cell: the report holds that cell,
+    says it was interrupted and how far it got; an earlier run's report in the directory is
+    moved aside, not left looking like this run's; --resume then runs only the rest."""
+    m = base_matrix(
+        fake_engine("--latency-ms", "20", "--marker", marker),
+        axes={"concurrency": [1, 2]},
+        load={"rounds": 2, "beam_width": 4},
+        link={"requests": "3 if concurrency == 1 else 2000"},  # the second cell runs ~40 s
+    )
+    path = write_matrix(tmp_path, m)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "REPORT.md").write_text("an earlier run's report\n")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "harness", str(path), "--out", str(out)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        done = list((out / "cells").glob("*concurrency=1*/cell.json"))
+        if done:
+            break
+        time.sleep(0.1)
+    assert done, "the first cell did not finish"
+    time.sleep(0.5)  # the second cell is running
+    proc.send_signal(signal.SIGTERM)
+    output, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 143, output
+    assert b"after 1 of 2 cells" in output and b"--resume" in output
+    rep = load(out)
+    assert rep["interrupted"] == {"cause": "SIGTERM", "cells_done": 1, "cells_selected": 2}
+    assert [c["params"]["concurrency"] for c in rep["cells"]] == [1]
+    assert rep["cells"][0]["status"] == "ok"
+    md = (out / "REPORT.md").read_text()
+    assert "INTERRUPTED (SIGTERM) after 1 of 2 selected cells" in md
+    old = list(out.glob("superseded-*/REPORT.md"))
+    assert len(old) == 1 and old[0].read_text() == "an earlier run's report\n"
+    time.sleep(0.2)
+    assert processes_with(marker) == []
+
+
 def test_burst_load_through_the_runner(tmp_path, fake_url):
     """A matrix with ``load.mode: burst``: bursts of ``concurrency`` requests, their makespans
     in the cell metrics and in REPORT.md's burst table."""
