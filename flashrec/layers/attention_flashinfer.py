@@ -37,6 +37,54 @@ log = logging.getLogger("flashrec")
 SUPPORTED_HEAD_DIMS = (64, 128, 256)
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16)
 WORKSPACE_BYTES = 256 << 20
+PLAN_RING = 3  # wrappers planned in turn, one per prefill forward (see PlanRing)
+
+
+class PlanRing:
+    """Prefill wrappers used in turn, one per forward, each reused only after the GPU has run
+    past the plan it holds.
+
+    A FlashInfer wrapper's ``plan()`` writes the schedule into a page-locked host buffer of its
+    own and queues an asynchronous copy of it to the device: the copy reads that buffer when
+    the stream reaches it, not when it is queued. The engine's host runs ahead of the GPU
+    (results are overlapped, nothing syncs per step), so a second ``plan()`` on the same wrapper
+    can rewrite the buffer before the first forward's copy has run: that forward then runs with
+    the next forward's lengths and offsets, reading and writing out of bounds. (The H200's
+    n=512 FP8 cell, whose requests arrive a few at a time and so prefill in consecutive steps,
+    died in 5 of 9 served runs of sessions 11-12 with a segfault in ``cuGraphLaunch`` or an
+    illegal instruction; the same race is described for other engines that plan FlashInfer
+    ahead of the GPU.)
+
+    Here each wrapper's ``plan()`` is followed by an event on the stream, and a wrapper is
+    planned again only after its event has passed: a host wait that costs nothing unless the
+    host is ``size`` forwards ahead of the GPU. ``make`` builds a wrapper, ``event`` an event
+    (``torch.cuda.Event``; tests pass fakes)."""
+
+    def __init__(self, make, event, size: int = PLAN_RING) -> None:
+        if size < 1:
+            raise ValueError(f"PlanRing needs at least one wrapper, got {size}")
+        self._wrappers = [make() for _ in range(size)]
+        self._events = [event() for _ in range(size)]
+        self._planned = [False] * size
+        self._i = size - 1
+        self.waits = 0  # plans that found their wrapper's previous plan still queued
+
+    @property
+    def current(self):
+        """The wrapper the last ``plan`` went to (the one the forward's layers run)."""
+        return self._wrappers[self._i]
+
+    def plan(self, *args, **kwargs) -> None:
+        """Plan the next wrapper, after the GPU has consumed what it held."""
+        i = (self._i + 1) % len(self._wrappers)
+        ev = self._events[i]
+        if self._planned[i] and not ev.query():
+            self.waits += 1
+            ev.synchronize()
+        self._wrappers[i].plan(*args, **kwargs)
+        ev.record()  # after plan's copy on the current stream
+        self._planned[i] = True
+        self._i = i
 
 
 def unsupported_reason(device: torch.device, dtype: torch.dtype, head_dim: int) -> str | None:
@@ -62,9 +110,13 @@ class FlashInferAttention(TritonAttention):
         dev = kv.k[0].device
         major, _ = torch.cuda.get_device_capability(dev)
         self.kernel = "fa3" if major == 9 else "fa2"
+        # one float workspace for every wrapper: the kernels that use it run in stream order
         self._workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=dev)
-        self._wrapper = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(
-            self._workspace, "NHD", backend=self.kernel
+        self._ring = PlanRing(
+            lambda: flashinfer.BatchPrefillWithRaggedKVCacheWrapper(
+                self._workspace, "NHD", backend=self.kernel
+            ),
+            torch.cuda.Event,
         )
         self._planned: PrefillMeta | None = None  # the forward the wrapper is planned for
         self._gather: torch.Tensor | None = None
@@ -81,7 +133,7 @@ class FlashInferAttention(TritonAttention):
         qo = torch.from_numpy(np.concatenate([[0], np.cumsum(new)]).astype(np.int32)).pin_memory()
         kvp = torch.from_numpy(np.concatenate([[0], np.cumsum(total)]).astype(np.int32))
         kvp = kvp.pin_memory()
-        self._wrapper.plan(
+        self._ring.plan(
             qo,
             kvp,
             self.hq,
@@ -113,5 +165,5 @@ class FlashInferAttention(TritonAttention):
         # row-strided views (q/k/v slices of the fused QKV output) go in as they are: the
         # kernel takes per-token and per-head strides (tests/gpu checks strided inputs)
         q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
-        out = self._wrapper.run(q, k, v)
+        out = self._ring.current.run(q, k, v)
         return out.view(q.shape[0], self.hq * self.d)

@@ -223,6 +223,61 @@ def test_flashinfer_prefill_matches_reference_with_cached_prefixes(kv_dtype):
     torch.testing.assert_close(out.float(), base.float(), atol=2e-2, rtol=2e-2)
 
 
+def test_flashinfer_forwards_planned_ahead_of_the_gpu_each_run_their_own_plan():
+    """The engine's host plans prefill forwards while the GPU is still behind (nothing syncs per
+    step). Here a sleep kernel holds the stream while four forwards of different lengths are
+    planned and queued; each output must equal the same forward run alone. With one wrapper
+    replanned each forward, a later plan rewrote the page-locked plan buffer before the earlier
+    forward's copy ran (the n=512 crashes of sessions 11-12); the plan ring keeps them apart and
+    waits once the host is a ring ahead (the fourth plan here)."""
+    _flashinfer_or_skip()
+    from types import SimpleNamespace
+
+    from flashrec.engine.runner import make_prefill_meta
+    from flashrec.layers.attention_flashinfer import PLAN_RING, FlashInferAttention
+
+    torch.manual_seed(0)
+    hq, hkv, d, pool = 16, 8, 128, 16000
+    kv = SimpleNamespace(
+        k=[torch.zeros(pool, hkv, d, device="cuda", dtype=torch.bfloat16)],
+        v=[torch.zeros(pool, hkv, d, device="cuda", dtype=torch.bfloat16)],
+        dtype=torch.bfloat16,
+        depth=3,
+    )
+    fi = FlashInferAttention(kv, hq, hkv, d)
+    batches, used = [], 0
+    for lens in ([2465, 700], [37], [1200, 1200, 64], [5, 900, 2000]):
+        seqs = []
+        for n in lens:
+            slots = list(range(used, used + n))
+            used += n
+            seqs.append((0, slots, slots))
+        t = sum(lens)
+        qkv = torch.randn(t, (hq + 2 * hkv) * d, device="cuda", dtype=torch.bfloat16)
+        batches.append((seqs, qkv))
+    assert len(batches) > PLAN_RING  # the last plan finds its wrapper's plan still queued
+
+    def forward(seqs, qkv):
+        meta = make_prefill_meta(seqs, "cuda")  # a new meta: the forward plans again
+        t = qkv.shape[0]
+        q = qkv[:, : hq * d].view(t, hq, d)
+        k = qkv[:, hq * d : (hq + hkv) * d].view(t, hkv, d)
+        v = qkv[:, (hq + hkv) * d :].view(t, hkv, d)
+        return fi.forward(q, k, v, 0, meta)
+
+    alone = []
+    for b in batches:
+        alone.append(forward(*b).clone())
+        torch.cuda.synchronize()
+    waits = fi._ring.waits
+    torch.cuda._sleep(1_000_000_000)  # ~0.5 s of GPU time: every plan below runs ahead of it
+    ahead = [forward(*b) for b in batches]
+    torch.cuda.synchronize()
+    for got, want in zip(ahead, alone):
+        torch.testing.assert_close(got, want, atol=0, rtol=0)
+    assert fi._ring.waits > waits
+
+
 @pytest.mark.parametrize("preset", ["tiny", "tiny-llama", "tiny-qwen2"])
 def test_flashinfer_backend_equals_torch_backend(synth_model, preset):
     """Whole engine, bf16: flashinfer backend (with graphs) vs torch backend (eager), cold
