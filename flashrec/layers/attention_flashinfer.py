@@ -51,9 +51,9 @@ class PlanRing:
     can rewrite the buffer before the first forward's copy has run: that forward then runs with
     the next forward's lengths and offsets, reading and writing out of bounds. (The H200's
     n=512 FP8 cell, whose requests arrive a few at a time and so prefill in consecutive steps,
-    died in 5 of 9 served runs of sessions 11-12 with a segfault in ``cuGraphLaunch`` or an
+    died in 5 of 12 served runs of sessions 11-12 with a segfault in ``cuGraphLaunch`` or an
     illegal instruction; the same race is described for other engines that plan FlashInfer
-    ahead of the GPU.)
+    ahead of the GPU. Suspected there, not yet confirmed.)
 
     Here each wrapper's ``plan()`` is followed by an event on the stream, and a wrapper is
     planned again only after its event has passed: a host wait that costs nothing unless the
