@@ -105,6 +105,7 @@ def environment(matrix: dict, matrix_path: str | None, model_hash: str | None) -
         "host": platform.node(),
         "platform": platform.platform(),
         "cpu_count": _cpu_count(),
+        "host_probe": host_probe(),
         "python_executable": sys.executable,
         "matrix_path": matrix_path,
         "matrix_hash": content_hash(matrix),
@@ -125,7 +126,61 @@ def machine() -> dict[str, Any]:
         "dirty": git["dirty"],
         "tree": git["tree"],
         "torch": versions().get("torch"),
+        "cpu": host_probe()["cpu_model"],
+        "host_probe_ms": host_probe()["json_256_beams_ms"],
     }
+
+
+def _cpu_model() -> str | None:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
+# a 256-beam chat-completion body, the shape of the answers the host phases build
+_PROBE_BODY = {
+    "id": "chatcmpl-probe",
+    "object": "chat.completion",
+    "choices": [
+        {
+            "index": i,
+            "message": {
+                "role": "assistant",
+                "content": f"<|sid_begin|><s_a_{i}><s_b_{i % 97}><s_c_{i % 251}><|sid_end|>",
+            },
+            "finish_reason": "stop",
+            "logprobs": None,
+            "score": -1.0 - i / 3.0,
+        }
+        for i in range(256)
+    ],
+}
+
+
+@functools.lru_cache(maxsize=1)
+def host_probe() -> dict[str, Any]:
+    """How fast this host runs single-threaded Python, measured once at run start: the median
+    time to JSON-encode a 256-beam answer body (7 samples of 10 encodings, ~20 ms in all).
+
+    The served cells' host phases (tokenize, ipc, respond) move with the machine: the lent
+    H200s of session 12 were slower there than session 11's by 10-40% with the same code. A
+    report carries this figure (and each cell's ``measured`` stamp too), so that host phases
+    of two runs can be compared knowing how their hosts compare."""
+    import statistics
+    import time
+
+    samples = []
+    for _ in range(7):
+        t0 = time.perf_counter()
+        for _ in range(10):
+            json.dumps(_PROBE_BODY)
+        samples.append((time.perf_counter() - t0) / 10 * 1e3)
+    return {"cpu_model": _cpu_model(), "json_256_beams_ms": round(statistics.median(samples), 4)}
 
 
 def measured_stamp() -> dict[str, Any]:

@@ -27,6 +27,16 @@ def _pct(x) -> str:
     return "-" if x is None else f"{100 * x:.1f}%"
 
 
+def _host_line(env: dict) -> str:
+    probe = env.get("host_probe") or {}
+    ms = probe.get("json_256_beams_ms")
+    return (
+        f"host CPU: {probe.get('cpu_model') or '?'}; host probe "
+        + (f"{ms:.3f} ms" if ms is not None else "-")
+        + " per 256-beam JSON body, one thread (host phases of two runs compare through it)"
+    )
+
+
 def header_lines(report: dict) -> list[str]:
     env = report["environment"]
     git = env.get("git") or {}
@@ -48,6 +58,7 @@ def header_lines(report: dict) -> list[str]:
         f"run `{report['run_id']}`, created {report['created']}",
         f"git {git.get('commit') or '?'}{dirty}",
         f"GPU: {gpus}; driver {env.get('driver') or '-'}; CPUs {env.get('cpu_count')}",
+        _host_line(env),
         f"torch {v.get('torch')}, flashinfer {v.get('flashinfer-python')}, triton "
         f"{v.get('triton')}, transformers {v.get('transformers')}",
         f"matrix hash {env.get('matrix_hash')}, model hash {env.get('model_hash')}",

@@ -23,6 +23,11 @@
 # STAGES=ab runs A/B pairs, same machine, same call (see docs/baselines.md): the defaults
 # (step graph on) against the step graph off, at p=1000 and n=50, and at p=1000 also against
 # the prefill graph off (no HF baseline in these runs: the pairs compare FlashRec with itself).
+# STAGES=repeat runs the given matrix REPEAT times (default 5), each into $OUT/repeat_<i>, and
+# writes $OUT/repeat.txt: one line per run with its exit code, the report's summary line and,
+# for a run whose server died, the first fatal line of its server logs. For intermittent faults
+# (the n=512 FP8 crash of sessions 11-12: 5 of 12 runs):
+#   STAGES=repeat REPEAT=6 ONLY="beam_width=512" bash scripts/gpu_bench.sh matrices/h200_targets.yaml
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-reports/gpu/$(date +%Y%m%d-%H%M%S)}; mkdir -p "$OUT"
@@ -74,6 +79,17 @@ case $STAGES in *" ab "*)
     [ "$cells" = p1000_n256_c1_bf16 ] && OUT=$OUT CELLS=$cells SUFFIX=_noprefill \
       EXTRA="--hf-requests 0 --set prefill_graph_max_tokens=0" bash scripts/h200_bench.sh "$MODEL"
   done;; esac
+if [ $# -ge 1 ] && case $STAGES in *" repeat "*) true;; *) false;; esac; then
+  bench="python -m harness"; command -v flashrec-bench >/dev/null && bench=flashrec-bench
+  only=(); for f in ${ONLY:-}; do only+=(--only "$f"); done
+  for i in $(seq 1 "${REPEAT:-5}"); do
+    MODEL_PATH=$MODEL SID_VOCAB_FILE=$MODEL/catalog.json $bench "$1" --out "$OUT/repeat_$i" "${only[@]}" \
+      > "$OUT/repeat_$i.log" 2>&1
+    rc=$?
+    fatal=$(grep -h -m1 -E "Segfault|Fatal Python error|illegal|CUDA error" "$OUT/repeat_$i"/servers/*.log 2>/dev/null | head -1)
+    echo "run $i rc=$rc $(grep -h '^report:' "$OUT/repeat_$i.log") ${fatal:+| $fatal}" | tee -a "$OUT/repeat.txt"
+  done
+fi
 if [ $# -ge 1 ] && case $STAGES in *" matrix "*) true;; *) false;; esac; then
   bench="python -m harness"; command -v flashrec-bench >/dev/null && bench=flashrec-bench
   only=(); for f in ${ONLY:-}; do only+=(--only "$f"); done  # ONLY="beam_width=256,concurrency=1 ..."

@@ -65,3 +65,36 @@ def test_resumed_note_flags_another_tree_on_the_same_commit():
     assert "tree aaaaaaa" in resumed_note(same, here)
     other = dict(same, tree="b" * 40)
     assert "(not this report's commit)" in resumed_note(other, here)
+
+
+def test_host_probe_times_the_answer_body_and_reaches_the_header_and_stamps(monkeypatch):
+    """The run records how fast its host encodes a 256-beam answer (host phases differ by
+    machine), in the environment, in each cell's ``measured`` stamp and in the report header."""
+    import json
+    import time
+
+    import harness.environment as env
+    from harness.render import header_lines
+
+    env.host_probe.cache_clear()
+    env.machine.cache_clear()
+    real = json.dumps
+
+    def slow(obj, *a, **k):  # a host 2 ms slower per encoding
+        time.sleep(0.002)
+        return real(obj, *a, **k)
+
+    monkeypatch.setattr(env.json, "dumps", slow)
+    slow_ms = env.host_probe()["json_256_beams_ms"]
+    monkeypatch.setattr(env.json, "dumps", real)
+    env.host_probe.cache_clear()
+    probe = env.host_probe()
+    assert 0 < probe["json_256_beams_ms"] < slow_ms
+    assert slow_ms >= 2.0
+    assert env.measured_stamp()["host_probe_ms"] == probe["json_256_beams_ms"]
+    e = env.environment({}, None, None)
+    assert e["host_probe"] == probe
+    report = {"run_id": "r", "created": "t", "environment": e}
+    line = next(x for x in header_lines(report) if x.startswith("host CPU"))
+    assert f"{probe['json_256_beams_ms']:.3f} ms" in line
+    assert str(probe["cpu_model"] or "?") in line
