@@ -351,6 +351,15 @@ class ServerConfig(EngineConfig):
         "(on when the device is CUDA)",
         ("auto", "on", "off"),
     )
+    event_loop: str = _opt(
+        "asyncio",
+        "the server's event loop: asyncio (the standard library's), uvloop (libuv: less host "
+        "time for HTTP and hand-offs; pip install 'flashrec[fast]'), or auto (uvloop where "
+        "installed). CPU, paired A/B of 24 rounds, n=256 c=1 with the engine process: p50 "
+        "-1.7%, within the noise band (docs/baselines.md session 12); asyncio stays the default "
+        "until measured on a GPU host",
+        ("auto", "uvloop", "asyncio"),
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -367,6 +376,22 @@ class ServerConfig(EngineConfig):
             raise ValueError(
                 f"--engine-process must be auto, on or off, got {self.engine_process!r}"
             )
+        if self.event_loop not in ("auto", "uvloop", "asyncio"):
+            raise ValueError(
+                f"--event-loop must be auto, uvloop or asyncio, got {self.event_loop!r}"
+            )
+        if self.event_loop == "uvloop" and not _uvloop_installed():
+            raise ValueError(
+                "--event-loop uvloop: uvloop is not installed (pip install 'flashrec[fast]'), "
+                "or use --event-loop asyncio / auto"
+            )
+
+    @property
+    def resolved_event_loop(self) -> str:
+        """``uvloop`` or ``asyncio`` (``--event-loop``; auto: uvloop where installed)."""
+        if self.event_loop == "auto":
+            return "uvloop" if _uvloop_installed() else "asyncio"
+        return self.event_loop
 
     @property
     def resolved_engine_process(self) -> bool:
@@ -374,6 +399,12 @@ class ServerConfig(EngineConfig):
         if self.engine_process == "auto":
             return self.resolved_device == "cuda"
         return self.engine_process == "on"
+
+
+def _uvloop_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("uvloop") is not None
 
 
 def add_config_args(parser: argparse.ArgumentParser, cls: type) -> None:

@@ -100,6 +100,7 @@ ZH = {
     "tokenizer_workers": "并行构建 prompt（chat template + 分词）的线程数，每个线程持有自己的 tokenizer 副本；1 = 单线程使用引擎自身的 tokenizer",
     "gil_switch_interval_ms": "服务进程的 sys.setswitchinterval（毫秒）：引擎线程等待 GIL 时，HTTP / 分词线程最多可持有 GIL 的时长（Python 默认 5；在 H200 上 0.2 使 n=50、c=32 的 QPS 提高 4.8%，见 docs/baselines.md）",
     "engine_process": "引擎（调度器、模型、profiler）运行在独立进程中，使 HTTP、分词和响应文本永远不占用引擎线程的 GIL：on、off 或 auto（设备为 CUDA 时开启）",
+    "event_loop": "server 的事件循环：asyncio（标准库）、uvloop（libuv：HTTP 与线程交接的 host 时间更少；pip install 'flashrec[fast]'），或 auto（已安装时用 uvloop）。CPU 上 n=256、c=1、独立引擎进程的 24 轮配对 A/B：p50 -1.7%，在噪声带内（docs/baselines.md 第 12 次会话）；在 GPU 机器上测量前默认仍为 asyncio",
 }
 
 GENERATE_FLAGS = [

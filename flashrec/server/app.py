@@ -249,8 +249,17 @@ class Server:
 
 
 def serve(engine: Any, loop: Any, config: ServerConfig) -> int:
-    """Serve ``engine`` through ``loop`` on this (main) thread until SIGTERM / SIGINT."""
-    return asyncio.run(Server(engine, loop, config).run())
+    """Serve ``engine`` through ``loop`` on this (main) thread until SIGTERM / SIGINT, on the
+    event loop ``--event-loop`` names."""
+    server = Server(engine, loop, config)
+    kind = config.resolved_event_loop
+    _log.info("event loop: %s", kind)
+    if kind == "uvloop":
+        import uvloop
+
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            return runner.run(server.run())
+    return asyncio.run(server.run())
 
 
 def run_server(config: ServerConfig) -> int:

@@ -328,6 +328,8 @@ async def server_info(request: web.Request) -> web.Response:
             "aiohttp": aiohttp.__version__,
         },
         "ready": st.backend.healthy,
+        # the loop this server actually runs on (an embedded server runs on its caller's)
+        "event_loop": type(asyncio.get_running_loop()).__module__.split(".")[0],
     }
     return web.json_response(info, dumps=lambda o: json.dumps(o, default=str))
 

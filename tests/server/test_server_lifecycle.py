@@ -233,6 +233,38 @@ def test_cli_serve_alias(procs: list[Proc], tiny_checkpoint: Path) -> None:
     assert any("warm-up done" in line for line in p.log)
 
 
+def test_event_loop_uvloop_serves_and_says_so(procs: list[Proc], tiny_checkpoint: Path) -> None:
+    pytest.importorskip("uvloop")
+    p = start(procs, cli_argv(tiny_checkpoint, "--event-loop", "uvloop"))
+    assert requests.get(p.url + "/get_server_info", timeout=30).json()["event_loop"] == "uvloop"
+    r = requests.post(
+        p.url + "/v1/chat/completions",
+        json={"messages": [{"role": "user", "content": "hi"}], "n": 2},
+        timeout=60,
+    )
+    assert r.status_code == 200 and len(r.json()["choices"]) == 2
+    p.p.send_signal(signal.SIGTERM)  # the drain and exit code work on that loop too
+    assert p.p.wait(timeout=60) == 0
+    assert any("event loop: uvloop" in line for line in p.log)
+
+
+def test_event_loop_choice_is_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    from flashrec.config import ServerConfig
+
+    assert ServerConfig(model_path="m").resolved_event_loop == "asyncio"  # the default
+    with pytest.raises(ValueError, match="auto, uvloop or asyncio"):
+        ServerConfig(model_path="m", event_loop="trio")
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda n, *a: None if n == "uvloop" else real(n, *a)
+    )
+    with pytest.raises(ValueError, match="uvloop is not installed"):
+        ServerConfig(model_path="m", event_loop="uvloop")
+    assert ServerConfig(model_path="m", event_loop="auto").resolved_event_loop == "asyncio"
+
+
 def test_module_entry_point_help() -> None:
     out = subprocess.run(
         [sys.executable, "-m", "flashrec.server", "--help"],
