@@ -273,8 +273,8 @@ def test_flashinfer_forwards_planned_ahead_of_the_gpu_each_run_their_own_plan():
     torch.cuda._sleep(1_000_000_000)  # ~0.5 s of GPU time: every plan below runs ahead of it
     ahead = [forward(*b) for b in batches]
     torch.cuda.synchronize()
-    for got, want in zip(ahead, alone):
-        torch.testing.assert_close(got, want, atol=0, rtol=0)
+    for got, want in zip(ahead, alone):  # a forward run on another's plan is far off (or faults)
+        torch.testing.assert_close(got, want)
     assert fi._ring.waits > waits
 
 
