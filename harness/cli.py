@@ -45,6 +45,13 @@ def run_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--dry-run", action="store_true", help="print the plan, run nothing")
     p.add_argument("--resume", action="store_true", help="skip cells already done in --out")
+    p.add_argument(
+        "--max-wall-s",
+        type=float,
+        help="time budget of the run: no cell (or HF baseline) starts that would end past it, "
+        "by the mean wall time of the cells finished so far; the report then holds the "
+        "finished cells, marked INTERRUPTED, and --resume finishes the rest",
+    )
     p.add_argument("--rounds", type=int, help="override load.rounds")
     return p
 
@@ -83,7 +90,10 @@ def run_main(argv: list[str]) -> int:
         return EXIT_USAGE
     rid = run_id(spec.name, args.matrix)
     out = args.out or Path("reports") / rid
-    opts = RunOptions(out, args.only, args.rounds, args.resume, False, args.matrix)
+    if args.max_wall_s is not None and args.max_wall_s <= 0:
+        print("--max-wall-s must be > 0", file=sys.stderr)
+        return EXIT_USAGE
+    opts = RunOptions(out, args.only, args.rounds, args.resume, False, args.matrix, args.max_wall_s)
     chosen = select(spec, cells, args.only)
     if not chosen:
         print("no cell matches --only", file=sys.stderr)

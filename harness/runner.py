@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import json
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,7 @@ class RunOptions:
     resume: bool = False
     dry_run: bool = False
     matrix_path: str | None = None
+    max_wall_s: float | None = None  # --max-wall-s: no cell starts that would end past it
 
 
 @dataclass
@@ -160,6 +162,32 @@ class _Campaign:
         self.prompt_cache: dict[tuple, PromptSet] = {}
         self.tokenizers: dict[str, Any] = {}
         self.launches = 0
+        self.t0 = time.monotonic()
+        self.done = 0  # cells finished in this run (resumed ones not counted)
+
+    def per_cell_s(self) -> float | None:
+        """Wall time per finished cell so far, server starts and baselines included."""
+        return (time.monotonic() - self.t0) / self.done if self.done else None
+
+    def check_budget(self) -> None:
+        """``--max-wall-s``: refuse to start a cell that would end past the budget, by the mean
+        wall time of the cells finished so far (the first cell always starts)."""
+        budget, per = self.opts.max_wall_s, self.per_cell_s()
+        if budget is None or per is None:
+            return
+        left = budget - (time.monotonic() - self.t0)
+        if left < per:
+            raise BudgetExhausted(
+                f"time budget: {left:.0f} s of --max-wall-s {budget:g} left, a cell takes "
+                f"~{per:.0f} s here"
+            )
+
+    def budget_allows_baseline(self) -> bool:
+        """An HF baseline starts only while at least one cell's mean wall time is left."""
+        budget, per = self.opts.max_wall_s, self.per_cell_s()
+        if budget is None or per is None:
+            return True
+        return budget - (time.monotonic() - self.t0) >= per
 
     def tokenizer(self, path: str | None) -> Any:
         if not path:
@@ -200,6 +228,7 @@ class _Campaign:
         server: Server | None = None
         try:
             for i, cell in enumerate(group):
+                self.check_budget()
                 self.progress.start_cell(cell.id)
                 if server is None or server.exit_code() is not None:
                     if server is not None:
@@ -257,6 +286,14 @@ class _Campaign:
             if res is None or res.status != "ok" or not hf_baseline.applies(hf, cell):
                 continue
             assert hf is not None
+            if not self.budget_allows_baseline():
+                res.baseline["hf"] = {
+                    "status": "skipped",
+                    "hf_skipped": f"--max-wall-s {self.opts.max_wall_s:g}: too little time left",
+                }
+                self.progress.message(f"HF baseline for {cell.id}: skipped (time budget)")
+                save_result(self.opts.out_dir, res)
+                continue
             prompts = self.prompts(cell).measured
             try:
                 k = hf_baseline.requests_for(hf, cell, self.max_tokens(cell))
@@ -321,6 +358,7 @@ class _Campaign:
     def finish(self, res: CellResult, results: dict[str, CellResult]) -> None:
         save_result(self.opts.out_dir, res)
         results[res.id] = res
+        self.done += 1
         if res.status == "failed":
             self.progress.message(f"cell {res.id} failed: {res.error}")
         self.progress.end_cell(res.status)
@@ -354,6 +392,10 @@ def run_stages(ctx: StageContext) -> dict[str, dict]:
 
 class ResumeError(RuntimeError):
     """``--resume`` into a directory written by a different matrix."""
+
+
+class BudgetExhausted(Exception):
+    """``--max-wall-s`` leaves too little time for the next cell."""
 
 
 class RunInterrupted(Exception):
@@ -440,9 +482,11 @@ def run_matrix(
                 progress.end_cell("ok (resumed)", skipped=True)
     try:
         asyncio.run(campaign.run(chosen, results))
-    except (KeyboardInterrupt, SystemExit) as exc:  # SIGTERM / SIGHUP arrive as SystemExit
+    except (KeyboardInterrupt, SystemExit, BudgetExhausted) as exc:  # SIGTERM: SystemExit
         if isinstance(exc, KeyboardInterrupt):
             cause, code = "Ctrl-C", 130
+        elif isinstance(exc, BudgetExhausted):
+            cause, code = str(exc), 130
         else:
             code = exc.code if isinstance(exc.code, int) else 143
             cause = {143: "SIGTERM", 129: "SIGHUP"}.get(code, f"exit {code}")

@@ -93,7 +93,10 @@ fi
 if [ $# -ge 1 ] && case $STAGES in *" matrix "*) true;; *) false;; esac; then
   bench="python -m harness"; command -v flashrec-bench >/dev/null && bench=flashrec-bench
   only=(); for f in ${ONLY:-}; do only+=(--only "$f"); done  # ONLY="beam_width=256,concurrency=1 ..."
-  MODEL_PATH=$MODEL SID_VOCAB_FILE=$MODEL/catalog.json $bench "$1" --out "$OUT/matrix" "${only[@]}" 2>&1 | tail -5
+  # MAX_WALL_S: the matrix's time budget (flashrec-bench --max-wall-s), e.g. a call's limit
+  # minus the setup: cells that would not finish are not started, and the report is written
+  MODEL_PATH=$MODEL SID_VOCAB_FILE=$MODEL/catalog.json $bench "$1" --out "$OUT/matrix" "${only[@]}" \
+    ${MAX_WALL_S:+--max-wall-s "$MAX_WALL_S"} 2>&1 | tail -5
   # TAR=1: also one archive of the report directory (traces and per-cell folders included),
   # for transfers that drop deep or oddly named paths (the lent device's does)
   [ "${TAR:-0}" = 1 ] && tar czf "$OUT/matrix.tgz" -C "$OUT" matrix

@@ -303,6 +303,31 @@ def test_a_run_stopped_after_a_cell_reports_that_cell(tmp_path, marker):
     assert processes_with(marker) == []
 
 
+def test_max_wall_s_starts_no_cell_past_the_budget(tmp_path, marker):
+    """--max-wall-s: the first cell always runs; after it the mean cell time no longer fits, so
+    the run stops there with a report of that cell (marked INTERRUPTED, the budget named) and
+    no server left; --resume then runs the rest."""
+    m = base_matrix(
+        fake_engine("--latency-ms", "5", "--marker", marker),
+        axes={"concurrency": [1, 2, 4]},
+        load={"rounds": 2, "beam_width": 4},
+    )
+    path = write_matrix(tmp_path, m)
+    out = tmp_path / "out"
+    code = run_cli(str(path), "--out", str(out), "--max-wall-s", "0.5")
+    assert code == 130
+    rep = load(out)
+    assert rep["interrupted"]["cells_done"] == 1 and rep["interrupted"]["cells_selected"] == 3
+    assert rep["interrupted"]["cause"].startswith("time budget")
+    assert [c["params"]["concurrency"] for c in rep["cells"]] == [1]
+    assert processes_with(marker) == []
+    assert run_cli(str(path), "--out", str(out), "--resume") == 0
+    rep = load(out)
+    assert "interrupted" not in rep
+    assert sorted(c["params"]["concurrency"] for c in rep["cells"]) == [1, 2, 4]
+    assert run_cli(str(path), "--out", str(tmp_path / "o2"), "--max-wall-s", "0") == 2
+
+
 def test_burst_load_through_the_runner(tmp_path, fake_url):
     """A matrix with ``load.mode: burst``: bursts of ``concurrency`` requests, their makespans
     in the cell metrics and in REPORT.md's burst table."""
