@@ -69,6 +69,7 @@ class CellResult:
     # measured round -> server-side deltas over it (harness.server_metrics: GC pauses)
     server_rounds: dict[int, dict[str, float]] = field(default_factory=dict)
     burst: int = 0  # requests per burst of a "burst" load (0: another load mode)
+    closed: int = 0  # clients of a "closed" load (0: another load mode)
     # where and when it was measured (harness.environment.measured_stamp), saved with the cell
     measured: dict = field(default_factory=dict)
     resumed: bool = False  # loaded from an earlier run's cell.json by --resume
@@ -222,6 +223,7 @@ async def run_cell(ctx: CellContext, cell: Cell) -> CellResult:
     """Run one cell on ``ctx.server``; failures are caught into the result, never raised."""
     res = CellResult(cell.id, dict(cell.params))
     res.burst = cell.client.concurrency if cell.client.mode == "burst" else 0
+    res.closed = cell.client.concurrency if cell.client.mode == "closed" else 0
     res.server = {"url": ctx.server.base_url, "protocol": ctx.server.protocol}
     started = time.monotonic()
     c = cell.client

@@ -34,6 +34,9 @@ DIRECTIONS: dict[str, int] = {
     # load mode "burst": first send -> last answer of each complete burst (harness.load)
     "burst_ms_mean": -1,
     "burst_ms_max": 0,
+    # load mode "closed": completions per second while every client has a request in flight
+    # (closed_extra); informational, so the calibrated A/B gate does not grow
+    "qps_steady": 0,
     # derived (harness.flops): with an ``mfu:`` section / an HF baseline
     "tflop_per_request": 0,
     "achieved_tflops": 1,
@@ -104,6 +107,29 @@ def burst_extra(size: int) -> Extra:
         if not spans:
             return {}
         return {"burst_ms_mean": float(np.mean(spans)), "burst_ms_max": float(max(spans))}
+
+    return extra
+
+
+def closed_extra(clients: int) -> Extra:
+    """Round metrics of a ``closed`` load of ``clients`` clients: ``qps_steady``, the rate of
+    answers between the ``clients``-th and the ``(N - clients)``-th of the round's N answers
+    (by arrival), i.e. while every client has a request in flight. A round's ``qps`` (first
+    send -> last answer) also holds its start, when nothing has finished yet, and its drain,
+    when fewer and fewer requests are left; with a few requests per client those take a large
+    share of the round (n=50, c=32, 96 requests on the H200: the first answer after 0.12-0.19 s
+    of a ~1 s round). Needs N >= 3 x clients (at least one client-wide wave inside the window);
+    absent otherwise."""
+
+    def extra(ok: list[Record], out: dict[str, float]) -> dict[str, float]:
+        n = len(ok)
+        if clients < 1 or n < 3 * clients:
+            return {}
+        ends = sorted(r.t_end for r in ok)
+        a, b = ends[clients - 1], ends[n - clients - 1]
+        if b <= a:
+            return {}
+        return {"qps_steady": (n - 2 * clients) / (b - a)}
 
     return extra
 

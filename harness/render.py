@@ -240,6 +240,22 @@ def burst_table(report: dict) -> Table | None:
     return head, rows
 
 
+def closed_table(report: dict) -> Table | None:
+    """Cells of a ``closed`` load with a steady-state rate: the round's QPS (first send -> last
+    answer) next to the rate while every client had a request in flight."""
+    cells = [c for c in report["cells"] if "qps_steady" in (c.get("metrics") or {})]
+    if not cells:
+        return None
+    rows = []
+    for c in cells:
+        m = c["metrics"]
+        q, st = (m.get("qps") or {}).get("median"), (m.get("qps_steady") or {}).get("median")
+        share = f"{100 * (1 - q / st):.1f}%" if q and st else "-"
+        rows.append([c["id"], _med_ci(m.get("qps")), _med_ci(m.get("qps_steady")), share])
+    head = ["cell", "QPS (round)", "QPS while every client is busy", "round time in start / drain"]
+    return head, rows
+
+
 def _sizes(sizes: list) -> str:
     if not sizes:
         return "eager"
@@ -469,6 +485,14 @@ BURST_NOTE = (
     "runs from its first send to its last answer (bursts whose every request succeeded). "
     "Medians [95% CI] over rounds."
 )
+CLOSED_NOTE = (
+    "Closed loop: the QPS of a round runs from its first send to its last answer, so it also "
+    "holds the start (nothing answered yet) and the drain (fewer and fewer requests left). The "
+    "steady rate counts the answers between the c-th and the (N-c)-th of the round's N (c "
+    "clients), while every client had a request in flight; the last column is how much of the "
+    "round's time start and drain cost against that rate. Rounds of a few requests per client "
+    "lose most. The cells table and the targets use the round QPS. Medians [95% CI] over rounds."
+)
 ENGINE_SETTINGS_NOTE = (
     "What each server reported at start, after its auto knobs resolved on the device: decode "
     "CUDA graphs and their batch sizes, the whole-step decode graph, the largest buckets of "
@@ -497,6 +521,9 @@ def _extra_tables(report: dict) -> list[tuple[str, Table, str]]:
     bt = burst_table(report)
     if bt:
         out.append(("Bursts (requests sent together)", bt, BURST_NOTE))
+    ct = closed_table(report)
+    if ct:
+        out.append(("Closed loop: round QPS and the steady rate", ct, CLOSED_NOTE))
     t = targets_table(report)
     if t:
         status = (report.get("targets") or {}).get("status")

@@ -20,7 +20,15 @@ from harness.cell import CellResult
 from harness.client import EPOCH_UNIX, Record
 from harness.environment import environment, machine
 from harness.flops import derived_metrics
-from harness.metrics import KEY_METRICS, burst_extra, by_round, cell_metrics, notes, round_metrics
+from harness.metrics import (
+    KEY_METRICS,
+    burst_extra,
+    by_round,
+    cell_metrics,
+    closed_extra,
+    notes,
+    round_metrics,
+)
 from harness.model import ResolvedModel
 from harness.render import write_html, write_markdown
 from harness.server_metrics import chain, round_extra
@@ -57,6 +65,7 @@ def cell_entry(res: CellResult, spec: MatrixSpec) -> dict:
         derived_metrics(res.mfu, hf),
         round_extra(res.server_rounds),
         burst_extra(res.burst) if res.burst else None,
+        closed_extra(res.closed) if res.closed else None,
     )
     metrics = cell_metrics(res.records, spec.stats, extra) if res.status == "ok" else {}
     rounds = [

@@ -478,6 +478,8 @@ def run_matrix(
             prev = load_result(opts.out_dir, c.id)
             if prev is not None and prev.status == "ok":
                 prev.resumed = True
+                if not prev.closed and c.client.mode == "closed":  # saved before the field
+                    prev.closed = c.client.concurrency
                 results[c.id] = prev
                 progress.end_cell("ok (resumed)", skipped=True)
     try:

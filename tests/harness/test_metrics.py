@@ -49,3 +49,27 @@ def test_cell_metrics_and_notes():
 def test_directions():
     assert direction("qps") == 1 and direction("latency_p99_ms") == -1
     assert direction("ndcg@10") == 1 and direction("cached_frac") == 0
+
+
+def test_closed_loop_steady_rate_leaves_out_start_and_drain():
+    """2 clients, 10 requests: the first two sent at 0.0 and 0.5 take 3 s (a start before any
+    answer), the rest 1 s each, back to back. The round's QPS carries the start and the drain;
+    the steady rate counts the 6 answers between the 2nd and the 8th, while both clients are
+    busy: exactly 2 clients / 1 s."""
+    from harness.metrics import closed_extra
+
+    sends = [0.0, 0.5]
+    ends = []
+    records = []
+    for i in range(10):
+        t0 = sends[i] if i < 2 else ends[i - 2]
+        t1 = t0 + (3.0 if i < 2 else 1.0)  # the first answers come after a 2 s start
+        ends.append(t1)
+        records.append(rec(0, "measure", i, t0, t1))
+    m = round_metrics(records, closed_extra(2))
+    assert m["qps"] == pytest.approx(10 / ends[-1])
+    # answers at 3, 3.5, 4, ..., 7.5: the window runs from the 2nd (3.5) to the 8th (6.5)
+    assert m["qps_steady"] == pytest.approx(2.0)
+    assert m["qps_steady"] > m["qps"]
+    assert "qps_steady" not in round_metrics(records[:5], closed_extra(2))  # < 3 x clients
+    assert direction("qps_steady") == 0  # informational: the A/B gate does not judge it
