@@ -490,8 +490,10 @@ CLOSED_NOTE = (
     "holds the start (nothing answered yet) and the drain (fewer and fewer requests left). The "
     "steady rate counts the answers between the c-th and the (N-c)-th of the round's N (c "
     "clients), while every client had a request in flight; the last column is how much of the "
-    "round's time start and drain cost against that rate. Rounds of a few requests per client "
-    "lose most. The cells table and the targets use the round QPS. Medians [95% CI] over rounds."
+    "round's time start and drain cost against that rate (negative when the middle of the round "
+    "ran slower than the whole, as when clients move in waves). Rounds of a few requests per "
+    "client lose most. The cells table and the targets use the round QPS. Medians [95% CI] over "
+    "rounds."
 )
 ENGINE_SETTINGS_NOTE = (
     "What each server reported at start, after its auto knobs resolved on the device: decode "
