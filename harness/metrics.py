@@ -211,6 +211,9 @@ def cell_metrics(
     return out
 
 
+SHORT_ROUND_LOSS = 0.05  # round QPS this far below qps_steady: the cell gets a note
+
+
 def notes(metrics: dict[str, dict], stats: StatsSpec) -> list[str]:
     """Why a cell's numbers may not support a conclusion (too few or too noisy rounds)."""
     out = []
@@ -233,4 +236,13 @@ def notes(metrics: dict[str, dict], stats: StatsSpec) -> list[str]:
     inv = metrics.get("invalid_rate")
     if inv and inv["median"] > 0:
         out.append(f"invalid SID rate {100 * inv['median']:.2f}%")
+    steady = metrics.get("qps_steady")
+    if qps and steady and steady["median"] > 0:
+        lost = 1.0 - qps["median"] / steady["median"]
+        if lost > SHORT_ROUND_LOSS:
+            out.append(
+                f"round QPS {100 * lost:.1f}% below the rate while every client was busy "
+                f"({steady['median']:.2f}): the rounds are short for this concurrency, so start "
+                "and drain weigh on the round QPS; more requests per round measure the rate"
+            )
     return out

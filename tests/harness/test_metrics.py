@@ -73,3 +73,22 @@ def test_closed_loop_steady_rate_leaves_out_start_and_drain():
     assert m["qps_steady"] > m["qps"]
     assert "qps_steady" not in round_metrics(records[:5], closed_extra(2))  # < 3 x clients
     assert direction("qps_steady") == 0  # informational: the A/B gate does not judge it
+
+
+def test_a_cell_whose_rounds_are_mostly_start_and_drain_gets_a_note():
+    from harness.metrics import closed_extra
+
+    records = []
+    for rnd in range(3):  # the round of the steady-rate test, three times
+        ends: list[float] = []
+        for i in range(10):
+            t0 = (0.0 if i == 0 else 0.5) if i < 2 else ends[i - 2]
+            t1 = t0 + (3.0 if i < 2 else 1.0)
+            ends.append(t1)
+            records.append(rec(rnd, "measure", i, 100 * rnd + t0, 100 * rnd + t1))
+    m = cell_metrics(records, StatsSpec(bootstrap=200), closed_extra(2))
+    lost = 1 - m["qps"]["median"] / m["qps_steady"]["median"]
+    assert lost > 0.05
+    assert any("below the rate while every client was busy" in n for n in notes(m, StatsSpec()))
+    plain = cell_metrics(records, StatsSpec(bootstrap=200))  # no steady rate: no such note
+    assert not any("every client was busy" in n for n in notes(plain, StatsSpec()))
