@@ -300,6 +300,10 @@ class EngineProcess:
         )
         self._send_lock = threading.Lock()
         self._lock = threading.Lock()
+        # one thread at a time waits for the process (the reader when the pipe closes, stop()):
+        # of two concurrent waitpid calls the loser gets no exit status and, for a moment, sees
+        # a dead process as alive (stop() then warned and killed an already reaped pid)
+        self._reap_lock = threading.Lock()
         self._futures: dict[str, Future] = {}
         self._calls: dict[int, Future] = {}
         self._ids = itertools.count()
@@ -419,7 +423,7 @@ class EngineProcess:
                         cfut.set_result(value)
                     else:
                         cfut.set_exception(_make_error(*value))
-        self.proc.join(timeout=5.0)
+        self._wait(5.0)
         why = f"the engine process exited (exit code {self.proc.exitcode})"
         self.dead = why
         if not self._stopping:
@@ -438,19 +442,27 @@ class EngineProcess:
         with self._lock:
             return self._futures.pop(rid, None)
 
+    def _wait(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` s for the process to exit (one waiting thread at a time, see
+        ``_reap_lock``); whether it has exited."""
+        with self._reap_lock:
+            self.proc.join(timeout=timeout)
+            return self.proc.exitcode is not None
+
     def stop(self) -> None:
         """Stop the engine process (its loop first) and wait for it."""
         self._stopping = True
-        if self.proc.is_alive():
+        exited = self._wait(0.0)
+        if not exited:
             try:
                 self._send(("stop",))
             except EngineProcessError:
                 pass
-            self.proc.join(timeout=STOP_TIMEOUT_S)
-        if self.proc.is_alive():
+            exited = self._wait(STOP_TIMEOUT_S)
+        if not exited:
             _log.warning("the engine process did not stop in %.0f s; killing it", STOP_TIMEOUT_S)
             self.proc.kill()
-            self.proc.join(timeout=5.0)
+            self._wait(5.0)
         if self._reader is not None:
             self._reader.join(timeout=5.0)
         self._conn.close()

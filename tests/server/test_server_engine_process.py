@@ -212,7 +212,11 @@ def test_a_fatal_signal_in_the_engine_process_dumps_its_python_stacks(
     try:
         pid = engine.server_info()["engine_process_pid"]
         os.kill(pid, signal.SIGSEGV)
-        loop.proc.proc.join(timeout=60)
+        # the loop's reader thread reaps the process too (it notices the closed pipe): poll the
+        # exit code instead of joining here, which races that thread's waitpid
+        deadline = time.monotonic() + 60
+        while loop.proc.proc.exitcode is None and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert loop.proc.proc.exitcode == -signal.SIGSEGV
     finally:
         loop.stop()
