@@ -372,14 +372,8 @@ class ServerConfig(EngineConfig):
                 f"--gil-switch-interval-ms must be in 0.01..100, got {self.gil_switch_interval_ms}"
             )
 
-        if self.engine_process not in ("auto", "on", "off"):
-            raise ValueError(
-                f"--engine-process must be auto, on or off, got {self.engine_process!r}"
-            )
-        if self.event_loop not in ("auto", "uvloop", "asyncio"):
-            raise ValueError(
-                f"--event-loop must be auto, uvloop or asyncio, got {self.event_loop!r}"
-            )
+        for name in ("engine_process", "event_loop"):
+            _check_choice(self, name)
         if self.event_loop == "uvloop" and not _uvloop_installed():
             raise ValueError(
                 "--event-loop uvloop: uvloop is not installed (pip install 'flashrec[fast]'), "
@@ -399,6 +393,17 @@ class ServerConfig(EngineConfig):
         if self.engine_process == "auto":
             return self.resolved_device == "cuda"
         return self.engine_process == "on"
+
+
+def _check_choice(config: Any, name: str) -> None:
+    """ValueError unless field ``name`` of ``config`` holds one of its declared ``choices``
+    (what argparse checks for a flag, checked here for a config built without it)."""
+    choices = next(f for f in dataclasses.fields(config) if f.name == name).metadata["choices"]
+    value = getattr(config, name)
+    if value not in choices:
+        words = ", ".join(choices[:-1]) + " or " + choices[-1]
+        flag = "--" + name.replace("_", "-")
+        raise ValueError(f"{flag} must be {words}, got {value!r}")
 
 
 def _uvloop_installed() -> bool:

@@ -98,6 +98,17 @@ def run_main(argv: list[str]) -> int:
     if not chosen:
         print("no cell matches --only", file=sys.stderr)
         return EXIT_USAGE
+
+    def report_of(results, stages, model, interrupted: dict | None = None) -> dict:
+        """The run's report (gates and targets judged), written into ``out``."""
+        report = build_report(spec, results, stages, model, out.name, args.matrix)
+        if interrupted is not None:
+            report["interrupted"] = interrupted
+        report["gates"] = evaluate_gates(spec.gates, report)
+        report["targets"] = evaluate_targets(spec.targets, report)
+        write_report(report, results, out)
+        return report
+
     install_signal_handlers()
     progress = Progress(len(chosen))
     try:
@@ -112,15 +123,12 @@ def run_main(argv: list[str]) -> int:
                 for n in ("parity", "determinism")
                 if getattr(spec, n) is not None and getattr(spec, n).enabled
             }
-            report = build_report(spec, stop.results, stages, stop.model, out.name, args.matrix)
-            report["interrupted"] = {
+            interrupted = {
                 "cause": stop.cause,
                 "cells_done": len(stop.results),
                 "cells_selected": stop.selected,
             }
-            report["gates"] = evaluate_gates(spec.gates, report)
-            report["targets"] = evaluate_targets(spec.targets, report)
-            write_report(report, stop.results, out)
+            report_of(stop.results, stages, stop.model, interrupted)
         print(
             f"\ninterrupted ({stop.cause}) after {len(stop.results)} of {stop.selected} cells; "
             + (f"their report: {out}/REPORT.md; " if stop.results else "")
@@ -137,10 +145,7 @@ def run_main(argv: list[str]) -> int:
     except (ResumeError, ModelError) as exc:
         print(str(exc), file=sys.stderr)
         return EXIT_USAGE
-    report = build_report(spec, results, stages, model, out.name, args.matrix)
-    report["gates"] = evaluate_gates(spec.gates, report)
-    report["targets"] = evaluate_targets(spec.targets, report)
-    write_report(report, results, out)
+    report = report_of(results, stages, model)
     s = report["summary"]
     print(
         f"report: {out}/REPORT.md ({s['ok']} ok, {s['failed']} failed of {s['cells']} cells; "

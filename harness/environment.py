@@ -117,7 +117,7 @@ def environment(matrix: dict, matrix_path: str | None, model_hash: str | None) -
 def machine() -> dict[str, Any]:
     """This process's host, first GPU, driver, commit and torch (the fields a cell's
     ``measured`` stamp keeps)."""
-    git, gpu = git_info(ROOT), gpu_info()
+    git, gpu, probe = git_info(ROOT), gpu_info(), host_probe()
     return {
         "host": platform.node(),
         "gpu": gpu["gpus"][0]["name"] if gpu["gpus"] else None,
@@ -126,8 +126,8 @@ def machine() -> dict[str, Any]:
         "dirty": git["dirty"],
         "tree": git["tree"],
         "torch": versions().get("torch"),
-        "cpu": host_probe()["cpu_model"],
-        "host_probe_ms": host_probe()["json_256_beams_ms"],
+        "cpu": probe["cpu_model"],
+        "host_probe_ms": probe["json_256_beams_ms"],
     }
 
 
@@ -164,8 +164,9 @@ _PROBE_BODY = {
 
 @functools.lru_cache(maxsize=1)
 def host_probe() -> dict[str, Any]:
-    """How fast this host runs single-threaded Python, measured once at run start: the median
-    time to JSON-encode a 256-beam answer body (7 samples of 10 encodings, ~20 ms in all).
+    """How fast this host runs single-threaded Python, measured once per process on first use
+    (the first cell's ``measured`` stamp, or the report): the median time to JSON-encode a
+    256-beam answer body (7 samples of 10 encodings, ~20 ms in all).
 
     The served cells' host phases (tokenize, ipc, respond) move with the machine: the lent
     H200s of session 12 were slower there than session 11's by 10-40% with the same code. A

@@ -260,6 +260,13 @@ def write_summary(report: dict, out_dir: Path) -> None:
             w.writerow(["" if v is None else v for v in row])
 
 
+# every file write_report can put at the top of a report directory (records.parquet only
+# with pyarrow); a fresh run moves an earlier run's set aside (runner.set_aside_old_report)
+REPORT_FILES = (
+    "report.json", "records.csv", "records.parquet", "summary.csv", "REPORT.md", "report.html",
+)  # fmt: skip
+
+
 def write_report(report: dict, results: list[CellResult], out_dir: Path) -> list[str]:
     """Write every report file into ``out_dir``; returns their names."""
     out_dir.mkdir(parents=True, exist_ok=True)

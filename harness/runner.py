@@ -25,6 +25,7 @@ from harness.environment import content_hash, measured_stamp
 from harness.flops import ceiling_for, mfu_info
 from harness.model import ModelError, ResolvedModel, resolve_model
 from harness.progress import Progress
+from harness.report import REPORT_FILES
 from harness.server import LaunchedServer, Server, ServerError, make_server
 from harness.sids import SidChecker, load_catalog_sids
 from harness.spec import MatrixSpec
@@ -169,25 +170,23 @@ class _Campaign:
         """Wall time per finished cell so far, server starts and baselines included."""
         return (time.monotonic() - self.t0) / self.done if self.done else None
 
-    def check_budget(self) -> None:
-        """``--max-wall-s``: refuse to start a cell that would end past the budget, by the mean
-        wall time of the cells finished so far (the first cell always starts)."""
+    def budget_short(self) -> str | None:
+        """``--max-wall-s``: why the next cell (or HF baseline) may not start, None when it
+        may: less time left than the mean wall time of the cells finished so far (the first
+        cell always starts)."""
         budget, per = self.opts.max_wall_s, self.per_cell_s()
         if budget is None or per is None:
-            return
+            return None
         left = budget - (time.monotonic() - self.t0)
-        if left < per:
-            raise BudgetExhausted(
-                f"time budget: {left:.0f} s of --max-wall-s {budget:g} left, a cell takes "
-                f"~{per:.0f} s here"
-            )
+        if left >= per:
+            return None
+        return f"{left:.0f} s of --max-wall-s {budget:g} left, a cell takes ~{per:.0f} s here"
 
-    def budget_allows_baseline(self) -> bool:
-        """An HF baseline starts only while at least one cell's mean wall time is left."""
-        budget, per = self.opts.max_wall_s, self.per_cell_s()
-        if budget is None or per is None:
-            return True
-        return budget - (time.monotonic() - self.t0) >= per
+    def check_budget(self) -> None:
+        """Refuse to start a cell past the budget (:meth:`budget_short`)."""
+        short = self.budget_short()
+        if short is not None:
+            raise BudgetExhausted(f"time budget: {short}")
 
     def tokenizer(self, path: str | None) -> Any:
         if not path:
@@ -286,7 +285,7 @@ class _Campaign:
             if res is None or res.status != "ok" or not hf_baseline.applies(hf, cell):
                 continue
             assert hf is not None
-            if not self.budget_allows_baseline():
+            if self.budget_short() is not None:
                 res.baseline["hf"] = {
                     "status": "skipped",
                     "hf_skipped": f"--max-wall-s {self.opts.max_wall_s:g}: too little time left",
@@ -414,12 +413,6 @@ class RunInterrupted(Exception):
         super().__init__(f"interrupted ({cause}) after {len(results)} of {selected} cells")
         self.results, self.selected, self.model, self.cause = results, selected, model, cause
         self.exit_code = exit_code  # 130 for Ctrl-C, 128 + signal for SIGTERM / SIGHUP
-
-
-# the files a report writes at the top of its directory (report.write_report)
-REPORT_FILES = (
-    "REPORT.md", "report.json", "report.html", "summary.csv", "records.csv", "records.parquet",
-)  # fmt: skip
 
 
 def set_aside_old_report(out_dir: Path) -> Path | None:

@@ -187,15 +187,11 @@ class AttentionBackend:
         copy kernels per layer (112 of the copies in a p=1,000 prefill's trace)."""
         g = self.hq // self.hkv
         qh, kh, vh = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-        gqa = {"enable_gqa": True} if g > 1 else {}
+        kw = {"is_causal": True} if mask is None else {"attn_mask": mask}
+        if g > 1:
+            kw["enable_gqa"] = True
         with _sdpa_backends(qh):
-            if mask is None:
-                return F.scaled_dot_product_attention(
-                    qh, kh, vh, is_causal=True, scale=self.scale, **gqa
-                )
-            return F.scaled_dot_product_attention(
-                qh, kh, vh, attn_mask=mask, scale=self.scale, **gqa
-            )
+            return F.scaled_dot_product_attention(qh, kh, vh, scale=self.scale, **kw)
 
     def decode(self, q, layer_id: int, meta: DecodeMeta) -> torch.Tensor:
         raise NotImplementedError
