@@ -214,6 +214,10 @@ class EngineConfig:
         "fused SiLU(gate)*up -> per-token FP8 quant kernel (GPU, FP8); bf16/fp16 layers use the same kernel without the quant",
     )
     enable_fused_qk_rope_kv: bool = _opt(True, "fused q/k RMSNorm + RoPE + KV write kernel (GPU)")
+    enable_prefill_last_rows: bool = _opt(
+        True,
+        "prefill: the last layer's o_proj, post-attention norm and MLP run on each prompt's last token only, the one row the level-0 logits read (every token still writes its K/V and every layer before runs whole); ~1/L of a prefill's GEMM work saved. --no-enable-prefill-last-rows runs every token through the whole last layer (same results within rounding: the GEMMs see fewer rows)",
+    )
 
     def __post_init__(self) -> None:
         if self.prefix_cache_min_match < 1:

@@ -89,6 +89,7 @@ ZH = {
     "enable_fused_rms_fp8": "融合 RMSNorm(+residual) -> per-token FP8 量化 kernel（GPU，FP8）；bf16/fp16 层使用同一 kernel（不量化）",
     "enable_fused_silu_fp8": "融合 SiLU(gate)*up -> per-token FP8 量化 kernel（GPU，FP8）；bf16/fp16 层使用同一 kernel（不量化）",
     "enable_fused_qk_rope_kv": "融合 q/k RMSNorm + RoPE + KV 写入 kernel（GPU）",
+    "enable_prefill_last_rows": "prefill 时最后一层的 o_proj、注意力后 norm 与 MLP 只算每个 prompt 的最后一个 token（level-0 logits 只读这一行；每个 token 仍写入各层 K/V，之前各层照常全算），约省 prefill GEMM 的 1/L。--no-enable-prefill-last-rows 让所有 token 走完整最后一层（结果在舍入误差内相同：GEMM 行数不同）",
     "host": "绑定地址（服务无鉴权：保持 loopback）",
     "port": "绑定端口（0 = 自动选择并打印）",
     "served_model_name": "/v1/models 报告的模型名（默认目录名）",

@@ -11,7 +11,8 @@ over the batch's tokens. So the forward is cut at attention:
 - piece i (1..L-1): layer i-1 after attention (``o_proj``, residual add + norm, MLP), then
   layer i up to attention;
 - piece L: the last layer after attention, the final norm of each prompt's last token and the
-  level-0 logprobs.
+  level-0 logprobs (with ``--enable-prefill-last-rows``, the default, that layer's o_proj and
+  MLP already run on the last tokens only: ``MAX_SEQS`` rows, the unused ones padding).
 
 Each piece is captured once per token bucket and replayed; attention runs eagerly between the
 pieces on the batch's real tokens (FlashInfer's ragged prefill, planned once per forward, or
@@ -97,12 +98,17 @@ class PiecewisePrefill(PaddedInputs):
 
     def _piece(self, t: int, i: int):
         run, ctx, meta = self.runner, self.runner.ctx, self.metas[t]
+        last = i == len(self.layers)
         if i == 0:
             x, residual = run.model.embed_tokens(self.ids[:t]), None
+        elif last and ctx.last_rows:  # the last layer goes on with each prompt's last token
+            x, residual = self.layers[i - 1].post(
+                self.attn[self.last], self.residual[self.last], ctx
+            )
         else:
             x, residual = self.layers[i - 1].post(self.attn[:t], self.residual[:t], ctx)
-        if i == len(self.layers):
-            h = run.model.final(x, residual, ctx, self.last)
+        if last:
+            h = run.model.final(x, residual, ctx, None if ctx.last_rows else self.last)
             return run.lm_head.level_logprobs(h, 0)
         q, k, v, stored, residual = self.layers[i].pre(x, residual, self.pos[:t], meta, ctx)
         if len(self.stored) == i:

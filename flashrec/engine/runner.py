@@ -46,6 +46,8 @@ class ForwardContext:
     fused_rms: bool = False
     fused_silu: bool = False
     fused_qk_rope_kv: object | None = None
+    # prefill with ``select``: the last layer after attention runs on the selected rows only
+    last_rows: bool = True
 
 
 def _kv_dtype(cfg: EngineConfig, act: torch.dtype) -> torch.dtype:
@@ -111,6 +113,7 @@ class ModelRunner:
             fused_silu_fp8=on_gpu and self.use_fp8 and config.enable_fused_silu_fp8,
             fused_rms=half and config.enable_fused_rms_fp8,
             fused_silu=half and config.enable_fused_silu_fp8,
+            last_rows=config.enable_prefill_last_rows,
         )
         if on_gpu and config.enable_fused_qk_rope_kv:
             self.ctx.fused_qk_rope_kv = self._fused_qk_rope_kv

@@ -123,14 +123,22 @@ class DecoderLayer(nn.Module):
         h, residual = self.post_attention_layernorm(h, residual, fused=ctx.fused_rms)
         return self.mlp(h, ctx), residual
 
-    def forward(self, x, residual, positions, meta, ctx):
+    def forward(self, x, residual, positions, meta, ctx, rows: torch.Tensor | None = None):
+        """``rows``: after attention, only these rows go on (o_proj, norm, MLP); every token's
+        q/k/v and K/V are still computed (the last layer of a prefill, whose other rows no
+        logit reads)."""
         q, k, v, stored, residual = self.pre(x, residual, positions, meta, ctx)
-        return self.post(self.self_attn.attend(q, k, v, stored, meta, ctx), residual, ctx)
+        attn = self.self_attn.attend(q, k, v, stored, meta, ctx)
+        if rows is not None:
+            attn, residual = attn[rows], residual[rows]
+        return self.post(attn, residual, ctx)
 
 
 class Qwen3ForCausalLM(nn.Module):
     """``forward`` returns the final-normed hidden states of the rows in ``select`` (all rows
-    when None); the LM head is applied by ``RestrictedLMHead`` on ``lm_head()`` rows."""
+    when None); the LM head is applied by ``RestrictedLMHead`` on ``lm_head()`` rows. With
+    ``ctx.last_rows`` the rows are selected in the last layer, right after attention (a
+    prefill then runs that layer's o_proj and MLP on one row per prompt)."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -151,9 +159,14 @@ class Qwen3ForCausalLM(nn.Module):
     def forward(self, input_ids, positions, meta, ctx, select: torch.Tensor | None = None):
         x = self.embed_tokens(input_ids)
         residual = None
-        for layer in self.layers:
+        # with ctx.last_rows the last layer drops the unselected rows right after attention
+        rows = select if ctx.last_rows else None
+        last = len(self.layers) - 1
+        for i, layer in enumerate(self.layers):
             with trace_range("flashrec.layer"):
-                x, residual = layer(x, residual, positions, meta, ctx)
+                x, residual = layer(x, residual, positions, meta, ctx, rows if i == last else None)
+        if rows is not None and self.layers:
+            return self.final(x, residual, ctx)
         return self.final(x, residual, ctx, select)
 
     def final(self, x, residual, ctx, select: torch.Tensor | None = None) -> torch.Tensor:

@@ -470,6 +470,46 @@ def test_piecewise_prefill_equals_eager_prefill(synth_model, quantization, backe
     _similar(runs[0], runs[1], tol=5e-2 if quantization == "none" else 0.1, overlap=0.9)
 
 
+@pytest.mark.parametrize("backend", ["triton", "flashinfer"])
+@pytest.mark.parametrize("quantization", ["none", "fp8"])
+def test_prefill_last_rows_equals_the_whole_last_layer(synth_model, quantization, backend):
+    """--enable-prefill-last-rows (default): the last layer's o_proj and MLP run on each
+    prompt's last token only, through the eager prefill (a batch of three prompts, then a radix
+    hit beside a cold prompt) and the piecewise graphs; the beams match the whole-layer run.
+    The GEMMs see fewer rows (other tiles), so the tolerance is the piecewise test's."""
+    if backend == "flashinfer":
+        _flashinfer_or_skip()
+    path = synth_model("tiny", catalog_size=2000, **_HD128)
+    kw = dict(dtype="bfloat16", quantization=quantization, attention_backend=backend)
+    if quantization == "fp8":
+        kw["kv_cache_dtype"] = "fp8_e4m3"
+    for top in (0, 1024):  # eager prefill, then the piecewise graphs
+        runs = []
+        for last_rows in (False, True):
+            eng = Engine(
+                EngineConfig(
+                    model_path=str(path), sid_vocab_file=str(path / "catalog.json"),
+                    device="cuda", beam_width=16, cuda_graph_max_bs=128, batch_slots=256,
+                    prefill_graph_max_tokens=0, piecewise_prefill_max_tokens=top,
+                    enable_prefill_last_rows=last_rows, **kw,
+                )
+            )  # fmt: skip
+            rows: list[int] = []
+            eng.runner.model.layers[-1].mlp.register_forward_hook(
+                lambda _m, args, _o, rows=rows: rows.append(args[0].shape[0])
+            )
+            prompts = [eng.build_prompt(messages=p) for p in PROMPTS]
+            out = eng.generate([eng.new_request(p, n=16) for p in prompts])  # one batch
+            ext = prompts[2] + prompts[0][-6:]
+            out += eng.generate([eng.new_request(ext, n=16), eng.new_request(prompts[0][:-3], n=8)])
+            runs.append(out)
+            # eager: the first forward is the three-prompt prefill (graph replays call no
+            # hook; the pieces' rows are checked on CPU, tests/engine/test_last_rows.py)
+            if not top:
+                assert rows[0] == 3 if last_rows else rows[0] >= sum(len(p) for p in prompts)
+        _similar(runs[0], runs[1], tol=5e-2 if quantization == "none" else 0.1, overlap=0.9)
+
+
 def _compiled_variants(fn) -> int:
     caches = getattr(fn, "device_caches", None)
     if caches is None:
