@@ -45,6 +45,25 @@ def git_info(cwd: str | None = None) -> dict[str, Any]:
     }
 
 
+SOURCE_COMMIT_ENV = "FLASHREC_SOURCE_COMMIT"
+
+
+def declared_commit() -> str | None:
+    """The commit whose files this checkout holds, as declared by whoever laid them there
+    (``FLASHREC_SOURCE_COMMIT``): a machine that receives a working tree over an older
+    ``.git`` (the lent H200) cannot name the commit itself, only the files' tree id. Recorded
+    as declared, never checked against the files (its objects are not in that ``.git``)."""
+    import os
+
+    value = os.environ.get(SOURCE_COMMIT_ENV, "").strip()
+    return value or None
+
+
+def run_git() -> dict[str, Any]:
+    """:func:`git_info` of the harness's checkout, plus ``declared`` (:func:`declared_commit`)."""
+    return {**git_info(ROOT), "declared": declared_commit()}
+
+
 @functools.lru_cache(maxsize=4)
 def working_tree(cwd: str | None = None) -> str | None:
     """The git tree id of the checkout's files as they are now (tracked and untracked, not
@@ -99,7 +118,7 @@ def content_hash(obj: Any) -> str:
 def environment(matrix: dict, matrix_path: str | None, model_hash: str | None) -> dict[str, Any]:
     """The report's ``environment`` section."""
     return {
-        "git": git_info(ROOT),
+        "git": run_git(),
         **gpu_info(),
         "versions": versions(),
         "host": platform.node(),
@@ -117,7 +136,7 @@ def environment(matrix: dict, matrix_path: str | None, model_hash: str | None) -
 def machine() -> dict[str, Any]:
     """This process's host, first GPU, driver, commit and torch (the fields a cell's
     ``measured`` stamp keeps)."""
-    git, gpu, probe = git_info(ROOT), gpu_info(), host_probe()
+    git, gpu, probe = run_git(), gpu_info(), host_probe()
     return {
         "host": platform.node(),
         "gpu": gpu["gpus"][0]["name"] if gpu["gpus"] else None,
@@ -125,6 +144,7 @@ def machine() -> dict[str, Any]:
         "git": git["commit"],
         "dirty": git["dirty"],
         "tree": git["tree"],
+        "declared": git["declared"],
         "torch": versions().get("torch"),
         "cpu": probe["cpu_model"],
         "host_probe_ms": probe["json_256_beams_ms"],

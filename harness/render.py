@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 from harness.client import Record
+from harness.environment import SOURCE_COMMIT_ENV
 from harness.plots import all_plots
 
 Table = tuple[list[str], list[list[str]]]
@@ -56,7 +57,13 @@ def header_lines(report: dict) -> list[str]:
         ]
     return first + [
         f"run `{report['run_id']}`, created {report['created']}",
-        f"git {git.get('commit') or '?'}{dirty}",
+        f"git {git.get('commit') or '?'}{dirty}"
+        + (
+            f"; declared source commit {git['declared']} ({SOURCE_COMMIT_ENV}, not checked "
+            "against the files)"
+            if git.get("declared")
+            else ""
+        ),
         f"GPU: {gpus}; driver {env.get('driver') or '-'}; CPUs {env.get('cpu_count')}",
         _host_line(env),
         f"torch {v.get('torch')}, flashinfer {v.get('flashinfer-python')}, triton "

@@ -28,6 +28,9 @@
 # for a run whose server died, the first fatal line of its server logs. For intermittent faults
 # (the n=512 FP8 crash of sessions 11-12: 5 of 12 runs):
 #   STAGES=repeat REPEAT=6 ONLY="beam_width=512" bash scripts/gpu_bench.sh matrices/h200_targets.yaml
+# FLASHREC_SOURCE_COMMIT=<commit>: where this checkout is a working tree copied over another
+# .git (the lent H200's is older), the commit its files came from; the reports print it as the
+# "declared source commit" beside the files' tree id.
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-reports/gpu/$(date +%Y%m%d-%H%M%S)}; mkdir -p "$OUT"

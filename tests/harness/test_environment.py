@@ -98,3 +98,34 @@ def test_host_probe_times_the_answer_body_and_reaches_the_header_and_stamps(monk
     line = next(x for x in header_lines(report) if x.startswith("host CPU"))
     assert f"{probe['json_256_beams_ms']:.3f} ms" in line
     assert str(probe["cpu_model"] or "?") in line
+
+
+def test_declared_source_commit_reaches_the_environment_stamp_and_header(monkeypatch):
+    """FLASHREC_SOURCE_COMMIT (set where a working tree is laid over another .git) is kept as
+    declared, in the environment, in each cell's stamp and in the header; unset, nothing."""
+    import harness.environment as env
+    from harness.render import header_lines
+
+    commit = "a663b51c60da4e68ad620938c92ec96048cceb08"
+    monkeypatch.setenv(env.SOURCE_COMMIT_ENV, f" {commit}\n")
+    env.machine.cache_clear()
+    e = env.environment({}, None, None)
+    assert e["git"]["declared"] == commit
+    assert env.measured_stamp()["declared"] == commit
+    head = next(
+        x
+        for x in header_lines({"run_id": "r", "created": "t", "environment": e})
+        if x.startswith("git ")
+    )
+    assert f"declared source commit {commit}" in head and "not checked" in head
+    monkeypatch.delenv(env.SOURCE_COMMIT_ENV)
+    env.machine.cache_clear()
+    e = env.environment({}, None, None)
+    assert e["git"]["declared"] is None and env.measured_stamp()["declared"] is None
+    head = next(
+        x
+        for x in header_lines({"run_id": "r", "created": "t", "environment": e})
+        if x.startswith("git ")
+    )
+    assert "declared" not in head
+    env.machine.cache_clear()
