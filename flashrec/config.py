@@ -214,12 +214,18 @@ class EngineConfig:
         "fused SiLU(gate)*up -> per-token FP8 quant kernel (GPU, FP8); bf16/fp16 layers use the same kernel without the quant",
     )
     enable_fused_qk_rope_kv: bool = _opt(True, "fused q/k RMSNorm + RoPE + KV write kernel (GPU)")
+    qk_rope_rounding: str = _opt(
+        "emulated",
+        "how the fused q/k norm + RoPE + KV write kernel rounds to bf16 and e4m3 (GPU): emulated (integer arithmetic, ~5 instructions per rounding) or hardware (the conversion instructions, in inline PTX the compiler cannot fold); both round to nearest even wherever HF rounds. hardware is new in session 13 and not yet timed on a GPU (tests/kernels/bench_kernels.py --qk-sweep times both)",
+        ("emulated", "hardware"),
+    )
     enable_prefill_last_rows: bool = _opt(
         True,
         "prefill: the last layer's o_proj, post-attention norm and MLP run on each prompt's last token only, the one row the level-0 logits read (every token still writes its K/V and every layer before runs whole); ~1/L of a prefill's GEMM work saved. --no-enable-prefill-last-rows runs every token through the whole last layer (same results within rounding: the GEMMs see fewer rows)",
     )
 
     def __post_init__(self) -> None:
+        _check_choice(self, "qk_rope_rounding")
         if self.prefix_cache_min_match < 1:
             raise ValueError(
                 f"--prefix-cache-min-match must be >= 1, got {self.prefix_cache_min_match}"

@@ -241,6 +241,7 @@ class ModelRunner:
             vc,
             meta.out_loc,
             round_kv=round_kv,
+            hw_round=self.config.qk_rope_rounding == "hardware",
         )
         if round_kv:
             meta.kv_rounded = True

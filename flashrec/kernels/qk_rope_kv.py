@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from flashrec.kernels.backend import next_pow2, use_triton
+from flashrec.kernels.backend import interpreting, next_pow2, use_triton
 
 __all__ = [
     "build_cos_sin",
@@ -140,6 +140,7 @@ def qk_norm_rope_store_triton(
     round_kv: bool = False,
     block_h: int | None = None,
     num_warps: int = 2,
+    hw_round: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One Triton kernel for :func:`qk_norm_rope_store_ref`.
 
@@ -151,6 +152,15 @@ def qk_norm_rope_store_triton(
     values within rounding, but the per-head reductions run in a different order, so the last
     bit can differ between settings (the H200 sweep of session 9 showed it at 16 / 8 heads of
     128). The default, 2 warps, was the fastest there: 1.13x the earlier 4 at 15k-35k tokens.
+
+    ``hw_round`` (GPU only, default off until timed and checked on one): each bf16 rounding
+    through the hardware conversion in inline PTX (``rn_bf16``) and the e4m3 codes through the
+    hardware conversion, instead of the integer emulation. Both round to nearest even at every
+    step HF rounds, so they should give the same bits (``tests/kernels`` checks that on a GPU).
+    The emulation costs ~5 integer instructions per rounding: compiled for sm_90 without a GPU
+    (``scripts/kernel_sass.py``, session 13), a program of this kernel is 2,104 SASS
+    instructions, 1,344 with ``hw_round``. Whether that is what held the kernel to ~2.2 TB/s in the n=50 trace is for
+    ``bench_kernels.py --qk-sweep`` to show (it times both).
     """
     from flashrec.kernels.tl.qk_rope import qk_norm_rope_store_kernel
 
@@ -175,6 +185,9 @@ def qk_norm_rope_store_triton(
         block_h = min(next_pow2(min(num_q_heads, num_kv_heads)), max(1, 2048 // head_dim))
     elif block_h < 1 or block_h != next_pow2(block_h):
         raise ValueError(f"block_h must be a power of two, got {block_h}")
+    hw = bool(hw_round)
+    if hw and interpreting():
+        raise ValueError("hw_round needs a GPU: the CPU interpreter runs no inline PTX")
     q_blocks = -(-num_q_heads // block_h)
     k_blocks = -(-num_kv_heads // block_h)
     half = head_dim // 2
@@ -196,9 +209,10 @@ def qk_norm_rope_store_triton(
         HAS_Q_NORM=q_norm_weight is not None, HAS_K_NORM=k_norm_weight is not None,
         # NOTE: on the GPU the compiler folds x.to(bf16).to(fp32) round trips and contracts the
         # products into FMAs (one rounding instead of HF's three; measured on the H200: ~18% of
-        # bf16 outputs 1 ulp off). The integer-rounding path keeps every rounding HF does.
+        # bf16 outputs 1 ulp off). The integer-rounding path (EMULATE) and the inline-PTX
+        # hardware rounding (HW, ``hw_round``) both keep every rounding HF does.
         STORE=store, ROUND_BACK=store and round_kv and kc.dtype == torch.float8_e4m3fn,
-        EMULATE=True, num_warps=num_warps,
+        EMULATE=True, HW=hw, num_warps=num_warps,
     )  # fmt: skip
     return q, k, v
 
@@ -220,6 +234,7 @@ def qk_norm_rope_store(
     v_scale: float = 1.0,
     skip_store: bool = False,
     round_kv: bool = False,
+    hw_round: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """q/k RMSNorm + NeoX RoPE in place on ``qkv``, then k/v into the cache at ``out_loc``.
 
@@ -236,6 +251,8 @@ def qk_norm_rope_store(
             (``code * scale``): attention that reads k/v from ``qkv`` then sees exactly what a
             later reader of the cache sees (a cold prefill equals a warm radix hit) without
             gathering and converting the cache.
+        hw_round: the Triton kernel rounds with the hardware conversions (see
+            :func:`qk_norm_rope_store_triton`); ignored where the reference runs.
 
     Returns:
         Views ``q`` [T, Hq, D], ``k`` [T, Hkv, D], ``v`` [T, Hkv, D] into ``qkv``.
@@ -243,9 +260,11 @@ def qk_norm_rope_store(
     # fp16 activations take the reference: the GPU folds fp32->fp16->fp32 round trips, and only
     # bf16 rounding is emulated bit-exactly in the kernel (FlashRec runs bf16 or fp32).
     fast = use_triton(qkv) and qkv.dtype != torch.float16
-    fn = qk_norm_rope_store_triton if fast else qk_norm_rope_store_ref
-    return fn(
+    args = (
         qkv, num_q_heads, num_kv_heads, head_dim, positions, cos_sin,
         q_norm_weight, k_norm_weight, eps, k_cache, v_cache, out_loc,
         k_scale, v_scale, skip_store, round_kv,
     )  # fmt: skip
+    if fast:
+        return qk_norm_rope_store_triton(*args, hw_round=hw_round and not interpreting())
+    return qk_norm_rope_store_ref(*args)

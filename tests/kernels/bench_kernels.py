@@ -1,7 +1,8 @@
 """GPU micro-benchmark of the fused kernels against their references (not a pytest module).
 
 Run on the GPU machine from the repo root: ``python tests/kernels/bench_kernels.py``. Sweeps:
-- ``--qk-sweep``: qk_norm_rope_store's launch settings, compared with the default launch;
+- ``--qk-sweep``: qk_norm_rope_store's rounding (emulated / hardware) and launch settings,
+  compared with the default launch;
 - ``--silu-sweep``: silu_mul -> e4m3's warps and column tiles, compared with the default launch;
 - ``--attn-sweep``: the beam-decode attention kernel's tiles and launch settings, next to
   FlashInfer's paged prefill (beams as queries, non-causal) and dense cuDNN SDPA on the same
@@ -122,6 +123,17 @@ def _qk_sweep(m: int) -> None:
     ref = outputs()
     # bytes: the row in (q, k, v), q / k / v back into the row, k / v codes into the cache
     nb = m * d * ((hq + 2 * hkv) * 2 * 2 + 2 * hkv)
+    # the rounding: integer emulation (the default) against the hardware conversions
+    # (--qk-rope-rounding hardware), default launch settings; same = every bit equal
+    for hw in (False, True):
+        same = all(torch.equal(a, b) for a, b in zip(outputs(hw_round=hw), ref))
+        qkv, kc = qkv0.clone(), torch.zeros(m + 8, hkv, d, device=DEV, dtype=torch.float8_e4m3fn)
+        vc = torch.zeros_like(kc)
+        _bench(
+            f"qk_norm_rope_store rounding={'hardware' if hw else 'emulated'} T={m} same={same}",
+            lambda q=qkv, k=kc, v=vc, h=hw: launch(q, k, v, hw_round=h),
+            nb,
+        )
     for block_h in (4, 8, 16):
         for warps in (1, 2, 4, 8):
             same = all(

@@ -307,3 +307,66 @@ def test_launch_settings_compute_the_reference(
             buf[:, :width].clone(), hq, hkv, d, positions, table, qw, kw, EPS, None, None,
             None, block_h=3,
         )  # fmt: skip
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
+@pytest.mark.parametrize("cache", ["bf16", "fp8", "none"])
+@pytest.mark.parametrize("with_norm", [True, False])
+def test_hardware_rounding_equals_the_emulated_rounding_bit_for_bit(cache, with_norm) -> None:
+    """``hw_round`` (--qk-rope-rounding hardware): bf16 and e4m3 through the conversion
+    instructions instead of integer emulation. Both round to nearest even at the same steps,
+    so every output bit must match: q, k (and with an e4m3 cache the dequantized k / v written
+    back), the cache codes, and the padding left alone. Inputs span ~20 binades, with values
+    near bf16 ties and e4m3 saturation."""
+    dev = "cuda"
+    t, hq, hkv, d = 333, 16, 8, 128
+    buf, width, positions, qw, kw = _inputs(t, hq, hkv, d, torch.bfloat16, pad=8, seed=5)
+    g = torch.Generator().manual_seed(6)
+    scale = torch.exp2(torch.randint(-10, 10, (t, 1), generator=g).float())
+    buf = (buf.float() * scale).to(torch.bfloat16)  # rows from ~1e-3 to ~1e3
+    buf, positions = buf.to(dev), positions.to(dev)
+    qw, kw = (qw.to(dev), kw.to(dev)) if with_norm else (None, None)
+    table = build_cos_sin(MAX_POS, d, THETA, device=dev)
+    slots = t + 17
+    out_loc = torch.randperm(slots)[:t].to(dev)
+    outs = []
+    for hw in (False, True):
+        b = buf.clone()
+        if cache == "none":
+            kc = vc = loc = None
+        else:
+            dtype = FP8 if cache == "fp8" else torch.bfloat16
+            kc = torch.zeros(slots, hkv, d, device=dev).to(dtype)
+            vc = torch.zeros(slots, hkv, d, device=dev).to(dtype)
+            loc = out_loc
+        qk_norm_rope_store_triton(
+            b[:, :width], hq, hkv, d, positions, table, qw, kw, EPS, kc, vc, loc,
+            0.05, 0.5, round_kv=cache == "fp8", hw_round=hw,
+        )  # fmt: skip
+        outs.append(
+            [b.view(torch.int16)] + [c.view(torch.uint8) for c in (kc, vc) if c is not None]
+        )
+    for a, b in zip(*outs):
+        assert torch.equal(a, b)
+    assert not torch.equal(outs[0][0], buf.view(torch.int16))  # the kernel did run
+
+
+def test_hardware_rounding_is_refused_by_the_interpreter(triton_backend) -> None:
+    """The CPU interpreter runs no inline PTX: asking it for ``hw_round`` is an error, and the
+    dispatcher (what the engine calls) falls back to the emulated rounding there."""
+    if triton_backend.device == "cuda":
+        pytest.skip("the GPU runs the inline PTX")
+    t, hq, hkv, d = 3, 4, 2, 64
+    buf, width, positions, qw, kw = _inputs(t, hq, hkv, d, torch.bfloat16)
+    table = build_cos_sin(MAX_POS, d, THETA)
+    with pytest.raises(ValueError, match="hw_round needs a GPU"):
+        qk_norm_rope_store_triton(
+            buf[:, :width].clone(), hq, hkv, d, positions, table, qw, kw, EPS, None, None, None,
+            hw_round=True,
+        )  # fmt: skip
+    a, b = buf[:, :width].clone(), buf[:, :width].clone()
+    qk_norm_rope_store(a, hq, hkv, d, positions, table, qw, kw, EPS, None, None, None)
+    qk_norm_rope_store(b, hq, hkv, d, positions, table, qw, kw, EPS, None, None, None,
+                       hw_round=True)  # fmt: skip
+    assert torch.equal(a, b)

@@ -41,6 +41,25 @@ def to_act(x, DT: tl.constexpr, EMULATE: tl.constexpr):
 
 
 @triton.jit
+def rn_bf16(x):
+    """fp32 ``x`` rounded to bf16 (to nearest, ties to even), returned as fp32: the hardware
+    conversion (``cvt.rn.bf16x2.f32``, two values per instruction) in inline PTX, which the
+    compiler cannot see through, so it can neither drop the round trip nor contract a product
+    across it into an FMA (it does both to ``x.to(bf16).to(fp32)``, see ``to_act``). The same
+    value as ``to_act(x, tl.bfloat16, True)`` in ~1.5 instructions instead of ~5 integer ones.
+    GPU only: the CPU interpreter runs no PTX."""
+    return tl.inline_asm_elementwise(
+        asm="{ .reg .b32 t; cvt.rn.bf16x2.f32 t, $3, $2; shl.b32 $0, t, 16; "
+        "and.b32 $1, t, 0xffff0000; }",
+        constraints="=r,=r,f,f",
+        args=[x],
+        dtype=tl.uint32,
+        is_pure=True,
+        pack=2,
+    ).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def to_fp8(x, EMULATE: tl.constexpr):
     """Clamp fp32 ``x`` to +-448 and convert to float8_e4m3fn (round-to-nearest-even)."""
     x = tl.minimum(tl.maximum(x, -FP8_MAX), FP8_MAX)

@@ -9,14 +9,24 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from flashrec.kernels.tl.common import to_act, to_fp8
+from flashrec.kernels.tl.common import rn_bf16, to_act, to_fp8
+
+
+@triton.jit
+def _rnd(x, DT: tl.constexpr, EMULATE: tl.constexpr, HW: tl.constexpr):
+    """``to_act``; with HW (GPU, bf16) the hardware rounding the compiler cannot fold."""
+    if HW and DT == tl.bfloat16:
+        y = rn_bf16(x)
+    else:
+        y = to_act(x, DT, EMULATE)
+    return y
 
 
 @triton.jit
 def _norm_rope_heads(
     base_ptr, h, hmask, d, dmask, cos, sin, w_ptr, eps,
     HEAD_DIM: tl.constexpr, HALF: tl.constexpr, HAS_NORM: tl.constexpr, DT: tl.constexpr,
-    EMULATE: tl.constexpr,
+    EMULATE: tl.constexpr, HW: tl.constexpr,
 ):  # fmt: skip
     """Norm (optional) + rope heads ``h`` at ``base_ptr``; store in place, return both halves."""
     mask = hmask[:, None] & dmask[None, :]
@@ -28,22 +38,23 @@ def _norm_rope_heads(
         rstd = tl.math.div_rn(1.0, tl.sqrt_rn(var + eps))[:, None]
         w1 = tl.load(w_ptr + d, mask=dmask, other=0.0).to(tl.float32)[None, :]
         w2 = tl.load(w_ptr + HALF + d, mask=dmask, other=0.0).to(tl.float32)[None, :]
-        x1 = to_act(to_act(x1 * rstd, DT, EMULATE) * w1, DT, EMULATE)
-        x2 = to_act(to_act(x2 * rstd, DT, EMULATE) * w2, DT, EMULATE)
+        x1 = _rnd(_rnd(x1 * rstd, DT, EMULATE, HW) * w1, DT, EMULATE, HW)
+        x2 = _rnd(_rnd(x2 * rstd, DT, EMULATE, HW) * w2, DT, EMULATE, HW)
     c = cos[None, :]
     s = sin[None, :]
-    o1 = to_act(to_act(x1 * c, DT, EMULATE) - to_act(x2 * s, DT, EMULATE), DT, EMULATE)
-    o2 = to_act(to_act(x2 * c, DT, EMULATE) + to_act(x1 * s, DT, EMULATE), DT, EMULATE)
+    o1 = _rnd(_rnd(x1 * c, DT, EMULATE, HW) - _rnd(x2 * s, DT, EMULATE, HW), DT, EMULATE, HW)
+    o2 = _rnd(_rnd(x2 * c, DT, EMULATE, HW) + _rnd(x1 * s, DT, EMULATE, HW), DT, EMULATE, HW)
     tl.store(ptr1, o1.to(DT), mask=mask)
     tl.store(ptr1 + HALF, o2.to(DT), mask=mask)
     return o1, o2
 
 
 @triton.jit
-def _cache_value(x, inv_scale, CDT: tl.constexpr, EMULATE: tl.constexpr):
-    """Value as stored in a cache of dtype CDT: e4m3 caches hold clamp(x * inv_scale, +-448)."""
+def _cache_value(x, inv_scale, CDT: tl.constexpr, EMULATE: tl.constexpr, HW: tl.constexpr):
+    """Value as stored in a cache of dtype CDT: e4m3 caches hold clamp(x * inv_scale, +-448)
+    (HW: the hardware conversion, round to nearest even like the emulated one)."""
     if CDT == tl.float8e4nv:
-        y = to_fp8(x * inv_scale, EMULATE)
+        y = to_fp8(x * inv_scale, EMULATE and not HW)
     else:
         y = x.to(CDT)
     return y
@@ -57,7 +68,7 @@ def qk_norm_rope_store_kernel(
     HQ, HKV, Q_BLOCKS,
     HEAD_DIM: tl.constexpr, HALF: tl.constexpr, HALF_P2: tl.constexpr, BLOCK_H: tl.constexpr,
     HAS_Q_NORM: tl.constexpr, HAS_K_NORM: tl.constexpr, STORE: tl.constexpr,
-    ROUND_BACK: tl.constexpr, EMULATE: tl.constexpr,
+    ROUND_BACK: tl.constexpr, EMULATE: tl.constexpr, HW: tl.constexpr,
 ):  # fmt: skip
     """Grid (T, Q_BLOCKS + cdiv(HKV, BLOCK_H)): head blocks [0, Q_BLOCKS) are q heads, the
     rest k heads (whose programs also copy the same v heads into the cache when STORE).
@@ -72,45 +83,53 @@ def qk_norm_rope_store_kernel(
     d = tl.arange(0, HALF_P2)
     dmask = d < HALF
     cs_row = cs_ptr + pos * stride_cs
-    cos = to_act(tl.load(cs_row + d, mask=dmask, other=0.0).to(tl.float32), DT, EMULATE)
-    sin = to_act(tl.load(cs_row + HALF + d, mask=dmask, other=0.0).to(tl.float32), DT, EMULATE)
+    cos = _rnd(tl.load(cs_row + d, mask=dmask, other=0.0).to(tl.float32), DT, EMULATE, HW)
+    sin = _rnd(tl.load(cs_row + HALF + d, mask=dmask, other=0.0).to(tl.float32), DT, EMULATE, HW)
     hh = tl.arange(0, BLOCK_H)
     if hb < Q_BLOCKS:
         h = hb * BLOCK_H + hh
         _norm_rope_heads(
             row_ptr, h, h < HQ, d, dmask, cos, sin, qw_ptr, eps,
-            HEAD_DIM, HALF, HAS_Q_NORM, DT, EMULATE,
+            HEAD_DIM, HALF, HAS_Q_NORM, DT, EMULATE, HW,
         )  # fmt: skip
     else:
         h = (hb - Q_BLOCKS) * BLOCK_H + hh
         hmask = h < HKV
         k1, k2 = _norm_rope_heads(
             row_ptr + HQ * HEAD_DIM, h, hmask, d, dmask, cos, sin, kw_ptr, eps,
-            HEAD_DIM, HALF, HAS_K_NORM, DT, EMULATE,
+            HEAD_DIM, HALF, HAS_K_NORM, DT, EMULATE, HW,
         )  # fmt: skip
         if STORE:
             mask = hmask[:, None] & dmask[None, :]
             loc = tl.load(loc_ptr + tok).to(tl.int64)
             kp = kc_ptr + loc * stride_kc_s + h[:, None] * stride_kc_h + d[None, :]
-            ck1 = _cache_value(k1, k_inv_scale, KC, EMULATE)
-            ck2 = _cache_value(k2, k_inv_scale, KC, EMULATE)
+            ck1 = _cache_value(k1, k_inv_scale, KC, EMULATE, HW)
+            ck2 = _cache_value(k2, k_inv_scale, KC, EMULATE, HW)
             tl.store(kp, ck1, mask=mask)
             tl.store(kp + HALF, ck2, mask=mask)
             vsrc = row_ptr + (HQ + HKV) * HEAD_DIM + h[:, None] * HEAD_DIM + d[None, :]
             v1 = tl.load(vsrc, mask=mask, other=0.0).to(tl.float32)
             v2 = tl.load(vsrc + HALF, mask=mask, other=0.0).to(tl.float32)
             vp = vc_ptr + loc * stride_vc_s + h[:, None] * stride_vc_h + d[None, :]
-            cv1 = _cache_value(v1, v_inv_scale, VC, EMULATE)
-            cv2 = _cache_value(v2, v_inv_scale, VC, EMULATE)
+            cv1 = _cache_value(v1, v_inv_scale, VC, EMULATE, HW)
+            cv2 = _cache_value(v2, v_inv_scale, VC, EMULATE, HW)
             tl.store(vp, cv1, mask=mask)
             tl.store(vp + HALF, cv2, mask=mask)
             if ROUND_BACK:
                 ksrc = row_ptr + HQ * HEAD_DIM + h[:, None] * HEAD_DIM + d[None, :]
-                tl.store(ksrc, to_act(ck1.to(tl.float32) * k_scale, DT, EMULATE).to(DT), mask=mask)
                 tl.store(
-                    ksrc + HALF, to_act(ck2.to(tl.float32) * k_scale, DT, EMULATE).to(DT), mask=mask
+                    ksrc, _rnd(ck1.to(tl.float32) * k_scale, DT, EMULATE, HW).to(DT), mask=mask
                 )
-                tl.store(vsrc, to_act(cv1.to(tl.float32) * v_scale, DT, EMULATE).to(DT), mask=mask)
                 tl.store(
-                    vsrc + HALF, to_act(cv2.to(tl.float32) * v_scale, DT, EMULATE).to(DT), mask=mask
+                    ksrc + HALF,
+                    _rnd(ck2.to(tl.float32) * k_scale, DT, EMULATE, HW).to(DT),
+                    mask=mask,
+                )
+                tl.store(
+                    vsrc, _rnd(cv1.to(tl.float32) * v_scale, DT, EMULATE, HW).to(DT), mask=mask
+                )
+                tl.store(
+                    vsrc + HALF,
+                    _rnd(cv2.to(tl.float32) * v_scale, DT, EMULATE, HW).to(DT),
+                    mask=mask,
                 )
