@@ -20,6 +20,10 @@
 # the qk_norm_rope_store and silu_mul launch-settings sweeps (tests/kernels/bench_kernels.py
 # --qk-sweep, --silu-sweep) and the beam-decode attention tile sweep beside FlashInfer's paged
 # prefill and cuDNN (--attn-sweep).
+# STAGES=qk runs only the qk_norm_rope_store sweep of the probes (rounding forms + launch
+# settings), e.g. with the kernel's GPU tests and the served A/B:
+#   STAGES="tests qk matrix" PYTEST_ARGS="tests/kernels/test_kernel_qk_rope_kv.py -k hardware" \
+#     bash scripts/gpu_bench.sh matrices/h200_qk_rounding_ab.yaml
 # STAGES=ab runs A/B pairs, same machine, same call (see docs/baselines.md): the defaults
 # (step graph on) against the step graph off, at p=1000 and n=50, and at p=1000 also against
 # the prefill graph off (no HF baseline in these runs: the pairs compare FlashRec with itself).
@@ -67,6 +71,9 @@ case $STAGES in *" cells "*|*" ab "*|*" matrix "*)  # the tests make their own t
   [ -f "$MODEL/synth_info.json" ] || python -m flashrec synth --preset onerec-1.7b --out "$MODEL" --catalog-size 1500000 > "$OUT/synth.log" 2>&1;; esac
 case $STAGES in *" tests "*)
   python -m pytest -q -p no:cacheprovider -m gpu ${PYTEST_ARGS:-tests} 2>&1 | tee "$OUT/gpu_tests.log" | tail -3;; esac
+case $STAGES in *" qk "*)  # the fused q/k norm + RoPE kernel alone: its rounding forms and launch
+  # settings timed side by side (--qk-rope-rounding emulated / hardware, session 13)
+  python tests/kernels/bench_kernels.py --qk-sweep | tee "$OUT/qk_sweep.txt";; esac
 case $STAGES in *" probes "*)  # kernel-level A/Bs, both forms side by side in one process
   python scripts/reorder_probe.py | tee "$OUT/reorder_probe.jsonl"
   python scripts/respond_probe.py --workers 2 4 8 | tee "$OUT/respond_probe.jsonl"
