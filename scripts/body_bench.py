@@ -1,0 +1,96 @@
+"""Answer-body encoders of two versions side by side, same process, interleaved: the
+``chat_completion_json`` / ``generate_result_json`` of this checkout against those of a git
+ref (``flashrec/server/responses.py`` at that ref), on beams shaped like the engine's (3 SID
+tokens + the end token, text from a SID table, float scores). Checks both write the same text.
+
+    python scripts/body_bench.py [--ref HEAD~1] [--beams 50 256 512] [--reps 300]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import platform
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from flashrec.engine.request import BeamResult, GenResult  # noqa: E402
+from flashrec.server import responses as here  # noqa: E402
+
+CODES, BASE = 8192, 1000
+
+
+def _at_ref(ref: str):
+    src = subprocess.run(
+        ["git", "show", f"{ref}:flashrec/server/responses.py"],
+        cwd=ROOT, capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    path = Path(tempfile.mkdtemp()) / "responses_ref.py"
+    path.write_text(src)
+    spec = importlib.util.spec_from_file_location("responses_ref", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ref", default="HEAD~1")
+    ap.add_argument("--beams", type=int, nargs="+", default=[50, 256, 512])
+    ap.add_argument("--reps", type=int, default=300)
+    args = ap.parse_args()
+    ref = _at_ref(args.ref)
+    rng = random.Random(0)
+    table = {BASE + i: f"<s_{'abc'[i // CODES]}_{i % CODES}>" for i in range(3 * CODES)}
+    table[BASE - 1] = "<|sid_end|>"
+
+    def text(ids: list[int]) -> str:
+        return "".join(map(table.__getitem__, ids))
+
+    def result(n: int) -> GenResult:
+        beams = [
+            BeamResult(
+                [BASE + lvl * CODES + rng.randrange(CODES) for lvl in range(3)] + [BASE - 1],
+                -rng.uniform(0, 20),
+                -rng.uniform(0, 5),
+                "stop",
+                text,
+            )  # fmt: skip
+            for _ in range(n)
+        ]
+        return GenResult(f"chatcmpl-{rng.getrandbits(128):032x}", beams, 1000, 0)
+
+    print(f"{platform.machine()}, Python {platform.python_version()}, ref {args.ref}")
+    bodies = {
+        "chat": lambda mod, r: mod.chat_completion_json(r, "m", 1),
+        "generate": lambda mod, r: mod.generate_result_json(r, 0.1),
+    }
+    for n in args.beams:
+        for kind, build in bodies.items():
+            r = result(n)
+            assert build(ref, r) == build(here, r), "the two versions write different text"
+            times: dict[str, list[float]] = {"ref": [], "here": []}
+            for rep in range(args.reps):
+                order = (
+                    (("ref", ref), ("here", here)) if rep % 2 else (("here", here), ("ref", ref))
+                )
+                for name, mod in order:
+                    r = result(n)  # fresh beams: text is built on first read, as served
+                    t0 = time.perf_counter()
+                    build(mod, r)
+                    times[name].append(time.perf_counter() - t0)
+            a, b = (statistics.median(times[k]) * 1e3 for k in ("ref", "here"))
+            print(f"n={n} {kind}: ref {a:.3f} ms, this checkout {b:.3f} ms, {a / b:.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
