@@ -24,23 +24,6 @@ SCALE_FLOOR: tl.constexpr = tl.constexpr(1e-12)
 
 
 @triton.jit
-def to_act(x, DT: tl.constexpr, EMULATE: tl.constexpr):
-    """Round fp32 ``x`` to dtype ``DT`` (round-to-nearest-even) and return it as fp32."""
-    if DT == tl.float32:
-        y = x
-    elif DT == tl.bfloat16:
-        if EMULATE:
-            bits = x.to(tl.uint32, bitcast=True)
-            bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
-            y = bits.to(tl.float32, bitcast=True)
-        else:
-            y = x.to(tl.bfloat16).to(tl.float32)
-    else:
-        y = x.to(DT).to(tl.float32)
-    return y
-
-
-@triton.jit
 def rn_bf16(x):
     """fp32 ``x`` rounded to bf16 (to nearest, ties to even), returned as fp32: the hardware
     conversion (``cvt.rn.bf16x2.f32``, two values per instruction) in inline PTX, which the
@@ -60,10 +43,32 @@ def rn_bf16(x):
 
 
 @triton.jit
-def to_fp8(x, EMULATE: tl.constexpr):
-    """Clamp fp32 ``x`` to +-448 and convert to float8_e4m3fn (round-to-nearest-even)."""
+def to_act(x, DT: tl.constexpr, EMULATE: tl.constexpr, HW: tl.constexpr = False):
+    """Round fp32 ``x`` to dtype ``DT`` (round-to-nearest-even) and return it as fp32. HW
+    (GPU only): bf16 through ``rn_bf16``, the hardware rounding the compiler cannot fold, in
+    place of the integer emulation; the same bits."""
+    if DT == tl.float32:
+        y = x
+    elif DT == tl.bfloat16:
+        if HW:
+            y = rn_bf16(x)
+        elif EMULATE:
+            bits = x.to(tl.uint32, bitcast=True)
+            bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+            y = bits.to(tl.float32, bitcast=True)
+        else:
+            y = x.to(tl.bfloat16).to(tl.float32)
+    else:
+        y = x.to(DT).to(tl.float32)
+    return y
+
+
+@triton.jit
+def to_fp8(x, EMULATE: tl.constexpr, HW: tl.constexpr = False):
+    """Clamp fp32 ``x`` to +-448 and convert to float8_e4m3fn (round-to-nearest-even). HW (GPU
+    only): the hardware conversion even where EMULATE is set (the same value)."""
     x = tl.minimum(tl.maximum(x, -FP8_MAX), FP8_MAX)
-    if EMULATE:
+    if EMULATE and not HW:
         # Normal e4m3 range: keep 3 of fp32's 23 mantissa bits, rounding half to even.
         bits = x.to(tl.uint32, bitcast=True)
         bits = (bits + 0x7FFFF + ((bits >> 20) & 1)) & 0xFFF00000

@@ -9,17 +9,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from flashrec.kernels.tl.common import rn_bf16, to_act, to_fp8
-
-
-@triton.jit
-def _rnd(x, DT: tl.constexpr, EMULATE: tl.constexpr, HW: tl.constexpr):
-    """``to_act``; with HW (GPU, bf16) the hardware rounding the compiler cannot fold."""
-    if HW and DT == tl.bfloat16:
-        y = rn_bf16(x)
-    else:
-        y = to_act(x, DT, EMULATE)
-    return y
+from flashrec.kernels.tl.common import to_act, to_fp8
 
 
 @triton.jit
@@ -38,12 +28,12 @@ def _norm_rope_heads(
         rstd = tl.math.div_rn(1.0, tl.sqrt_rn(var + eps))[:, None]
         w1 = tl.load(w_ptr + d, mask=dmask, other=0.0).to(tl.float32)[None, :]
         w2 = tl.load(w_ptr + HALF + d, mask=dmask, other=0.0).to(tl.float32)[None, :]
-        x1 = _rnd(_rnd(x1 * rstd, DT, EMULATE, HW) * w1, DT, EMULATE, HW)
-        x2 = _rnd(_rnd(x2 * rstd, DT, EMULATE, HW) * w2, DT, EMULATE, HW)
+        x1 = to_act(to_act(x1 * rstd, DT, EMULATE, HW) * w1, DT, EMULATE, HW)
+        x2 = to_act(to_act(x2 * rstd, DT, EMULATE, HW) * w2, DT, EMULATE, HW)
     c = cos[None, :]
     s = sin[None, :]
-    o1 = _rnd(_rnd(x1 * c, DT, EMULATE, HW) - _rnd(x2 * s, DT, EMULATE, HW), DT, EMULATE, HW)
-    o2 = _rnd(_rnd(x2 * c, DT, EMULATE, HW) + _rnd(x1 * s, DT, EMULATE, HW), DT, EMULATE, HW)
+    o1 = to_act(to_act(x1 * c, DT, EMULATE, HW) - to_act(x2 * s, DT, EMULATE, HW), DT, EMULATE, HW)
+    o2 = to_act(to_act(x2 * c, DT, EMULATE, HW) + to_act(x1 * s, DT, EMULATE, HW), DT, EMULATE, HW)
     tl.store(ptr1, o1.to(DT), mask=mask)
     tl.store(ptr1 + HALF, o2.to(DT), mask=mask)
     return o1, o2
@@ -54,7 +44,7 @@ def _cache_value(x, inv_scale, CDT: tl.constexpr, EMULATE: tl.constexpr, HW: tl.
     """Value as stored in a cache of dtype CDT: e4m3 caches hold clamp(x * inv_scale, +-448)
     (HW: the hardware conversion, round to nearest even like the emulated one)."""
     if CDT == tl.float8e4nv:
-        y = to_fp8(x * inv_scale, EMULATE and not HW)
+        y = to_fp8(x * inv_scale, EMULATE, HW)
     else:
         y = x.to(CDT)
     return y
@@ -83,8 +73,8 @@ def qk_norm_rope_store_kernel(
     d = tl.arange(0, HALF_P2)
     dmask = d < HALF
     cs_row = cs_ptr + pos * stride_cs
-    cos = _rnd(tl.load(cs_row + d, mask=dmask, other=0.0).to(tl.float32), DT, EMULATE, HW)
-    sin = _rnd(tl.load(cs_row + HALF + d, mask=dmask, other=0.0).to(tl.float32), DT, EMULATE, HW)
+    cos = to_act(tl.load(cs_row + d, mask=dmask, other=0.0).to(tl.float32), DT, EMULATE, HW)
+    sin = to_act(tl.load(cs_row + HALF + d, mask=dmask, other=0.0).to(tl.float32), DT, EMULATE, HW)
     hh = tl.arange(0, BLOCK_H)
     if hb < Q_BLOCKS:
         h = hb * BLOCK_H + hh
@@ -118,18 +108,18 @@ def qk_norm_rope_store_kernel(
             if ROUND_BACK:
                 ksrc = row_ptr + HQ * HEAD_DIM + h[:, None] * HEAD_DIM + d[None, :]
                 tl.store(
-                    ksrc, _rnd(ck1.to(tl.float32) * k_scale, DT, EMULATE, HW).to(DT), mask=mask
+                    ksrc, to_act(ck1.to(tl.float32) * k_scale, DT, EMULATE, HW).to(DT), mask=mask
                 )
                 tl.store(
                     ksrc + HALF,
-                    _rnd(ck2.to(tl.float32) * k_scale, DT, EMULATE, HW).to(DT),
+                    to_act(ck2.to(tl.float32) * k_scale, DT, EMULATE, HW).to(DT),
                     mask=mask,
                 )
                 tl.store(
-                    vsrc, _rnd(cv1.to(tl.float32) * v_scale, DT, EMULATE, HW).to(DT), mask=mask
+                    vsrc, to_act(cv1.to(tl.float32) * v_scale, DT, EMULATE, HW).to(DT), mask=mask
                 )
                 tl.store(
                     vsrc + HALF,
-                    _rnd(cv2.to(tl.float32) * v_scale, DT, EMULATE, HW).to(DT),
+                    to_act(cv2.to(tl.float32) * v_scale, DT, EMULATE, HW).to(DT),
                     mask=mask,
                 )
