@@ -159,8 +159,8 @@ def qk_norm_rope_store_triton(
     step HF rounds, so they should give the same bits (``tests/kernels`` checks that on a GPU).
     The emulation costs ~5 integer instructions per rounding: compiled for sm_90 without a GPU
     (``scripts/kernel_sass.py``, session 13), a program of this kernel is 2,104 SASS
-    instructions, 1,344 with ``hw_round``. Whether that is what held the kernel to ~2.2 TB/s in the n=50 trace is for
-    ``bench_kernels.py --qk-sweep`` to show (it times both).
+    instructions, 1,344 with ``hw_round``. Whether that is what held the kernel to ~2.2 TB/s
+    in the n=50 trace is for ``bench_kernels.py --qk-sweep`` to show (it times both).
     """
     from flashrec.kernels.tl.qk_rope import qk_norm_rope_store_kernel
 
@@ -185,8 +185,7 @@ def qk_norm_rope_store_triton(
         block_h = min(next_pow2(min(num_q_heads, num_kv_heads)), max(1, 2048 // head_dim))
     elif block_h < 1 or block_h != next_pow2(block_h):
         raise ValueError(f"block_h must be a power of two, got {block_h}")
-    hw = bool(hw_round)
-    if hw and interpreting():
+    if hw_round and interpreting():
         raise ValueError("hw_round needs a GPU: the CPU interpreter runs no inline PTX")
     q_blocks = -(-num_q_heads // block_h)
     k_blocks = -(-num_kv_heads // block_h)
@@ -212,7 +211,7 @@ def qk_norm_rope_store_triton(
         # bf16 outputs 1 ulp off). The integer-rounding path (EMULATE) and the inline-PTX
         # hardware rounding (HW, ``hw_round``) both keep every rounding HF does.
         STORE=store, ROUND_BACK=store and round_kv and kc.dtype == torch.float8_e4m3fn,
-        EMULATE=True, HW=hw, num_warps=num_warps,
+        EMULATE=True, HW=bool(hw_round), num_warps=num_warps,
     )  # fmt: skip
     return q, k, v
 

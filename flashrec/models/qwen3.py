@@ -160,14 +160,12 @@ class Qwen3ForCausalLM(nn.Module):
         x = self.embed_tokens(input_ids)
         residual = None
         # with ctx.last_rows the last layer drops the unselected rows right after attention
-        rows = select if ctx.last_rows else None
+        rows = select if ctx.last_rows and self.layers else None
         last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
             with trace_range("flashrec.layer"):
                 x, residual = layer(x, residual, positions, meta, ctx, rows if i == last else None)
-        if rows is not None and self.layers:
-            return self.final(x, residual, ctx)
-        return self.final(x, residual, ctx, select)
+        return self.final(x, residual, ctx, select if rows is None else None)
 
     def final(self, x, residual, ctx, select: torch.Tensor | None = None) -> torch.Tensor:
         """The final residual add + norm over the rows in ``select`` (all when None)."""
