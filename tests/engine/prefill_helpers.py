@@ -25,3 +25,12 @@ def make_prompts(eng: Engine, words=(3, 20, 40, 90)) -> list[list[int]]:
         text = " ".join(f"item{i}_{j}" for j in range(n))
         out.append(eng.build_prompt(messages=[{"role": "user", "content": text}]))
     return out
+
+
+def same_results(a, b, tol=1e-4) -> None:
+    """Two engines' results: the same beams in the same order, scores within ``tol``."""
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        assert [p.token_ids for p in x.beams] == [q.token_ids for q in y.beams]
+        for p, q in zip(x.beams, y.beams):
+            assert abs(p.cum_logprob - q.cum_logprob) <= tol

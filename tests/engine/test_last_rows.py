@@ -6,7 +6,7 @@ eager forward, the piecewise pieces and the whole-forward prefill graph (CPU: pa
 from __future__ import annotations
 
 import pytest
-from prefill_helpers import make_engine, make_prompts
+from prefill_helpers import make_engine, make_prompts, same_results
 
 from flashrec.engine.piecewise import MAX_SEQS
 
@@ -20,14 +20,6 @@ def _mlp_rows(eng) -> list[tuple[str, int]]:
             lambda _m, args, _out, name=name: seen.append((name, args[0].shape[0]))
         )
     return seen
-
-
-def _same(a, b, tol=1e-4) -> None:
-    assert len(a) == len(b)
-    for x, y in zip(a, b):
-        assert [p.token_ids for p in x.beams] == [q.token_ids for q in y.beams]
-        for p, q in zip(x.beams, y.beams):
-            assert abs(p.cum_logprob - q.cum_logprob) <= tol
 
 
 @pytest.mark.parametrize(
@@ -51,7 +43,7 @@ def test_last_layer_runs_on_the_last_tokens_with_the_same_results(tiny_model, pa
     n_tok = sum(len(p) for p in group)
     a = whole.generate([whole.new_request(p, n=8) for p in group])
     b = rows.generate([rows.new_request(p, n=8) for p in group])
-    _same(a, b)
+    same_results(a, b)
     # the prefill is the first forward: its first layer runs every token (padded to the
     # bucket in the graph paths) in both engines; the last layer only the last tokens
     (_, first_w), (_, last_w) = seen_whole[:2]
@@ -78,6 +70,6 @@ def test_cached_prefix_prefill_selects_the_new_last_tokens(tiny_model):
     seen = _mlp_rows(rows)
     a = whole.generate([whole.new_request(p, n=8) for p in (ext, prompts[0])])
     b = rows.generate([rows.new_request(p, n=8) for p in (ext, prompts[0])])
-    _same(a, b)
+    same_results(a, b)
     assert b[0].cached_tokens > 0
     assert seen[1] == ("last", 2)

@@ -6,7 +6,7 @@ Results equal the plain eager prefill; padding writes only to the reserved scrat
 from __future__ import annotations
 
 import pytest
-from prefill_helpers import make_engine, make_prompts
+from prefill_helpers import make_engine, make_prompts, same_results
 
 from flashrec.config import EngineConfig
 from flashrec.engine.engine import Engine
@@ -29,14 +29,6 @@ def _spy(eng: Engine) -> list[list[int]]:
     return used
 
 
-def _same(a, b, tol=1e-4) -> None:
-    assert len(a) == len(b)
-    for x, y in zip(a, b):
-        assert [p.token_ids for p in x.beams] == [q.token_ids for q in y.beams]
-        for p, q in zip(x.beams, y.beams):
-            assert abs(p.cum_logprob - q.cum_logprob) <= tol
-
-
 def test_bucket_sizes():
     assert bucket_sizes(0) == []
     assert bucket_sizes(600) == [256, 512, 600]
@@ -57,7 +49,7 @@ def test_batched_padded_pieces_equal_the_plain_prefill(tiny_model):
     for group in (prompts[:3], batch, prompts[4:], prompts[1:2]):
         a = plain.generate([plain.new_request(p, n=8) for p in group])
         b = pieced.generate([pieced.new_request(p, n=8) for p in group])
-        _same(a, b)
+        same_results(a, b)
     # the batches within the top bucket went through the pieces, the larger one did not
     assert used == [[len(p) for p in prompts[:3]], [len(prompts[4])], [len(prompts[1])]]
     assert pieced.runner.kv.tokens.num_used == pieced.scheduler.kv_reserved_tokens == 1024
@@ -77,8 +69,8 @@ def test_cached_prefixes_go_through_the_pieces(tiny_model):
     for eng in (plain, pieced):
         res.append(eng.generate([eng.new_request(ext, n=8), eng.new_request(short, n=8)]))
         res.append(eng.generate([eng.new_request(long_, n=8)]))  # full hit, after padding
-    _same(res[0], res[2])
-    _same(res[1], res[3])
+    same_results(res[0], res[2])
+    same_results(res[1], res[3])
     assert res[2][0].cached_tokens >= len(long_) - 1 and res[3][0].cached_tokens > 0
     assert [len(ext) - res[2][0].cached_tokens, len(short)] in used
 
