@@ -40,6 +40,29 @@ HEAD = {
 }  # OneRec-1.7B: 16 q / 8 kv heads
 
 
+CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+
+
+def cuobjdump_sm90(kernel, signature: dict, constexprs: dict, flag: str, **options) -> str:
+    """Compile ``kernel`` for sm_90 with Triton's bundled ptxas (no GPU needed), with the
+    alignment hints the JIT adds at the engine's launches (every pointer 16-byte aligned,
+    every stride argument a multiple of 16), and return ``cuobjdump <flag>`` of the cubin."""
+    attrs = {
+        (i,): [["tt.divisibility", 16]]
+        for i, name in enumerate(kernel.arg_names)
+        if signature.get(name, "").startswith("*") or name.startswith(("s_", "stride"))
+    }
+    src = triton.compiler.ASTSource(
+        fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs
+    )
+    cc = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cc.asm["cubin"])
+        f.flush()
+        out = subprocess.run([str(CUOBJDUMP), flag, f.name], capture_output=True, text=True)
+    return out.stdout
+
+
 def _load(path: str):
     spec = importlib.util.spec_from_file_location(f"_beam_{abs(hash(path))}", path)
     mod = importlib.util.module_from_spec(spec)
@@ -65,30 +88,19 @@ def usage(kernel, kv: str, block_m: int, block_n: int, warps: int, stages: int =
             sig[name] = "constexpr"
         else:
             sig[name] = typed.get(name, "*i32" if name.endswith("_ptr") else "i32")
-    # what the JIT specialises at the engine's launch: every pointer 16-byte aligned and every
-    # stride a multiple of 16 (head_dim 128). Without these hints loads do not vectorise and
-    # the counts below would describe a kernel the engine never runs
-    attrs = {
-        (i,): [["tt.divisibility", 16]]
-        for i, name in enumerate(kernel.arg_names)
-        if sig.get(name, "").startswith("*") or name.startswith("s_")
-    }
-    src = triton.compiler.ASTSource(
-        fn=kernel,
-        signature=sig,
+    # the JIT's specialisation at the engine's launch (see cuobjdump_sm90): without the
+    # alignment hints loads do not vectorise and the counts would describe a kernel the
+    # engine never runs
+    out = cuobjdump_sm90(
+        kernel,
+        sig,
         # an older kernel file may lack a launch constant (LIVE_ONLY): only the ones it takes
-        constexprs={k: v for k, v in const.items() if k in sig},
-        attrs=attrs,
+        {k: v for k, v in const.items() if k in sig},
+        "-res-usage",
+        num_warps=warps,
+        num_stages=stages,
     )
-    cc = triton.compile(
-        src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages}
-    )
-    cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cc.asm["cubin"])
-        f.flush()
-        out = subprocess.run([str(cuobjdump), "-res-usage", f.name], capture_output=True, text=True)
-    line = next((x for x in out.stdout.splitlines() if "REG:" in x), "")
+    line = next((x for x in out.splitlines() if "REG:" in x), "")
     return " ".join(w for w in line.split() if w.startswith(("REG:", "STACK:")))
 
 

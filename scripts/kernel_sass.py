@@ -13,12 +13,8 @@ from __future__ import annotations
 
 import argparse
 import collections
-import subprocess
-import tempfile
-from pathlib import Path
 
-import triton
-from triton.backends.compiler import GPUTarget
+from kernel_regs import cuobjdump_sm90  # scripts/ (this script's directory)
 
 from flashrec.kernels.tl.qk_rope import qk_norm_rope_store_kernel as KERNEL
 
@@ -36,21 +32,9 @@ def sass_ops(emulate: bool, hw: bool, cache: str, round_back: bool) -> collectio
         "HW": hw,
     }  # fmt: skip
     sig = {n: "constexpr" if n in const else types.get(n, "i32") for n in KERNEL.arg_names}
-    # the JIT's specialisation at the engine's launch: 16-byte pointers, strides of 16
-    attrs = {
-        (i,): [["tt.divisibility", 16]]
-        for i, n in enumerate(KERNEL.arg_names)
-        if sig[n].startswith("*") or n.startswith("stride")
-    }
-    src = triton.compiler.ASTSource(fn=KERNEL, signature=sig, constexprs=const, attrs=attrs)
-    cc = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 2})
-    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cc.asm["cubin"])
-        f.flush()
-        sass = subprocess.run([str(tool), "-sass", f.name], capture_output=True, text=True)
+    sass = cuobjdump_sm90(KERNEL, sig, const, "-sass", num_warps=2)
     ops: collections.Counter = collections.Counter()
-    for line in sass.stdout.splitlines():
+    for line in sass.splitlines():
         line = line.strip()
         if not line.startswith("/*") or "*/" not in line:
             continue
