@@ -54,8 +54,8 @@ def main() -> int:
     args = ap.parse_args()
     rb = args.cache == "fp8e4nv" and not args.no_round_back
     forms = (
-        ("emulated (integer rounding, the default)", True, False),
-        ("hardware (inline-PTX conversions)", True, True),
+        ("emulated (integer rounding)", True, False),
+        ("hardware (inline-PTX bf16 conversions, the default)", True, True),
         ("compiler conversions (EMULATE off: folds round trips, not HF's rounding)", False, False),
     )
     for name, emulate, hw in forms:
