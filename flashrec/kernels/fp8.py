@@ -96,6 +96,44 @@ def per_token_quant_fp8_triton(x: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
     return out, scale
 
 
+def e4m3_probe_values(n: int, seed: int = 0) -> torch.Tensor:
+    """fp32 values (CPU) that test an fp32 -> e4m3 conversion: ``n`` random bit patterns with
+    |x| in [2**-12, 480] (subnormal, normal and saturating ranges), every e4m3 midpoint (a tie)
+    and its fp32 neighbours on both sides, each with both signs, clamped to +-448 as the
+    kernels clamp before converting."""
+    g = torch.Generator().manual_seed(seed)
+    bits = torch.randint(0x39800000, 0x43F00000, (n,), generator=g, dtype=torch.int64)
+    x = bits.to(torch.int32).view(torch.float32)
+    codes = torch.arange(256, dtype=torch.uint8).view(FP8_DTYPE).float()
+    codes = codes[torch.isfinite(codes)].unique()
+    mid = (codes[1:] + codes[:-1]) / 2
+    up = torch.nextafter(mid, torch.full_like(mid, 1e9))
+    down = torch.nextafter(mid, torch.zeros_like(mid))
+    x = torch.cat([x, mid, up, down])
+    return torch.cat([x, -x]).clamp(-FP8_MAX, FP8_MAX)
+
+
+def to_fp8_triton(x: torch.Tensor, emulate: bool = True, hw: bool = False) -> torch.Tensor:
+    """``x`` (fp32) clamped to +-448 and converted to e4m3 elementwise by the kernels' shared
+    ``to_fp8``: ``emulate`` rounds in integer arithmetic (what the CPU interpreter needs and
+    the q/k RoPE kernel's emulated form uses), ``hw`` (GPU) takes the hardware conversion even
+    so. For checks against PyTorch's conversion (tests/kernels, scripts/fp8_convert_probe.py)."""
+    from flashrec.kernels.tl.quant import to_fp8_kernel
+
+    if x.dtype != torch.float32:
+        raise ValueError(f"x must be float32, got {x.dtype}")
+    if hw and interpreting():
+        raise ValueError("hw needs a GPU: the CPU interpreter runs no hardware conversion")
+    x = x.contiguous()
+    out = torch.empty(x.shape, dtype=FP8_DTYPE, device=x.device)
+    if x.numel():
+        block = 1024
+        to_fp8_kernel[(-(-x.numel() // block),)](
+            x, out, x.numel(), EMULATE=emulate, HW=hw, BLOCK=block
+        )
+    return out
+
+
 def per_token_quant_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Dynamic per-token e4m3 quantization: ``(x_fp8 [M, K], scale [M, 1] float32)``."""
     if use_triton(x):

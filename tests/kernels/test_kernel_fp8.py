@@ -146,3 +146,22 @@ def test_fp8_linear_is_graph_capturable() -> None:
     graph.replay()
     torch.cuda.synchronize()
     torch.testing.assert_close(out, expected, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("hw", [False, True])
+def test_to_fp8_rounds_like_torch_bit_for_bit(triton_backend, hw: bool) -> None:
+    """The kernels' shared e4m3 conversion (``to_fp8``) gives PyTorch's codes on every probe
+    value: ties, their neighbours, subnormals, saturation, and -0 for negative values that round
+    to zero (the emulated form gave +0 on the H200 until session 14: Triton lowers ``-y`` to
+    ``0 - y``). ``hw`` (GPU only) takes the hardware conversion instead of the emulation."""
+    if hw and triton_backend.device == "cpu":
+        pytest.skip("the hardware conversion needs a GPU")
+    from flashrec.kernels.fp8 import e4m3_probe_values, to_fp8_triton
+
+    x = e4m3_probe_values(200_000 if triton_backend.device == "cuda" else 4_000, seed=1)
+    assert (x.view(torch.int32) < 0).any() and (x.abs() < 2**-10).any()
+    want = x.to(FP8_DTYPE).view(torch.uint8)
+    got = to_fp8_triton(x.to(triton_backend.device), emulate=True, hw=hw)
+    got = got.view(torch.uint8).cpu()
+    assert (want == 0x80).any()  # some values round to -0
+    assert torch.equal(got, want)

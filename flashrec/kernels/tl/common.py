@@ -64,24 +64,23 @@ def to_act(x, DT: tl.constexpr, EMULATE: tl.constexpr, HW: tl.constexpr = False)
 
 
 @triton.jit
-def to_fp8(x, EMULATE: tl.constexpr):
-    """Clamp fp32 ``x`` to +-448 and convert to float8_e4m3fn (round-to-nearest-even).
+def to_fp8(x, EMULATE: tl.constexpr, HW: tl.constexpr = False):
+    """Clamp fp32 ``x`` to +-448 and convert to float8_e4m3fn (round-to-nearest-even). HW (GPU
+    only): the hardware conversion even where EMULATE is set (the same codes).
 
-    NOTE (no hardware form): with EMULATE set, the rounding is done here in integer / fp32
-    arithmetic even on a GPU that has the conversion instruction. On the H200 (session 14) the
-    hardware ``cvt.rn.satfinite.e4m3x2.f32`` that Triton emits gave different codes from this
-    rounding (and from PyTorch's CPU conversion) for some values, while this rounding matched
-    PyTorch's CPU conversion on 40M values including every tie. So ``--qk-rope-rounding
-    hardware`` takes the hardware path for bf16 only (``to_act``'s HW)."""
+    NOTE (sign of zero): a negative value that rounds to zero must give -0 (code 0x80), as
+    PyTorch's conversion and the hardware's do. The subnormal branch takes the sign from ``x``'s
+    bits: Triton lowers ``-y`` to ``0 - y``, +0 (not -0) for y = +0, and that gave +0 for 4.9% of
+    the H200 probe's values (``scripts/fp8_convert_probe.py``, session 14)."""
     x = tl.minimum(tl.maximum(x, -FP8_MAX), FP8_MAX)
-    if EMULATE:
+    if EMULATE and not HW:
         # Normal e4m3 range: keep 3 of fp32's 23 mantissa bits, rounding half to even.
         bits = x.to(tl.uint32, bitcast=True)
-        bits = (bits + 0x7FFFF + ((bits >> 20) & 1)) & 0xFFF00000
-        normal = bits.to(tl.float32, bitcast=True)
+        rounded = (bits + 0x7FFFF + ((bits >> 20) & 1)) & 0xFFF00000
+        normal = rounded.to(tl.float32, bitcast=True)
         # Subnormal range (|x| < 2**-6): multiples of 2**-9; fp32 addition rounds to even.
         sub = (tl.abs(x) + 16384.0) - 16384.0
-        sub = tl.where(x < 0, -sub, sub)
+        sub = (sub.to(tl.uint32, bitcast=True) | (bits & 0x80000000)).to(tl.float32, bitcast=True)
         x = tl.where(tl.abs(x) < 0.015625, sub, normal)
     return x.to(tl.float8e4nv)
 
