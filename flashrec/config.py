@@ -216,7 +216,7 @@ class EngineConfig:
     enable_fused_qk_rope_kv: bool = _opt(True, "fused q/k RMSNorm + RoPE + KV write kernel (GPU)")
     qk_rope_rounding: str = _opt(
         "hardware",
-        "how the fused q/k norm + RoPE + KV write kernel rounds to bf16 and e4m3 (GPU): hardware (the conversion instructions; bf16 in inline PTX the compiler cannot fold) or emulated (integer arithmetic, ~5 instructions per rounding); both round to nearest even wherever HF rounds and give the same bits. H200, session 14: the kernel 1.35-1.38x, n=50 c=32 FP8 1.015x served",
+        "how the fused q/k norm + RoPE + KV write kernel rounds to bf16 (GPU): hardware (the conversion instruction, in inline PTX the compiler cannot fold) or emulated (integer arithmetic, ~5 instructions per rounding); both round to nearest even wherever HF rounds and give the same bits. e4m3 cache codes are rounded in integer arithmetic either way. H200, session 14: the kernel 1.36-1.37x, n=50 c=32 FP8 1.015x served",
         ("emulated", "hardware"),
     )
     enable_prefill_last_rows: bool = _opt(

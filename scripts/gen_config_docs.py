@@ -89,7 +89,7 @@ ZH = {
     "enable_fused_rms_fp8": "融合 RMSNorm(+residual) -> per-token FP8 量化 kernel（GPU，FP8）；bf16/fp16 层使用同一 kernel（不量化）",
     "enable_fused_silu_fp8": "融合 SiLU(gate)*up -> per-token FP8 量化 kernel（GPU，FP8）；bf16/fp16 层使用同一 kernel（不量化）",
     "enable_fused_qk_rope_kv": "融合 q/k RMSNorm + RoPE + KV 写入 kernel（GPU）",
-    "qk_rope_rounding": "融合 q/k norm + RoPE + KV 写入 kernel 舍入到 bf16 与 e4m3 的方式（GPU）：hardware（转换指令；bf16 写在编译器无法折叠的内联 PTX 中）或 emulated（整数运算模拟，每次舍入约 5 条指令）；两者都在 HF 舍入之处按最近偶数舍入，结果逐位相同。H200（session 14）：kernel 1.35-1.38x，n=50 c=32 FP8 经 HTTP 1.015x",
+    "qk_rope_rounding": "融合 q/k norm + RoPE + KV 写入 kernel 舍入到 bf16 的方式（GPU）：hardware（转换指令，写在编译器无法折叠的内联 PTX 中）或 emulated（整数运算模拟，每次舍入约 5 条指令）；两者都在 HF 舍入之处按最近偶数舍入，结果逐位相同。e4m3 缓存码两种方式都用整数运算舍入。H200（session 14）：kernel 1.36-1.37x，n=50 c=32 FP8 经 HTTP 1.015x",
     "enable_prefill_last_rows": "prefill 时最后一层的 o_proj、注意力后 norm 与 MLP 只算每个 prompt 的最后一个 token（level-0 logits 只读这一行；每个 token 仍写入各层 K/V，之前各层照常全算），约省 prefill GEMM 的 1/L。--no-enable-prefill-last-rows 让所有 token 走完整最后一层（结果在舍入误差内相同：GEMM 行数不同）",
     "host": "绑定地址（服务无鉴权：保持 loopback）",
     "port": "绑定端口（0 = 自动选择并打印）",

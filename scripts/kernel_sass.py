@@ -55,7 +55,7 @@ def main() -> int:
     rb = args.cache == "fp8e4nv" and not args.no_round_back
     forms = (
         ("emulated (integer rounding)", True, False),
-        ("hardware (conversion instructions, bf16 in inline PTX; the default)", True, True),
+        ("hardware (inline-PTX bf16 conversions, the default)", True, True),
         ("compiler conversions (EMULATE off: folds round trips, not HF's rounding)", False, False),
     )
     for name, emulate, hw in forms:

@@ -314,10 +314,10 @@ def test_launch_settings_compute_the_reference(
 @pytest.mark.parametrize("cache", ["bf16", "fp8", "none"])
 @pytest.mark.parametrize("with_norm", [True, False])
 def test_hardware_rounding_equals_the_emulated_rounding_bit_for_bit(cache, with_norm) -> None:
-    """``hw_round`` (--qk-rope-rounding hardware): bf16 and e4m3 through the conversion
-    instructions instead of integer emulation. Both round to nearest even at the same steps,
-    so every output bit must match: q, k (and with an e4m3 cache the dequantized k / v written
-    back), the cache codes, and the padding left alone. Inputs span ~20 binades, with values
+    """``hw_round`` (--qk-rope-rounding hardware): bf16 through the conversion instruction
+    instead of integer emulation (e4m3 codes are rounded in integers either way). Both round to
+    nearest even at the same steps, so every output bit must match: q, k (and with an e4m3
+    cache the dequantized k / v written back), the cache codes, and the padding left alone. Inputs span ~20 binades, with values
     near bf16 ties and e4m3 saturation."""
     dev = "cuda"
     t, hq, hkv, d = 333, 16, 8, 128

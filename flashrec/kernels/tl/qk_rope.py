@@ -42,9 +42,9 @@ def _norm_rope_heads(
 @triton.jit
 def _cache_value(x, inv_scale, CDT: tl.constexpr, EMULATE: tl.constexpr, HW: tl.constexpr):
     """Value as stored in a cache of dtype CDT: e4m3 caches hold clamp(x * inv_scale, +-448)
-    (HW: the hardware conversion, round to nearest even like the emulated one)."""
+    (rounded in integer arithmetic with EMULATE even with HW, see qk_norm_rope_store_triton)."""
     if CDT == tl.float8e4nv:
-        y = to_fp8(x * inv_scale, EMULATE, HW)
+        y = to_fp8(x * inv_scale, EMULATE)
     else:
         y = x.to(CDT)
     return y
