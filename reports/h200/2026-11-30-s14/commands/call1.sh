@@ -1,0 +1,17 @@
+R=$OUT; W=$R/s14c1; mkdir -p $W; export PYTHONPATH=$PWD FLASHINFER_WORKSPACE_BASE=$PWD/.cache/fi
+export FLASHREC_SOURCE_COMMIT=$(cat tmpcall/tree)
+[ -f /dev/shm/onerec/synth_info.json ] || (python -m flashrec synth --preset onerec-1.7b --out /dev/shm/onerec --catalog-size 1500000 > $W/synth.log 2>&1; touch $W/synth.done) &
+[ -f /tmp/flashrec-site/.installed ] || OUT=$W STAGES=none bash scripts/gpu_bench.sh > $W/setup.log 2>&1
+export PYTHONPATH=$PWD:/tmp/flashrec-site PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1
+echo "setup done at $SECONDS s; commit $FLASHREC_SOURCE_COMMIT" >> $W/steps.log
+nvidia-smi --query-gpu=name,clocks.max.sm,clocks.sm,power.limit,driver_version --format=csv > $W/gpu.txt 2>&1
+timeout 260 python -m pytest -q -p no:cacheprovider -m gpu tests > $W/tests.log 2>&1
+echo "tests rc=$? at $SECONDS s: $(tail -1 $W/tests.log)" >> $W/steps.log
+timeout 60 python tests/kernels/bench_kernels.py --qk-sweep > $W/qk_sweep.txt 2>&1
+echo "qk sweep rc=$? at $SECONDS s" >> $W/steps.log
+wait; echo "synth done at $SECONDS s" >> $W/steps.log
+export MODEL_PATH=/dev/shm/onerec SID_VOCAB_FILE=/dev/shm/onerec/catalog.json
+timeout $((575-SECONDS)) python -m harness matrices/h200_qk_rounding_ab.yaml --max-wall-s $((565-SECONDS)) --out $W/ab > $W/ab.log 2>&1
+echo "ab rc=$? at $SECONDS s: $(grep -h 'report:' $W/ab.log)" >> $W/steps.log
+tar czf $R/s14c1.tgz -C $R s14c1
+cat $W/steps.log; grep -E "passed|failed|Error" $W/tests.log | tail -8; cat $W/qk_sweep.txt | tail -20; grep "^| flashrec" $W/ab/REPORT.md | cut -c1-220 | head -8
