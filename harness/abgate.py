@@ -38,7 +38,7 @@ from harness.environment import git_info
 from harness.gate import evaluate_gates
 from harness.model import ModelError, ResolvedModel, resolve_model
 from harness.paired import compare_paired
-from harness.render import write_compare_markdown
+from harness.render import print_regressions, write_compare_markdown
 from harness.report import build_report, write_report
 from harness.server import install_signal_handlers
 from harness.spec import SpecError
@@ -254,12 +254,7 @@ def _verdict(
         write_report(rep, results[name], out / name)
     (out / "compare.json").write_text(json.dumps(comparison, indent=1, default=str))
     write_compare_markdown(comparison, out / "compare.md")
-    for r in comparison["regressions"]:
-        print(
-            f"REGRESSED {r['cell']} {r['metric']}: {r['base']:.4g} -> {r['new']:.4g} "
-            f"({r['delta_pct']:+.1f}%, band {r['band_pct']:.1f}%, p {r['p_value']:.3g})",
-            file=sys.stderr,
-        )
+    print_regressions(comparison)
     if failed["candidate"]:
         reason = f"candidate cells failed: {failed['candidate']}"
         return _finish(out, comparison, "error", reason, EXIT_CELLS)

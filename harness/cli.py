@@ -160,7 +160,7 @@ def run_main(argv: list[str]) -> int:
 def compare_main(argv: list[str]) -> int:
     """``flashrec-bench compare BASE NEW``: verdict per cell and metric; gates with a baseline."""
     from harness.gate import compare_reports, evaluate_gates, load_report
-    from harness.render import write_compare_markdown
+    from harness.render import print_regressions, write_compare_markdown
     from harness.spec import MatrixSpec
 
     p = argparse.ArgumentParser(
@@ -183,6 +183,12 @@ def compare_main(argv: list[str]) -> int:
     p.add_argument("--metrics", help="comma-separated metric names (default: all directional)")
     p.add_argument("--alpha", type=float, help="significance level (default: NEW's stats.alpha)")
     p.add_argument("--test", choices=["welch", "mannwhitney"], help="default: NEW's stats.test")
+    p.add_argument(
+        "--correction",
+        choices=["holm", "none"],
+        help="multiple-test correction of the verdicts over every cell x metric compared "
+        "(default: NEW's stats.correction, else holm)",
+    )
     args = p.parse_args(argv)
     try:
         base, new = load_report(args.base), load_report(args.new)
@@ -190,19 +196,14 @@ def compare_main(argv: list[str]) -> int:
         print(f"cannot read report: {exc}", file=sys.stderr)
         return EXIT_USAGE
     metrics = args.metrics.split(",") if args.metrics else None
-    comparison = compare_reports(base, new, metrics, args.alpha, args.test)
+    comparison = compare_reports(base, new, metrics, args.alpha, args.test, args.correction)
     gates = MatrixSpec.model_validate(new["matrix"]).gates if new.get("matrix") else []
     comparison["gates"] = evaluate_gates(gates, new, comparison)
     out = args.out or Path(new["_path"]).parent
     out.mkdir(parents=True, exist_ok=True)
     (out / "compare.json").write_text(json.dumps(comparison, indent=1, default=str))
     write_compare_markdown(comparison, out / "compare.md")
-    for r in comparison["regressions"]:
-        print(
-            f"REGRESSED {r['cell']} {r['metric']}: {r['base']:.4g} -> {r['new']:.4g} "
-            f"({r['delta_pct']:+.1f}%, band {r['band_pct']:.1f}%, p {r['p_value']:.3g})",
-            file=sys.stderr,
-        )
+    print_regressions(comparison)
     for d in comparison["comparability"]:
         print(f"NOT COMPARABLE {d['field']}: base {d['base']!r}, new {d['new']!r}", file=sys.stderr)
     print(

@@ -1,8 +1,9 @@
 """Compare two reports and evaluate ``gates:``.
 
 A metric *regressed* (or *improved*) only when the change is both significant (Welch or
-Mann-Whitney over rounds, ``p < alpha``) and larger than the noise band (the wider of the two
-runs' bands); anything else is *within noise*. Gates are thresholds on cell metrics, on any
+Mann-Whitney over rounds, ``p < alpha``; with ``stats.correction: holm``, the default, the
+p-value Holm-adjusted over every cell x metric the comparison tests) and larger than the noise
+band (the wider of the two runs' bands); anything else is *within noise*. Gates are thresholds on cell metrics, on any
 report path (e.g. ``parity.top1_agreement``) or on regressions against a baseline.
 """
 
@@ -18,7 +19,7 @@ from typing import Any
 from harness.cells import matches
 from harness.metrics import direction
 from harness.spec import GateSpec
-from harness.stats import significance
+from harness.stats import holm, significance
 
 OPS = {
     "<": operator.lt,
@@ -124,6 +125,49 @@ def compare_cell_metrics(
     return cell, regressions, improvements
 
 
+CHANGED = ("regressed", "improved", "changed")
+
+
+def correct_verdicts(comparison: dict, correction: str = "holm") -> dict:
+    """Correct one comparison's verdicts for its number of tests, in place, and return it.
+
+    The tests are every compared cell x metric with a p-value, except degenerate ones (no
+    change and no spread on either side, e.g. an error rate of 0 against 0: no test at all).
+    With ``holm`` each gets ``p_adjusted`` (:func:`harness.stats.holm`), and a verdict of
+    regressed / improved / changed stands only when ``p_adjusted < alpha``: the chance of
+    any false verdict in the whole table is then at most alpha, where testing ten metrics
+    of two cells at alpha each would give one in several A/A runs. ``none`` keeps the
+    per-metric verdicts. The relative gates judge their own metric (see :func:`_relative`).
+    """
+    tested = [
+        r
+        for cell in comparison["cells"]
+        if cell.get("status") == "compared"
+        for r in cell["metrics"].values()
+        if _finite(r.get("p_value")) and not (r.get("delta_pct") == 0 and r.get("band_pct") == 0)
+    ]
+    comparison["correction"] = {"method": correction, "tests": len(tested)}
+    if correction != "none" and tested:
+        for r, p_adj in zip(tested, holm([r["p_value"] for r in tested])):
+            r["p_adjusted"] = p_adj
+            if r["verdict"] in CHANGED and not p_adj < comparison["alpha"]:
+                r["verdict"] = "within_noise"
+                r["reason"] = f"not significant over {len(tested)} tests (Holm)"
+    regressions, improvements = [], []
+    for cell in comparison["cells"]:
+        for m, r in cell.get("metrics", {}).items():
+            if r["verdict"] == "regressed":
+                regressions.append({"cell": cell["id"], "metric": m, **r})
+            elif r["verdict"] == "improved":
+                improvements.append({"cell": cell["id"], "metric": m, **r})
+    comparison.update(
+        regressions=regressions,
+        improvements=improvements,
+        verdict="regressed" if regressions else "ok",
+    )
+    return comparison
+
+
 def report_side(r: dict) -> dict:
     """Where a compared report came from: path, run id, git state."""
     return {
@@ -166,9 +210,11 @@ def compare_reports(
     metrics: list[str] | None = None,
     alpha: float | None = None,
     test: str | None = None,
+    correction: str | None = None,
 ) -> dict:
     """Cell-by-cell, metric-by-metric comparison of two reports. ``comparability`` lists what
-    differs between the two runs' model, workload and load (empty: comparable)."""
+    differs between the two runs' model, workload and load (empty: comparable); ``correction``
+    (default: the new report's ``stats.correction``, else holm): see :func:`correct_verdicts`."""
     stats = new.get("matrix", {}).get("stats", {})
     alpha = alpha if alpha is not None else stats.get("alpha", 0.05)
     test = test or stats.get("test", "welch")
@@ -201,7 +247,7 @@ def compare_reports(
         cells_out.append(cell)
         regressions += regs
         improvements += imps
-    return {
+    comparison = {
         "base": report_side(base),
         "new": report_side(new),
         "alpha": alpha,
@@ -212,6 +258,7 @@ def compare_reports(
         "verdict": "regressed" if regressions else "ok",
         "comparability": comparability(base, new),
     }
+    return correct_verdicts(comparison, correction or stats.get("correction", "holm"))
 
 
 # --------------------------------------------------------------------------- gates

@@ -15,7 +15,8 @@ can differ by a few percent for their whole life (memory layout, hash seeds); pa
 session share that offset, so only sessions are independent units.
 
 A metric *regressed* (or *improved*) when ``p < alpha`` and ``|delta| > band``, in the metric's
-bad (good) direction. The result has :func:`harness.gate.compare_reports`' shape, so
+bad (good) direction, ``p`` Holm-adjusted over the comparison's tests unless
+``stats.correction: none`` (:func:`harness.gate.correct_verdicts`). The result has :func:`harness.gate.compare_reports`' shape, so
 :func:`harness.gate.evaluate_gates` and ``compare.md`` work on it unchanged.
 """
 
@@ -27,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from harness.gate import compare_cell_metrics, report_side
+from harness.gate import compare_cell_metrics, correct_verdicts, report_side
 from harness.metrics import direction
 from harness.stats import t_two_sided_p
 
@@ -158,9 +159,11 @@ def compare_paired(
     alpha: float | None = None,
     test: str | None = None,
     sessions: dict[int, int] | None = None,
+    correction: str | None = None,
 ) -> dict:
     """Cell-by-cell paired comparison of two reports of one interleaved A/B run;
-    ``sessions`` maps a round (pair) number to its session."""
+    ``sessions`` maps a round (pair) number to its session; ``correction`` (default: the
+    matrix's ``stats.correction``): see :func:`harness.gate.correct_verdicts`."""
     stats = new.get("matrix", {}).get("stats", {})
     alpha = alpha if alpha is not None else stats.get("alpha", 0.05)
     test = test or PAIRED_TESTS.get(stats.get("test", "welch"), "paired_t")
@@ -184,7 +187,7 @@ def compare_paired(
         regressions += regs
         improvements += imps
 
-    return {
+    comparison = {
         "base": report_side(base),
         "new": report_side(new),
         "paired": True,
@@ -197,3 +200,4 @@ def compare_paired(
         "improvements": improvements,
         "verdict": "regressed" if regressions else "ok",
     }
+    return correct_verdicts(comparison, correction or stats.get("correction", "holm"))

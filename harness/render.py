@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import html
 import json
+import sys
 from pathlib import Path
 
 from harness.client import Record
@@ -660,6 +661,32 @@ def write_html(report: dict, records: list[Record], path: Path) -> None:
     path.write_text("\n".join(parts))
 
 
+def _p_text(r: dict) -> str:
+    """``p 0.012`` or, after a correction, ``p 0.012, Holm 0.048``."""
+    text = f"p {_num(r.get('p_value'), '.3g')}"
+    return text + (f", Holm {_num(r['p_adjusted'], '.3g')}" if "p_adjusted" in r else "")
+
+
+def print_regressions(comparison: dict) -> None:
+    """One stderr line per regressed metric of a comparison."""
+    for r in comparison["regressions"]:
+        print(
+            f"REGRESSED {r['cell']} {r['metric']}: {r['base']:.4g} -> {r['new']:.4g} "
+            f"({r['delta_pct']:+.1f}%, band {r['band_pct']:.1f}%, {_p_text(r)})",
+            file=sys.stderr,
+        )
+
+
+def _correction_text(comparison: dict) -> str:
+    c = comparison.get("correction") or {}
+    if c.get("method") == "holm":
+        return (
+            f"; p Holm-adjusted over the {c['tests']} tests of this comparison (any false "
+            f"verdict in the table at most alpha)"
+        )
+    return "; each metric tested at alpha on its own (no multiple-test correction)"
+
+
 def write_compare_markdown(comparison: dict, path: Path) -> None:
     """compare.md: every compared metric with its verdict, regressions first."""
     b, n = comparison["base"], comparison["new"]
@@ -669,7 +696,7 @@ def write_compare_markdown(comparison: dict, path: Path) -> None:
         f"- base: `{b['path']}` (git {(b.get('git') or {}).get('commit')})",
         f"- new: `{n['path']}` (git {(n.get('git') or {}).get('commit')})",
         f"- test: {comparison['test']}, alpha {comparison['alpha']}; a change counts only when "
-        "significant and beyond the noise band",
+        f"significant and beyond the noise band{_correction_text(comparison)}",
         f"- verdict: **{comparison['verdict']}** ({len(comparison['regressions'])} regressed, "
         f"{len(comparison['improvements'])} improved)",
     ]
@@ -681,11 +708,11 @@ def write_compare_markdown(comparison: dict, path: Path) -> None:
             + ". Numbers from different models, workloads or loads do not measure the change."
         )
     lines.append("")
-    head = ["cell", "metric", "base", "new", "delta", "band", "p", "verdict"]
+    head = ["cell", "metric", "base", "new", "delta", "band", "p", "p (Holm)", "verdict"]
     rows = []
     for c in comparison["cells"]:
         if c["status"] != "compared":
-            rows.append([c["id"], "-", "-", "-", "-", "-", "-", c["status"]])
+            rows.append([c["id"], "-", "-", "-", "-", "-", "-", "-", c["status"]])
             continue
         for m, r in c["metrics"].items():
             rows.append(
@@ -697,6 +724,7 @@ def write_compare_markdown(comparison: dict, path: Path) -> None:
                     _num(r.get("delta_pct"), "+.1f") + "%",
                     _num(r.get("band_pct"), ".1f") + "%",
                     _num(r.get("p_value"), ".3g"),
+                    _num(r.get("p_adjusted"), ".3g"),
                     r["verdict"],
                 ]
             )

@@ -187,6 +187,9 @@ class StatsSpec(_Base):
     band_k: float = Field(2.0, gt=0)
     alpha: float = Field(0.05, gt=0, lt=0.5)
     test: Literal["welch", "mannwhitney"] = "welch"
+    # how the verdicts of one comparison (every cell x metric) are corrected for being many
+    # tests: holm (family-wise error <= alpha) or none (each metric at alpha on its own)
+    correction: Literal["holm", "none"] = "holm"
     seed: int = 0
 
 

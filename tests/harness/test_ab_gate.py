@@ -346,3 +346,69 @@ def test_planted_step_delay_fails_the_gate_on_flashrec(tmp_path, monkeypatch):
     r = res["cells"][0]["metrics"]["latency_p50_ms"]
     assert r["verdict"] == "regressed" and r["delta_pct"] > 30
     assert res["ab"]["candidate_env"] == ["FLASHREC_TEST_STEP_DELAY_MS=4"]
+
+
+WIDE = ["qps", "latency_mean_ms", "latency_p50_ms", "latency_p90_ms", "latency_p99_ms",
+        "beams_mean", "achieved_tflops", "mfu", "speedup_vs_hf", "burst_ms_mean"]  # fmt: skip
+
+
+def _wide_pair(rng, shift: dict[str, float], pairs: int = 10) -> tuple[dict, dict]:
+    """Baseline and candidate of one paired run: ten directional metrics drawn independently
+    (a drift shared by the two halves of a pair, 2% noise of their own) and an error rate of
+    0 on both sides; ``shift[name]`` scales the candidate's values of that metric."""
+    a, b = {}, {}
+    for m in WIDE:
+        drift = 10 * np.exp(rng.normal(0, 0.05, pairs))
+        a[m] = list(drift * np.exp(rng.normal(0, 0.02, pairs)))
+        b[m] = list(drift * shift.get(m, 1.0) * np.exp(rng.normal(0, 0.02, pairs)))
+    a["error_rate"] = b["error_rate"] = [0.0] * pairs
+    return _report(a), _report(b)
+
+
+def test_holm_keeps_the_table_free_of_false_verdicts_and_keeps_real_ones():
+    """Ten metrics of one cell, each tested at alpha, label one of them "regressed" or
+    "improved" in ~40% of A/A comparisons; Holm-adjusted (the default), in at most ~alpha of
+    them. A 10% slowdown of one metric stays regressed; the error rate (0 against 0) is no
+    test and does not count."""
+    rng = np.random.default_rng(3)
+    trials, raw, labelled = 300, 0, 0
+    for _ in range(trials):
+        a, b = _wide_pair(rng, {})
+        plain = compare_paired(a, b, correction="none")
+        raw += bool(plain["improvements"] or plain["regressions"])
+        res = compare_paired(a, b)
+        labelled += bool(res["improvements"] or res["regressions"])
+        assert res["correction"] == {"method": "holm", "tests": 10}
+    assert raw / trials > 0.25, raw  # the problem the correction solves is real
+    assert labelled / trials <= 0.07, labelled
+    slow = compare_paired(*_wide_pair(rng, {"latency_p50_ms": 1.1}))
+    assert [r["metric"] for r in slow["regressions"]] == ["latency_p50_ms"]
+    r = slow["regressions"][0]
+    assert r["p_value"] <= r["p_adjusted"] < 0.05
+
+
+def test_holm_reason_markdown_and_matrix_setting(tmp_path):
+    """A verdict only the correction removes says why; compare.md shows both p columns and
+    the number of tests; ``stats.correction: none`` in the matrix turns the correction off."""
+    from harness.render import write_compare_markdown
+
+    rng = np.random.default_rng(11)
+    for _ in range(300):  # an A/A pair where a metric is significant alone, not after Holm
+        a, b = _wide_pair(rng, {})
+        res = compare_paired(a, b)
+        dropped = [
+            r
+            for r in res["cells"][0]["metrics"].values()
+            if r.get("reason", "").endswith("tests (Holm)")
+        ]
+        if dropped:
+            break
+    assert dropped and dropped[0]["p_value"] < 0.05 <= dropped[0]["p_adjusted"]
+    assert dropped[0]["verdict"] == "within_noise"
+    write_compare_markdown(res, tmp_path / "compare.md")
+    text = (tmp_path / "compare.md").read_text()
+    assert "| p | p (Holm) | verdict |" in text and "Holm-adjusted over the 10 tests" in text
+    b["matrix"]["stats"]["correction"] = "none"
+    plain = compare_paired(a, b)
+    assert plain["correction"]["method"] == "none"
+    assert plain["regressions"] or plain["improvements"]
