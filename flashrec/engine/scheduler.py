@@ -21,7 +21,7 @@ from flashrec.beam.search import expand, sequence_scores, unconstrained_candidat
 from flashrec.config import env_flag
 from flashrec.engine.prefill_graph import BUCKET
 from flashrec.engine.radix import Node, RadixCache
-from flashrec.engine.request import BeamResult, EngineError, GenRequest, GenResult, SidText
+from flashrec.engine.request import BeamColumns, EngineError, GenRequest, GenResult, SidText
 from flashrec.engine.runner import ModelRunner, host_to_device, make_prefill_meta
 from flashrec.engine.stephash import StepHasher, hash_tensors
 from flashrec.profiler import trace_range
@@ -32,6 +32,8 @@ log = logging.getLogger("flashrec")
 # TEST ONLY: re-creates the historical drift bug (a host-side cache keyed by ``id(state)``,
 # whose addresses CPython reuses) so that harness/determinism/ can be shown to catch it.
 PLANT_ID_CACHE_ENV = "FLASHREC_TEST_PLANT_ID_CACHE"
+
+_REASONS = {True: "stop", False: "length"}  # a beam that ended on <|sid_end|>, or not
 
 
 @dataclass(eq=False)
@@ -477,11 +479,14 @@ class Scheduler:
             blk = host[off : off + n * (g + 3)].reshape(n, g + 3)
             off += n * (g + 3)
             blk = blk[blk[:, g + 2] > 0]  # alive beams, already ranked
-            toks = blk[:, :g].astype(np.int64).tolist()
-            beams = []
-            for t, c, s in zip(toks, blk[:, g].tolist(), blk[:, g + 1].tolist()):
-                reason = "stop" if t and t[-1] == self.layout.sid_end else "length"
-                beams.append(BeamResult(t, c, s, reason, self._text))  # text built on read
+            stop = blk[:, g - 1] == self.layout.sid_end if g else np.zeros(len(blk), bool)
+            beams = BeamColumns(  # columns, no object per beam; text built on read
+                blk[:, :g].astype(np.int64).tolist(),
+                blk[:, g].tolist(),
+                blk[:, g + 1].tolist(),
+                [_REASONS[s] for s in stop.tolist()],
+                self._text,
+            )
             out[i] = GenResult(
                 st.req.rid,
                 beams,

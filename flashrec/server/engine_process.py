@@ -46,7 +46,7 @@ from concurrent.futures import CancelledError, Future
 from typing import Any
 
 from flashrec.engine.request import (
-    BeamResult,
+    BeamColumns,
     EngineError,
     GenRequest,
     GenResult,
@@ -65,8 +65,19 @@ class EngineProcessError(RuntimeError):
 
 # ---- wire format ------------------------------------------------------------------------
 def result_to_wire(res: GenResult) -> tuple:
-    """A ``GenResult`` as plain tuples (no callables: the text is made on the other side)."""
-    beams = [(b.token_ids, b.cum_logprob, b.sequence_score, b.finish_reason) for b in res.beams]
+    """A ``GenResult`` as plain values (no callables: the text is made on the other side): the
+    beams as four columns (token ids, cumulative logprobs, sequence scores, finish reasons),
+    taken as they are from the engine's ``BeamColumns``."""
+    b = res.beams
+    if isinstance(b, BeamColumns):
+        beams = (b.token_ids, b.cum_logprobs, b.sequence_scores, b.finish_reasons)
+    else:
+        beams = (
+            [x.token_ids for x in b],
+            [x.cum_logprob for x in b],
+            [x.sequence_score for x in b],
+            [x.finish_reason for x in b],
+        )
     return (
         res.rid,
         beams,
@@ -84,7 +95,7 @@ def result_from_wire(wire: tuple, text: Callable[[list[int]], str] | str = "") -
     rid, beams, prompt_tokens, cached, error, queue_s, engine_s, done_at = wire
     return GenResult(
         rid,
-        [BeamResult(t, c, s, reason, text) for t, c, s, reason in beams],
+        BeamColumns(*beams, text),
         prompt_tokens,
         cached,
         error=error,

@@ -25,7 +25,7 @@ import multiprocessing as mp
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 
-from flashrec.engine.request import BeamResult, GenResult, SidText
+from flashrec.engine.request import BeamColumns, BeamResult, GenResult, SidText
 from flashrec.server import responses
 from flashrec.server.engine_process import result_from_wire, result_to_wire
 
@@ -74,9 +74,11 @@ def _wire(result: GenResult) -> tuple[tuple, list[str | None]]:
     function) and each beam's text where it must be made here: already made, or from a
     source other than a SID table (a test's, a future engine's); None where the worker makes
     it from its table."""
+    beams = result.beams
+    if isinstance(beams, BeamColumns) and isinstance(beams.text_source, SidText):
+        return result_to_wire(result), [None] * len(beams)  # no beam object made here
     texts = [
-        None if b._text is None and isinstance(b.text_source, SidText) else b.text
-        for b in result.beams
+        None if b._text is None and isinstance(b.text_source, SidText) else b.text for b in beams
     ]
     return result_to_wire(result), texts
 

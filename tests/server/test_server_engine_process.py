@@ -21,7 +21,13 @@ import pytest
 import requests
 from server_helpers import ServerThread, process_server, real_config
 
-from flashrec.engine.request import BeamResult, EngineError, GenResult, QueueFullError
+from flashrec.engine.request import (
+    BeamColumns,
+    BeamResult,
+    EngineError,
+    GenResult,
+    QueueFullError,
+)
 from flashrec.profiler import ProfileError
 from flashrec.server.engine_process import (
     EngineProcessError,
@@ -240,6 +246,12 @@ def test_wire_round_trip_and_errors() -> None:
     back = result_from_wire(result_to_wire(res), lambda ids: "-".join(map(str, ids)))
     assert back.beams == res.beams and back.beams[0].text == "3-4-5"
     assert (back.rid, back.prompt_tokens, back.cached_tokens, back.done_at) == ("r", 10, 2, 5.0)
+    cols = BeamColumns([[3, 4], [7]], [-1.0, -2.0], [-0.5, -2.0], ["stop", "length"], "x")
+    wire = result_to_wire(GenResult("c", cols, 4))
+    assert wire[1] == (cols.token_ids, cols.cum_logprobs, cols.sequence_scores, ["stop", "length"])
+    back = result_from_wire(wire, lambda ids: str(ids))
+    assert isinstance(back.beams, BeamColumns) and back.beams == cols
+    assert back.beams.texts() == ["[3, 4]", "[7]"]
     for exc in (
         CancelledError("x"),
         QueueFullError("x"),

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from server_helpers import fake_server
 
-from flashrec.engine.request import BeamResult, GenRequest, GenResult
+from flashrec.engine.request import BeamColumns, BeamResult, GenRequest, GenResult
 from flashrec.server import responses
 from flashrec.server.backend import Backend
 from flashrec.server.errors import APIError
@@ -80,6 +80,37 @@ def test_encoders_equal_json_dumps_of_dicts(n: int) -> None:
             ),
             b"data: [DONE]\n\n",
         ]
+
+
+@pytest.mark.parametrize("n", [0, 1, 3, 256])
+def test_beam_columns_encode_as_the_beams_they_hold(n: int) -> None:
+    """The engine's ``BeamColumns`` (no beam objects) give every body the same text as the
+    list of ``BeamResult`` they stand for, which the dict builders give; NaN / infinite
+    scores included (the fallback path)."""
+    rng = random.Random(100 + n)
+    for _ in range(10):
+        res = random_result(rng, n)
+        beams = res.beams
+
+        def text(ids: list[int]) -> str:
+            return TEXTS[sum(ids) % len(TEXTS)]
+
+        cols = BeamColumns(
+            [b.token_ids for b in beams], [b.cum_logprob for b in beams],
+            [b.sequence_score for b in beams], [b.finish_reason for b in beams], text,
+        )  # fmt: skip
+        as_cols = GenResult(res.rid, cols, res.prompt_tokens, res.cached_tokens)
+        as_list = GenResult(res.rid, list(cols), res.prompt_tokens, res.cached_tokens)
+        for r in (as_cols, as_list):
+            assert responses.chat_completion_json(r, "m", 1) == json.dumps(
+                responses.chat_completion(as_list, "m", 1)
+            )
+            assert responses.generate_result_json(r, 0.5) == json.dumps(
+                responses.generate_result(as_list, 0.5)
+            )
+        assert list(responses.chat_stream(as_cols, "m", 2)) == list(
+            responses.chat_stream(as_list, "m", 2)
+        )
 
 
 class _Score(float):
