@@ -3,7 +3,11 @@
 ref (``flashrec/server/responses.py`` at that ref), on beams shaped like the engine's (3 SID
 tokens + the end token, text from a SID table, float scores). Checks both write the same text.
 
-    python scripts/body_bench.py [--ref HEAD~1] [--beams 50 256 512] [--reps 300]
+    python scripts/body_bench.py [--ref HEAD~1] [--beams 50 256 512] [--reps 300] [--columns]
+
+--columns: this checkout's encoders get the beams as the engine has retired them since
+session 14 (``BeamColumns``), the ref's as a list of ``BeamResult`` (before): the served
+respond path of the two versions, not the encoders on one input.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from flashrec.engine.request import BeamResult, GenResult  # noqa: E402
+from flashrec.engine.request import BeamColumns, BeamResult, GenResult  # noqa: E402
 from flashrec.server import responses as here  # noqa: E402
 
 CODES, BASE = 8192, 1000
@@ -46,6 +50,7 @@ def main() -> int:
     ap.add_argument("--ref", default="HEAD~1")
     ap.add_argument("--beams", type=int, nargs="+", default=[50, 256, 512])
     ap.add_argument("--reps", type=int, default=300)
+    ap.add_argument("--columns", action="store_true", help="this checkout gets BeamColumns")
     args = ap.parse_args()
     ref = _at_ref(args.ref)
     rng = random.Random(0)
@@ -68,7 +73,20 @@ def main() -> int:
         ]
         return GenResult(f"chatcmpl-{rng.getrandbits(128):032x}", beams, 1000, 0)
 
-    print(f"{platform.machine()}, Python {platform.python_version()}, ref {args.ref}")
+    def as_columns(r: GenResult) -> GenResult:
+        b = r.beams
+        cols = BeamColumns(
+            [x.token_ids for x in b], [x.cum_logprob for x in b], [x.sequence_score for x in b],
+            [x.finish_reason for x in b], text,
+        )  # fmt: skip
+        return GenResult(r.rid, cols, r.prompt_tokens, r.cached_tokens)
+
+    mine = as_columns if args.columns else (lambda r: r)
+
+    print(
+        f"{platform.machine()}, Python {platform.python_version()}, ref {args.ref}"
+        + (", this checkout on BeamColumns" if args.columns else "")
+    )
     bodies = {
         "chat": lambda mod, r: mod.chat_completion_json(r, "m", 1),
         "generate": lambda mod, r: mod.generate_result_json(r, 0.1),
@@ -76,7 +94,7 @@ def main() -> int:
     for n in args.beams:
         for kind, build in bodies.items():
             r = result(n)
-            assert build(ref, r) == build(here, r), "the two versions write different text"
+            assert build(ref, r) == build(here, mine(r)), "the two versions write different text"
             times: dict[str, list[float]] = {"ref": [], "here": []}
             for rep in range(args.reps):
                 order = (
@@ -84,6 +102,7 @@ def main() -> int:
                 )
                 for name, mod in order:
                     r = result(n)  # fresh beams: text is built on first read, as served
+                    r = mine(r) if name == "here" else r
                     t0 = time.perf_counter()
                     build(mod, r)
                     times[name].append(time.perf_counter() - t0)
