@@ -22,7 +22,7 @@ request checks, ``server_info``), ``RemoteLoop`` (submit / cancel / stats / flus
 drain / stop) and ``RemoteProfiler`` (``/start_profile`` / ``/stop_profile``; the trace is
 taken in the child, on the engine thread, as in one process).
 
-Results cross as plain tuples (token ids, scores, finish reason per beam); the server process
+Results cross as plain columns (token ids, scores, finish reasons of the beams); the server process
 makes the SID text from its own tokenizer, as the engine would. If the child dies, every
 waiting request fails with an engine error, ``/health`` turns 503 and the cause is logged.
 """

@@ -5,7 +5,7 @@ At wide beams the server process spends ~1.5 ms per 512-beam answer on its text 
 together, so their answers are built one after another: the H200 n=512, c=8 cell measured a
 13 ms mean ``respond`` phase (docs/baselines.md, session 8). Workers build the bodies of
 wide answers in parallel, each in its own process (its own GIL), from the result's wire form
-(the tuples that cross the engine-process pipe); the event loop only awaits the text.
+(the columns that cross the engine-process pipe); the event loop only awaits the text.
 
 - Only non-streamed bodies of at least ``MIN_BEAMS`` beams go to a worker: a narrow answer
   costs less to build than to ship.
