@@ -347,9 +347,19 @@ def test_hardware_rounding_equals_the_emulated_rounding_bit_for_bit(cache, with_
         outs.append(
             [b.view(torch.int16)] + [c.view(torch.uint8) for c in (kc, vc) if c is not None]
         )
-    for a, b in zip(*outs):
-        assert torch.equal(a, b)
+    for name, a, b in zip(("qkv row", "k cache", "v cache"), *outs):
+        assert torch.equal(a, b), _bits_differ(name, a, b)
     assert not torch.equal(outs[0][0], buf.view(torch.int16))  # the kernel did run
+
+
+def _bits_differ(name: str, a: torch.Tensor, b: torch.Tensor) -> str:
+    """Where two bit patterns differ: how many elements, and the first few (index, bits)."""
+    where, mask = (a != b).nonzero(), (1 << (8 * a.element_size())) - 1
+    first = [
+        (tuple(i.tolist()), hex(int(a[tuple(i)]) & mask), hex(int(b[tuple(i)]) & mask))
+        for i in where[:6]
+    ]
+    return f"{name}: {len(where)} of {a.numel()} differ; first (index, emulated, hardware): {first}"
 
 
 def test_hardware_rounding_is_refused_by_the_interpreter(triton_backend) -> None:
