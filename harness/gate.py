@@ -99,37 +99,28 @@ def _match(base_cells: list[dict], new_cells: list[dict]) -> list[tuple[dict | N
 
 def compare_cell_metrics(
     b: dict, n: dict, metrics: list[str] | None, compare_one: Callable[[str], dict | None]
-) -> tuple[dict, list[dict], list[dict]]:
+) -> dict:
     """One matched cell pair (both ok): ``compare_one(metric)`` -> result with a ``verdict``
     (None: not comparable) for the given metrics, else every directional metric of ``n``.
-    Returns the compared cell and its regressions and improvements (shared by the two-report
-    comparison here and the paired A/B comparison of ``harness.paired``)."""
+    Returns the compared cell (shared by the two-report comparison here and the paired A/B
+    comparison of ``harness.paired``; :func:`correct_verdicts` lists the regressions)."""
     names = metrics or [m for m in n.get("metrics", {}) if direction(m) != 0]
-    res, regressions, improvements = {}, [], []
-    for m in names:
-        r = compare_one(m)
-        if r is None:
-            continue
-        res[m] = r
-        if r["verdict"] == "regressed":
-            regressions.append({"cell": n["id"], "metric": m, **r})
-        elif r["verdict"] == "improved":
-            improvements.append({"cell": n["id"], "metric": m, **r})
-    cell = {
+    res = {m: r for m in names if (r := compare_one(m)) is not None}
+    return {
         "id": n["id"],
         "base_id": b["id"],
         "status": "compared",
         "params": n.get("params", {}),
         "metrics": res,
     }
-    return cell, regressions, improvements
 
 
 CHANGED = ("regressed", "improved", "changed")
 
 
 def correct_verdicts(comparison: dict, correction: str = "holm") -> dict:
-    """Correct one comparison's verdicts for its number of tests, in place, and return it.
+    """Correct one comparison's verdicts for its number of tests, in place, and return it with
+    its ``regressions``, ``improvements`` and overall ``verdict``.
 
     The tests are every compared cell x metric with a p-value, except degenerate ones (no
     change and no spread on either side, e.g. an error rate of 0 against 0: no test at all).
@@ -218,7 +209,7 @@ def compare_reports(
     stats = new.get("matrix", {}).get("stats", {})
     alpha = alpha if alpha is not None else stats.get("alpha", 0.05)
     test = test or stats.get("test", "welch")
-    cells_out, regressions, improvements = [], [], []
+    cells_out = []
     for b, n in _match(base.get("cells", []), new.get("cells", [])):
         if b is None or n is None:
             only = (n or b)["id"]
@@ -243,19 +234,13 @@ def compare_reports(
                 return compare_metric(m, b["metrics"][m], n["metrics"][m], alpha, test)
             return None
 
-        cell, regs, imps = compare_cell_metrics(b, n, metrics, one)
-        cells_out.append(cell)
-        regressions += regs
-        improvements += imps
+        cells_out.append(compare_cell_metrics(b, n, metrics, one))
     comparison = {
         "base": report_side(base),
         "new": report_side(new),
         "alpha": alpha,
         "test": test,
         "cells": cells_out,
-        "regressions": regressions,
-        "improvements": improvements,
-        "verdict": "regressed" if regressions else "ok",
         "comparability": comparability(base, new),
     }
     return correct_verdicts(comparison, correction or stats.get("correction", "holm"))

@@ -169,7 +169,7 @@ def compare_paired(
     test = test or PAIRED_TESTS.get(stats.get("test", "welch"), "paired_t")
     band_k = stats.get("band_k", 2.0)
     by_id = {c["id"]: c for c in base.get("cells", [])}
-    cells_out, regressions, improvements = [], [], []
+    cells_out = []
     for n in new.get("cells", []):
         b = by_id.get(n["id"])
         if b is None or b.get("status") != "ok" or n.get("status") != "ok":
@@ -182,10 +182,7 @@ def compare_paired(
             groups = np.array([sessions.get(k, -1) for k in keys]) if sessions else None
             return paired_metric(m, a_vals, b_vals, alpha, test, band_k, groups)
 
-        cell, regs, imps = compare_cell_metrics(b, n, metrics, one)
-        cells_out.append(cell)
-        regressions += regs
-        improvements += imps
+        cells_out.append(compare_cell_metrics(b, n, metrics, one))
 
     comparison = {
         "base": report_side(base),
@@ -196,8 +193,5 @@ def compare_paired(
         "band_k": band_k,
         "sessions": len(set(sessions.values())) if sessions else 1,
         "cells": cells_out,
-        "regressions": regressions,
-        "improvements": improvements,
-        "verdict": "regressed" if regressions else "ok",
     }
     return correct_verdicts(comparison, correction or stats.get("correction", "holm"))
