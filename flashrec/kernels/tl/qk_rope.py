@@ -40,9 +40,10 @@ def _norm_rope_heads(
 
 
 @triton.jit
-def _cache_value(x, inv_scale, CDT: tl.constexpr, EMULATE: tl.constexpr, HW: tl.constexpr):
-    """Value as stored in a cache of dtype CDT: e4m3 caches hold clamp(x * inv_scale, +-448)
-    (rounded in integer arithmetic with EMULATE even with HW, see qk_norm_rope_store_triton)."""
+def _cache_value(x, inv_scale, CDT: tl.constexpr, EMULATE: tl.constexpr):
+    """Value as stored in a cache of dtype CDT: e4m3 caches hold clamp(x * inv_scale, +-448),
+    rounded in integer arithmetic with EMULATE in both rounding forms (the kernel's HW changes
+    the bf16 roundings only, see qk_norm_rope_store_triton)."""
     if CDT == tl.float8e4nv:
         y = to_fp8(x * inv_scale, EMULATE)
     else:
@@ -93,16 +94,16 @@ def qk_norm_rope_store_kernel(
             mask = hmask[:, None] & dmask[None, :]
             loc = tl.load(loc_ptr + tok).to(tl.int64)
             kp = kc_ptr + loc * stride_kc_s + h[:, None] * stride_kc_h + d[None, :]
-            ck1 = _cache_value(k1, k_inv_scale, KC, EMULATE, HW)
-            ck2 = _cache_value(k2, k_inv_scale, KC, EMULATE, HW)
+            ck1 = _cache_value(k1, k_inv_scale, KC, EMULATE)
+            ck2 = _cache_value(k2, k_inv_scale, KC, EMULATE)
             tl.store(kp, ck1, mask=mask)
             tl.store(kp + HALF, ck2, mask=mask)
             vsrc = row_ptr + (HQ + HKV) * HEAD_DIM + h[:, None] * HEAD_DIM + d[None, :]
             v1 = tl.load(vsrc, mask=mask, other=0.0).to(tl.float32)
             v2 = tl.load(vsrc + HALF, mask=mask, other=0.0).to(tl.float32)
             vp = vc_ptr + loc * stride_vc_s + h[:, None] * stride_vc_h + d[None, :]
-            cv1 = _cache_value(v1, v_inv_scale, VC, EMULATE, HW)
-            cv2 = _cache_value(v2, v_inv_scale, VC, EMULATE, HW)
+            cv1 = _cache_value(v1, v_inv_scale, VC, EMULATE)
+            cv2 = _cache_value(v2, v_inv_scale, VC, EMULATE)
             tl.store(vp, cv1, mask=mask)
             tl.store(vp + HALF, cv2, mask=mask)
             if ROUND_BACK:
