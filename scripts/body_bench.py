@@ -74,11 +74,7 @@ def main() -> int:
         return GenResult(f"chatcmpl-{rng.getrandbits(128):032x}", beams, 1000, 0)
 
     def as_columns(r: GenResult) -> GenResult:
-        b = r.beams
-        cols = BeamColumns(
-            [x.token_ids for x in b], [x.cum_logprob for x in b], [x.sequence_score for x in b],
-            [x.finish_reason for x in b], text,
-        )  # fmt: skip
+        cols = BeamColumns.from_beams(r.beams, text)
         return GenResult(r.rid, cols, r.prompt_tokens, r.cached_tokens)
 
     mine = as_columns if args.columns else (lambda r: r)

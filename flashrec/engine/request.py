@@ -115,6 +115,19 @@ class BeamColumns(Sequence):
         self.text_source = text_source
         self._objs: list[BeamResult | None] | None = None
 
+    @classmethod
+    def from_beams(
+        cls, beams: Sequence[BeamResult], text_source: str | Callable[[list[int]], str] = ""
+    ) -> BeamColumns:
+        """The columns of a list of ``BeamResult`` (their own texts are not carried over:
+        ``text_source`` makes the columns' texts)."""
+        if isinstance(beams, BeamColumns):
+            return beams
+        return cls(
+            [b.token_ids for b in beams], [b.cum_logprob for b in beams],
+            [b.sequence_score for b in beams], [b.finish_reason for b in beams], text_source,
+        )  # fmt: skip
+
     def texts(self) -> list[str]:
         """Every beam's text, in one pass (the same text each beam's object gives)."""
         src = self.text_source

@@ -68,16 +68,8 @@ def result_to_wire(res: GenResult) -> tuple:
     """A ``GenResult`` as plain values (no callables: the text is made on the other side): the
     beams as four columns (token ids, cumulative logprobs, sequence scores, finish reasons),
     taken as they are from the engine's ``BeamColumns``."""
-    b = res.beams
-    if isinstance(b, BeamColumns):
-        beams = (b.token_ids, b.cum_logprobs, b.sequence_scores, b.finish_reasons)
-    else:
-        beams = (
-            [x.token_ids for x in b],
-            [x.cum_logprob for x in b],
-            [x.sequence_score for x in b],
-            [x.finish_reason for x in b],
-        )
+    b = BeamColumns.from_beams(res.beams)
+    beams = (b.token_ids, b.cum_logprobs, b.sequence_scores, b.finish_reasons)
     return (
         res.rid,
         beams,

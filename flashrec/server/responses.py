@@ -74,15 +74,10 @@ def _columns(beams: list[BeamResult] | BeamColumns, compact: bool = False) -> tu
     per value (~3.7 us per beam that way; ~2.7 by column, session 13). The engine's
     ``BeamColumns`` already hold the columns: no beam object is made. _NotPlain unless every
     value has the engine's plain type."""
-    if isinstance(beams, BeamColumns):
-        texts, reasons = beams.texts(), beams.finish_reasons
-        scores, cums, ids = beams.sequence_scores, beams.cum_logprobs, beams.token_ids
-    else:
-        texts = [b.text for b in beams]
-        reasons = [b.finish_reason for b in beams]
-        scores = [b.sequence_score for b in beams]
-        cums = [b.cum_logprob for b in beams]
-        ids = [b.token_ids for b in beams]
+    cols = BeamColumns.from_beams(beams)
+    texts = cols.texts() if cols is beams else [b.text for b in beams]  # each beam's own text
+    reasons, ids = cols.finish_reasons, cols.token_ids
+    scores, cums = cols.sequence_scores, cols.cum_logprobs
     if (
         {*map(type, texts), *map(type, reasons)} - {str}
         or {*map(type, scores), *map(type, cums)} - {float}

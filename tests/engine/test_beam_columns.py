@@ -43,6 +43,8 @@ def test_columns_read_as_the_list_of_beams():
         == GenResult("r", want, 10).completion_tokens
     )
     assert _cols("fixed").texts() == ["fixed"] * 3
+    back = BeamColumns.from_beams(want, text)
+    assert back == cols and back.texts() == cols.texts() and BeamColumns.from_beams(cols) is cols
     with pytest.raises(ValueError, match="different lengths"):
         BeamColumns([[1]], [0.0], [], ["stop"])
     assert BeamColumns([], [], [], []) == [] and not BeamColumns([], [], [], [])
