@@ -61,17 +61,37 @@ def test_beam_attention_kernel_matches_reference(kv_dtype, hq, hkv, d):
             torch.testing.assert_close(out.float(), ref.float(), atol=2e-2, rtol=2e-2)
 
 
+def _engine(path, **kw) -> Engine:
+    """An engine on the synthetic checkpoint at ``path``: 16 beams, decode graphs up to 128
+    rows, 256 batch slots (every test's shape); ``kw`` are the knobs under test."""
+    return Engine(
+        EngineConfig(
+            model_path=str(path), sid_vocab_file=str(path / "catalog.json"), device="cuda",
+            beam_width=16, cuda_graph_max_bs=128, batch_slots=256, **kw,
+        )
+    )  # fmt: skip
+
+
+def _bf16(quantization: str, backend: str) -> dict:
+    """bf16 activations with ``quantization``; FP8 weights come with the FP8 KV cache."""
+    kw = dict(dtype="bfloat16", quantization=quantization, attention_backend=backend)
+    if quantization == "fp8":
+        kw["kv_cache_dtype"] = "fp8_e4m3"
+    return kw
+
+
+def _batch_then_hit(eng: Engine) -> list:
+    """PROMPTS as one prefill batch, then a radix hit with new tokens (the third prompt's KV
+    is cached) beside a cold prompt in the next batch; the results of both."""
+    prompts = [eng.build_prompt(messages=p) for p in PROMPTS]
+    out = eng.generate([eng.new_request(p, n=16) for p in prompts])
+    ext = prompts[2] + prompts[0][-6:]
+    out += eng.generate([eng.new_request(ext, n=16), eng.new_request(prompts[0][:-3], n=8)])
+    return out
+
+
 def _run(path, prompts=None, ns=(1, 4, 16, 64), **kw):
-    cfg = EngineConfig(
-        model_path=str(path),
-        sid_vocab_file=str(path / "catalog.json"),
-        device="cuda",
-        beam_width=16,
-        cuda_graph_max_bs=128,
-        batch_slots=256,
-        **kw,
-    )
-    eng = Engine(cfg)
+    eng = _engine(path, **kw)
     reqs = [
         eng.new_request(eng.build_prompt(messages=p), n=n) for p in prompts or PROMPTS for n in ns
     ]
@@ -286,12 +306,7 @@ def test_flashinfer_backend_equals_torch_backend(synth_model, preset):
     path = synth_model(preset, catalog_size=2000, **_HD128)
     a = _run(path, dtype="bfloat16", quantization="none", attention_backend="torch",
              disable_cuda_graph=True)  # fmt: skip
-    cfg = EngineConfig(
-        model_path=str(path), sid_vocab_file=str(path / "catalog.json"), device="cuda",
-        beam_width=16, cuda_graph_max_bs=128, batch_slots=256, dtype="bfloat16",
-        quantization="none", attention_backend="flashinfer",
-    )  # fmt: skip
-    eng = Engine(cfg)
+    eng = _engine(path, **_bf16("none", "flashinfer"))
     assert eng.runner.attention_backend == "flashinfer"
     for _ in range(2):  # second pass: every prompt hits the radix cache
         reqs = [
@@ -310,13 +325,7 @@ def test_flashinfer_fp8_kv_cold_prefill_equals_warm_hit(synth_model):
     Both must see the same values: the same beams, and the fp8 kernel path actually taken."""
     _flashinfer_or_skip()
     path = synth_model("tiny", catalog_size=2000, **_HD128)
-    cfg = EngineConfig(
-        model_path=str(path), sid_vocab_file=str(path / "catalog.json"),
-        device="cuda", beam_width=16, cuda_graph_max_bs=128, batch_slots=256,
-        dtype="bfloat16", quantization="fp8", kv_cache_dtype="fp8_e4m3",
-        attention_backend="flashinfer",
-    )  # fmt: skip
-    eng = Engine(cfg)
+    eng = _engine(path, **_bf16("fp8", "flashinfer"))
     assert eng.runner._prefill_reads_qkv
     runs = []
     for _ in range(2):  # cold, then every prompt hits the radix cache
@@ -354,12 +363,9 @@ def test_at_most_one_host_sync_per_step(synth_model, step_graph):
     import warnings
 
     path = synth_model("tiny", catalog_size=2000, **_HD128)
-    eng = Engine(
-        EngineConfig(
-            model_path=str(path), sid_vocab_file=str(path / "catalog.json"), device="cuda",
-            beam_width=16, cuda_graph_max_bs=128, batch_slots=256, dtype="bfloat16",
-            quantization="fp8", kv_cache_dtype="fp8_e4m3", enable_step_graph=step_graph,
-        )
+    eng = _engine(
+        path, dtype="bfloat16", quantization="fp8", kv_cache_dtype="fp8_e4m3",
+        enable_step_graph=step_graph,
     )  # fmt: skip
     prompts = [eng.build_prompt(messages=p) for p in PROMPTS]
     eng.generate([eng.new_request(p, n=16) for p in prompts])  # warm-up: pinned blocks, kernels
@@ -401,18 +407,9 @@ def test_prefill_graph_equals_eager_prefill(synth_model, quantization):
     (SDPA attention, padding in scratch slots); the beams match the eager prefill's. Both
     sides use the triton backend's SDPA prefill, so only capture and padding differ."""
     path = synth_model("tiny", catalog_size=2000, **_HD128)
-    kw = dict(dtype="bfloat16", quantization=quantization, attention_backend="triton")
-    if quantization == "fp8":
-        kw["kv_cache_dtype"] = "fp8_e4m3"
     runs = []
     for max_tokens in (0, 512):
-        eng = Engine(
-            EngineConfig(
-                model_path=str(path), sid_vocab_file=str(path / "catalog.json"), device="cuda",
-                beam_width=16, cuda_graph_max_bs=128, batch_slots=256,
-                prefill_graph_max_tokens=max_tokens, **kw,
-            )
-        )  # fmt: skip
+        eng = _engine(path, prefill_graph_max_tokens=max_tokens, **_bf16(quantization, "triton"))
         if max_tokens:
             assert eng.runner.prefill_graphs.graphs  # captured
         out = []
@@ -442,28 +439,18 @@ def test_piecewise_prefill_equals_eager_prefill(synth_model, quantization, backe
     if backend == "flashinfer":
         _flashinfer_or_skip()
     path = synth_model("tiny", catalog_size=2000, **_HD128)
-    kw = dict(dtype="bfloat16", quantization=quantization, attention_backend=backend)
-    if quantization == "fp8":
-        kw["kv_cache_dtype"] = "fp8_e4m3"
     runs = []
     for top in (0, 1024):
-        eng = Engine(
-            EngineConfig(
-                model_path=str(path), sid_vocab_file=str(path / "catalog.json"), device="cuda",
-                beam_width=16, cuda_graph_max_bs=128, batch_slots=256,
-                prefill_graph_max_tokens=0, piecewise_prefill_max_tokens=top, **kw,
-            )
+        eng = _engine(
+            path, prefill_graph_max_tokens=0, piecewise_prefill_max_tokens=top,
+            **_bf16(quantization, backend),
         )  # fmt: skip
         used: list[list[int]] = []
         if top:
             pw = eng.runner.piecewise
             assert len(pw.graphs) == len(pw.sizes)  # captured, every bucket
             _record_prefix_lens(pw, used)
-        prompts = [eng.build_prompt(messages=p) for p in PROMPTS]
-        out = eng.generate([eng.new_request(p, n=16) for p in prompts])  # one batch
-        ext = prompts[2] + prompts[0][-6:]  # the third prompt's KV is cached: a radix hit
-        out += eng.generate([eng.new_request(ext, n=16), eng.new_request(prompts[0][:-3], n=8)])
-        runs.append(out)
+        runs.append(_batch_then_hit(eng))
         if top:
             assert len(used) == 2 and used[0] == [0, 0, 0]
             assert used[1][0] > 0  # the cached prefix went through the pieces
@@ -480,33 +467,23 @@ def test_prefill_last_rows_equals_the_whole_last_layer(synth_model, quantization
     if backend == "flashinfer":
         _flashinfer_or_skip()
     path = synth_model("tiny", catalog_size=2000, **_HD128)
-    kw = dict(dtype="bfloat16", quantization=quantization, attention_backend=backend)
-    if quantization == "fp8":
-        kw["kv_cache_dtype"] = "fp8_e4m3"
     for top in (0, 1024):  # eager prefill, then the piecewise graphs
         runs = []
         for last_rows in (False, True):
-            eng = Engine(
-                EngineConfig(
-                    model_path=str(path), sid_vocab_file=str(path / "catalog.json"),
-                    device="cuda", beam_width=16, cuda_graph_max_bs=128, batch_slots=256,
-                    prefill_graph_max_tokens=0, piecewise_prefill_max_tokens=top,
-                    enable_prefill_last_rows=last_rows, **kw,
-                )
+            eng = _engine(
+                path, prefill_graph_max_tokens=0, piecewise_prefill_max_tokens=top,
+                enable_prefill_last_rows=last_rows, **_bf16(quantization, backend),
             )  # fmt: skip
             rows: list[int] = []
             eng.runner.model.layers[-1].mlp.register_forward_hook(
                 lambda _m, args, _o, rows=rows: rows.append(args[0].shape[0])
             )
-            prompts = [eng.build_prompt(messages=p) for p in PROMPTS]
-            out = eng.generate([eng.new_request(p, n=16) for p in prompts])  # one batch
-            ext = prompts[2] + prompts[0][-6:]
-            out += eng.generate([eng.new_request(ext, n=16), eng.new_request(prompts[0][:-3], n=8)])
-            runs.append(out)
+            runs.append(_batch_then_hit(eng))
             # eager: the first forward is the three-prompt prefill (graph replays call no
             # hook; the pieces' rows are checked on CPU, tests/engine/test_last_rows.py)
             if not top:
-                assert rows[0] == 3 if last_rows else rows[0] >= sum(len(p) for p in prompts)
+                prompt_tokens = sum(len(eng.build_prompt(messages=p)) for p in PROMPTS)
+                assert rows[0] == 3 if last_rows else rows[0] >= prompt_tokens
         _similar(runs[0], runs[1], tol=5e-2 if quantization == "none" else 0.1, overlap=0.9)
 
 
@@ -527,13 +504,9 @@ def test_eager_prefill_compiles_no_kernel_variant_per_batch_size(synth_model):
     from flashrec.kernels.tl.qk_rope import qk_norm_rope_store_kernel
 
     path = synth_model("tiny", catalog_size=2000, **_HD128)
-    eng = Engine(
-        EngineConfig(
-            model_path=str(path), sid_vocab_file=str(path / "catalog.json"), device="cuda",
-            dtype="bfloat16", beam_width=16, cuda_graph_max_bs=128, batch_slots=256,
-            prefill_graph_max_tokens=0, piecewise_prefill_max_tokens=0,
-            enable_prefix_cache=False,
-        )
+    eng = _engine(
+        path, dtype="bfloat16", prefill_graph_max_tokens=0, piecewise_prefill_max_tokens=0,
+        enable_prefix_cache=False,
     )  # fmt: skip
     p = eng.build_prompt(messages=PROMPTS[1])
     eng.generate([eng.new_request(p, n=4)])
@@ -552,13 +525,9 @@ def test_eager_sdpa_prefill_launches_no_cudnn_kernel(synth_model):
     from torch.profiler import ProfilerActivity, profile
 
     path = synth_model("tiny", catalog_size=2000, **_HD128)
-    eng = Engine(
-        EngineConfig(
-            model_path=str(path), sid_vocab_file=str(path / "catalog.json"), device="cuda",
-            dtype="bfloat16", beam_width=16, cuda_graph_max_bs=128, batch_slots=256,
-            attention_backend="triton", prefill_graph_max_tokens=0,
-            piecewise_prefill_max_tokens=0, enable_prefix_cache=False,
-        )
+    eng = _engine(
+        path, dtype="bfloat16", attention_backend="triton", prefill_graph_max_tokens=0,
+        piecewise_prefill_max_tokens=0, enable_prefix_cache=False,
     )  # fmt: skip
     p = eng.build_prompt(messages=PROMPTS[1])
     eng.generate([eng.new_request(p, n=4)])
@@ -576,12 +545,7 @@ def test_gpu_defaults_capture_the_whole_step(synth_model):
     """On a GPU the defaults capture decode graphs at multiples of --beam-width, the whole-step
     graph at the sizes that hold whole requests, and both prefill graph kinds."""
     path = synth_model("tiny", catalog_size=2000)
-    eng = Engine(
-        EngineConfig(
-            model_path=str(path), sid_vocab_file=str(path / "catalog.json"), device="cuda",
-            beam_width=16, cuda_graph_max_bs=128, batch_slots=256, dtype="bfloat16",
-        )
-    )  # fmt: skip
+    eng = _engine(path, dtype="bfloat16")
     eff = eng.server_info()["effective"]
     assert eff["cuda_graphs"] is True and eff["step_graph"] is True
     assert eff["decode_graph_sizes"] == [16 * k for k in range(1, 9)]
@@ -605,12 +569,8 @@ def test_overlap_results_same_beams_on_gpu(synth_model):
     path = synth_model("tiny", catalog_size=2000)
     runs = []
     for overlap in (False, True):
-        eng = Engine(
-            EngineConfig(
-                model_path=str(path), sid_vocab_file=str(path / "catalog.json"), device="cuda",
-                beam_width=16, cuda_graph_max_bs=128, batch_slots=256, dtype="bfloat16",
-                enable_prefix_cache=False, overlap_results=overlap,
-            )
+        eng = _engine(
+            path, dtype="bfloat16", enable_prefix_cache=False, overlap_results=overlap
         )  # fmt: skip
         reqs = [eng.new_request(eng.build_prompt(messages=p), n=16) for p in PROMPTS * 2]
         pending, got, step = list(reqs), {}, 0
