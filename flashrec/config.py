@@ -151,7 +151,10 @@ class EngineConfig:
     batch_slots: int | None = _opt(
         None, "beam-row slot budget shared by all running requests (default: --cuda-graph-max-bs)"
     )
-    cuda_graph_max_bs: int = _opt(800, "largest decode batch (beam rows) captured as a CUDA graph")
+    cuda_graph_max_bs: int = _opt(
+        800,
+        "largest decode batch (beam rows) captured as a CUDA graph; wider decode batches run as several replays of whole requests, and only a request with n above it decodes eagerly (logged, counted in /metrics)",
+    )
     decode_max_splits: int = _opt(
         8,
         "most prompt splits (split-K) of the GPU beam-decode attention on narrow batches (1-8; 1 = never split)",

@@ -69,7 +69,7 @@ ZH = {
     "length_penalty": "sequence_score = cum_logprob / gen_len ** length_penalty",
     "beam_width": "默认 beam 宽度 n（请求中的 n 覆盖它）；也是 CUDA graph 捕获的单位",
     "batch_slots": "所有运行中请求共享的 beam 行槽位预算（默认 = --cuda-graph-max-bs）",
-    "cuda_graph_max_bs": "以 CUDA graph 捕获的最大 decode 批（beam 行数）",
+    "cuda_graph_max_bs": "以 CUDA graph 捕获的最大 decode 批（beam 行数）；更宽的 decode 批拆成若干次整请求的 graph replay，只有 n 超过它的请求才 eager decode（有日志，并计入 /metrics）",
     "disable_cuda_graph": "decode 走 eager（从不静默回退）",
     "prefix_cache_min_match": "radix 匹配短于该 token 数时不使用：prompt 整段 prefill（如 chat template 开头这类很短的共享前缀，从 pool 按层、按整个 batch gather 的代价高于重算）",
     "piecewise_prefill_max_tokens": "不走整段 prefill graph、新 token 数不超过该值的 prefill 批（任意条 prompt，至多 256 条，含缓存前缀）重放分段 CUDA graph：每层除 attention 以外的部分各一张 graph，按 token 桶（步长 256 / 512 / 1,024）捕获，attention 在两段之间以 eager 方式只在真实 token 上运行（padding token 写入预留的 scratch 槽位）。把 eager prefill 每层约 10 次 launch 降为一次重放加一次 attention 调用；代价是每层三次拷贝和 padding。0 = 关闭；不超过 --max-prefill-tokens；默认：捕获 CUDA graph 时（GPU 且未 --disable-cuda-graph）为 8192，CPU 上为 0。CPU 上设非零值时同一组 padding 分段以 eager 运行",

@@ -107,6 +107,8 @@ class EngineLoop:
             "prompt_tokens_total": s.stats.prompt_tokens_total,
             "steps_total": s.stats.steps_total,
             "batch_failures_total": s.stats.batch_failures_total,
+            "decode_graph_forwards_total": s.runner.decode_forwards["graph"],
+            "decode_eager_forwards_total": s.runner.decode_forwards["eager"],
         }
         with self._cond:
             self._snapshot = snap

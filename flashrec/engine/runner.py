@@ -130,11 +130,23 @@ class ModelRunner:
             step = StaticStep(self.lm_head, trie, layout, depth, self.device)
             self.step = step if step.usable else None
         self.graphs = None
+        # decode forwards by how they ran (graph replays, eager): /metrics and the harness
+        # show them, so a decode that left the graphs is never silent
+        self.decode_forwards = {"graph": 0, "eager": 0}
+        self._eager_widths_logged: set[int] = set()
         if config.graphs_on:
             from flashrec.engine.graph import DecodeGraphRunner
 
             self.graphs = DecodeGraphRunner(self, BLOCK_M)
             self.graphs.capture()
+            top = self.graphs.sizes[-1]
+            if self.kv.row_slots > top:
+                log.info(
+                    "decode batches wider than %d rows (--cuda-graph-max-bs) run as several "
+                    "graph replays of whole requests (--batch-slots %d); a request with n > %d "
+                    "decodes eagerly",
+                    top, self.kv.row_slots, top,
+                )  # fmt: skip
         self.prefill_graphs = None
         self.piecewise = None
         max_tokens = config.resolved_prefill_graph_max_tokens
@@ -318,10 +330,27 @@ class ModelRunner:
         with trace_range("flashrec.decode"):
             return self._head(self._decode_forward(input_ids, meta), meta.groups, levels)
 
+    @property
+    def decode_rows_limit(self) -> int | None:
+        """The widest decode batch one graph replay holds (None: no decode graphs); the
+        scheduler cuts wider batches into batches of whole requests up to it."""
+        return self.graphs.sizes[-1] if self.graphs is not None else None
+
     def _decode_forward(self, input_ids: torch.Tensor, meta: DecodeMeta) -> torch.Tensor:
-        """The model forward over the beam rows: a graph replay where one fits, else eager."""
-        if self.graphs is not None and self.graphs.fits(input_ids.shape[0]):
+        """The model forward over the beam rows: a graph replay where one fits, else eager
+        (with graphs captured: logged once per width, counted in ``decode_forwards``)."""
+        rows = input_ids.shape[0]
+        if self.graphs is not None and self.graphs.fits(rows):
+            self.decode_forwards["graph"] += 1
             return self.graphs.run(input_ids, meta)
+        self.decode_forwards["eager"] += 1
+        if self.graphs is not None and rows not in self._eager_widths_logged:
+            self._eager_widths_logged.add(rows)
+            log.warning(
+                "a decode batch of %d rows runs eagerly: the largest decode graph holds %d "
+                "(raise --cuda-graph-max-bs to the widest request's n, or lower the request's n)",
+                rows, self.graphs.sizes[-1],
+            )  # fmt: skip
         return self.model(input_ids, meta.positions, meta, self.ctx)
 
     def step_batch_ok(self, widths: list[int], levels: list[int], greedy: bool) -> bool:
@@ -347,6 +376,7 @@ class ModelRunner:
         The decode KV is reordered by parent inside. Returns views the next call overwrites."""
         with trace_range("flashrec.decode_step"):
             if self.graphs is not None and self.graphs.has_step(input_ids.shape[0]):
+                self.decode_forwards["graph"] += 1
                 return self.graphs.run_step(input_ids, meta, levels, cum, nodes)
             out = self.step.run(self._decode_forward(input_ids, meta), levels, cum, nodes)
             reorder_rows(self.kv, meta.rows, out.parents)

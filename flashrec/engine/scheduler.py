@@ -306,6 +306,14 @@ class Scheduler:
         # requests at the same level side by side: one LM-head product per level
         order = sorted(range(len(batch)), key=lambda i: batch[i].generated)
         batch, groups = [batch[i] for i in order], [groups[i] for i in order]
+        out: list[tuple[GenRequest, GenResult | Exception]] = []
+        for a, b in _row_chunks([st.req.n for st in batch], self.runner.decode_rows_limit):
+            out.extend(self._decode_batch(batch[a:b], groups[a:b]))
+        return out
+
+    def _decode_batch(self, batch: list[ReqState], groups: list) -> list:
+        """One decode forward (a graph replay where the rows fit one) over ``batch``, ordered
+        by level; a failure fails these requests only."""
         try:
             meta = self.runner.decode_meta(groups)
             input_ids = torch.cat([st.tokens[:, -1] for st in batch])
@@ -535,6 +543,23 @@ def _extend_histories(states: list[ReqState], parents, new_tok) -> torch.Tensor:
     prev = torch.stack([st.tokens for st in states])  # [b, n, g]
     par = parents[:, :, None].expand(-1, -1, prev.shape[2])
     return torch.cat([prev.gather(1, par), new_tok[:, :, None]], dim=2)
+
+
+def _row_chunks(widths: list[int], limit: int | None) -> list[tuple[int, int]]:
+    """``[a, b)`` runs of consecutive requests whose beam rows (``widths``) add up to at most
+    ``limit`` (None: one run of all); a request wider than ``limit`` runs alone. Requests are
+    never split: a request's beams expand together."""
+    if limit is None:
+        return [(0, len(widths))] if widths else []
+    runs, a, rows = [], 0, 0
+    for i, w in enumerate(widths):
+        if i > a and rows + w > limit:
+            runs.append((a, i))
+            a, rows = i, 0
+        rows += w
+    if widths:
+        runs.append((a, len(widths)))
+    return runs
 
 
 def _by_shape(items, key) -> list[list]:

@@ -54,6 +54,19 @@ ENGINE_METRICS = (
     ),
     ("steps_total", "flashrec_engine_steps_total", "counter", "Engine steps run."),
     (
+        "decode_graph_forwards_total",
+        "flashrec_decode_graph_forwards_total",
+        "counter",
+        "Decode forwards run as a CUDA-graph replay.",
+    ),
+    (
+        "decode_eager_forwards_total",
+        "flashrec_decode_eager_forwards_total",
+        "counter",
+        "Decode forwards run eagerly (always on CPU or with --disable-cuda-graph; with graphs, "
+        "a request wider than the largest decode graph).",
+    ),
+    (
         "batch_failures_total",
         "flashrec_batch_failures_total",
         "counter",

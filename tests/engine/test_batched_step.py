@@ -12,13 +12,14 @@ from flashrec.engine.engine import Engine
 WIDTHS = (3, 8, 8, 16, 3, 8, 1, 16)
 
 
-def _engine(model_dir) -> Engine:
+def _engine(model_dir, **kw) -> Engine:
     return Engine(
         EngineConfig(
             model_path=str(model_dir),
             sid_vocab_file=str(model_dir / "catalog.json"),
             batch_slots=256,
             enable_prefix_cache=False,
+            **kw,
         )
     )
 
@@ -77,4 +78,54 @@ def test_mixed_batches_equal_each_request_alone(staggered, tiny_model):
         got = done[req.rid]
         assert [b.token_ids for b in got.beams] == [b.token_ids for b in want.beams]
         for a, b in zip(got.beams, want.beams):
+            assert abs(a.cum_logprob - b.cum_logprob) <= 1e-4
+
+
+@pytest.mark.parametrize(
+    "widths,limit,runs",
+    [
+        ([], 32, []),
+        ([8, 8, 16], None, [(0, 3)]),
+        ([8, 8, 16], 32, [(0, 3)]),
+        ([8, 8, 16, 3], 32, [(0, 3), (3, 4)]),
+        ([16, 16, 16, 16, 16], 32, [(0, 2), (2, 4), (4, 5)]),
+        ([3, 64, 3, 3], 32, [(0, 1), (1, 2), (2, 4)]),  # wider than the limit: alone
+        ([64], 32, [(0, 1)]),
+    ],
+)
+def test_row_chunks_cut_whole_requests_up_to_the_limit(widths, limit, runs):
+    from flashrec.engine.scheduler import _row_chunks
+
+    assert _row_chunks(widths, limit) == runs
+    for a, b in runs:  # every run fits, unless it is one request wider than the limit
+        assert limit is None or sum(widths[a:b]) <= limit or b - a == 1
+
+
+@pytest.mark.parametrize("static", [False, True])
+def test_decode_wider_than_the_graphs_runs_as_whole_request_batches(
+    tiny_model, monkeypatch, static
+):
+    """Decode batches wider than the largest decode graph (``decode_rows_limit``; CPU has no
+    graphs, so the limit is set here) are cut into batches of whole requests, each one
+    forward; every request's beams equal the uncut run's. ``static``: every request has the
+    beam width, so each cut batch runs the whole static step (``decode_step``)."""
+    from flashrec.engine.runner import ModelRunner
+
+    widths, kw = ((8,) * 6, {"beam_width": 8}) if static else ((8, 16, 8, 3, 16, 8), {})
+    base = _engine(tiny_model, **kw)
+    want = base.generate([base.new_request(_prompt(base, i), n=n) for i, n in enumerate(widths)])
+    assert base.runner.decode_forwards == {"graph": 0, "eager": 2}  # two levels after prefill
+
+    monkeypatch.setattr(ModelRunner, "decode_rows_limit", property(lambda self: 24))
+    eng = _engine(tiny_model, **kw)
+    rows: list[int] = []
+    orig = eng.runner._decode_forward
+    eng.runner._decode_forward = lambda ids, meta: rows.append(ids.shape[0]) or orig(ids, meta)
+    got = eng.generate([eng.new_request(_prompt(eng, i), n=n) for i, n in enumerate(widths)])
+    # per level: [8, 16] [8, 3] [16, 8], or three runs of [8, 8, 8]: <= 24 rows each, twice
+    assert rows == ([24, 24] if static else [24, 11, 24]) * 2
+    assert eng.runner.decode_forwards["eager"] == len(rows)
+    for g, w in zip(got, want):
+        assert [b.token_ids for b in g.beams] == [b.token_ids for b in w.beams]
+        for a, b in zip(g.beams, w.beams):
             assert abs(a.cum_logprob - b.cum_logprob) <= 1e-4

@@ -63,11 +63,13 @@ def test_beam_attention_kernel_matches_reference(kv_dtype, hq, hkv, d):
 
 def _engine(path, **kw) -> Engine:
     """An engine on the synthetic checkpoint at ``path``: 16 beams, decode graphs up to 128
-    rows, 256 batch slots (every test's shape); ``kw`` are the knobs under test."""
+    rows, 256 batch slots (every test's shape unless ``kw`` says otherwise); ``kw`` are the
+    knobs under test."""
+    shape = dict(beam_width=16, cuda_graph_max_bs=128, batch_slots=256)
     return Engine(
         EngineConfig(
             model_path=str(path), sid_vocab_file=str(path / "catalog.json"), device="cuda",
-            beam_width=16, cuda_graph_max_bs=128, batch_slots=256, **kw,
+            **{**shape, **kw},
         )
     )  # fmt: skip
 
@@ -587,3 +589,26 @@ def test_overlap_results_same_beams_on_gpu(synth_model):
         assert [x.sequence_score for x in a.beams] == [x.sequence_score for x in b.beams]
         assert s_on - s_off in (0, 1)
     assert any(s_on > s_off for (s_off, _), (s_on, _) in zip(*runs))
+
+
+def test_decode_wider_than_the_largest_graph_replays_in_parts(synth_model, caplog):
+    """--batch-slots above --cuda-graph-max-bs: a decode batch wider than the largest graph
+    runs as graph replays of whole requests (never eagerly), with the beams of a run whose
+    graphs hold the whole batch; only a request wider than every graph decodes eagerly, and
+    that is logged and counted."""
+    path = synth_model("tiny", catalog_size=2000)
+    reqs = [(p, 16) for p in PROMPTS * 2]  # 6 x 16 = 96 rows per decode step
+    runs = []
+    for top in (128, 32):
+        eng = _engine(path, dtype="bfloat16", cuda_graph_max_bs=top, enable_prefix_cache=False)
+        assert eng.runner.decode_rows_limit == top
+        out = eng.generate([eng.new_request(eng.build_prompt(messages=p), n=n) for p, n in reqs])
+        assert eng.runner.decode_forwards["eager"] == 0
+        # two decode levels: one replay each at 128 rows, three (of 32 rows) at 32
+        assert eng.runner.decode_forwards["graph"] == (2 if top == 128 else 6)
+        runs.append(out)
+    _similar(runs[0], runs[1], tol=5e-2, overlap=0.9)
+    with caplog.at_level("WARNING", logger="flashrec"):
+        wide = eng.generate([eng.new_request(eng.build_prompt(messages=PROMPTS[0]), n=64)])
+    assert wide[0].beams and eng.runner.decode_forwards["eager"] == 2
+    assert "runs eagerly" in caplog.text

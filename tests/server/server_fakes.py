@@ -53,6 +53,10 @@ class FakeScheduler:
             steps_total=0, prompt_tokens_total=0, prefix_hit_tokens_total=0, batch_failures_total=0
         )
     )
+    # no model forwards: the decode counters stay at 0
+    runner: SimpleNamespace = field(
+        default_factory=lambda: SimpleNamespace(decode_forwards={"graph": 0, "eager": 0})
+    )
     radix: None = None
     step_delay_s: float = 0.0
     kv_reserved_tokens: int = 0  # no prefill graphs: nothing reserved

@@ -202,3 +202,16 @@ def test_server_timing_header_splits_the_request(real: ServerThread) -> None:
         assert set(t) == {"tokenize", "queue", "engine", "respond"}, r.headers["Server-Timing"]
         assert min(t.values()) >= 0 and t["engine"] > 0
         assert sum(t.values()) <= wall_ms
+
+
+def test_metrics_count_decode_forwards_by_mode(real: ServerThread) -> None:
+    """On CPU every decode forward is eager (no graphs); /metrics counts them, and a 3-level
+    catalog's request adds one forward per level after the prefill's."""
+    before = real.metrics()
+    r = real.post("/v1/chat/completions", {"messages": user("count my forwards"), "n": 2})
+    assert r.status_code == 200
+    after = real.metrics()
+    eager = "flashrec_decode_eager_forwards_total"
+    depth = real.engine.depth
+    assert after[eager] - before[eager] == depth - 1
+    assert after["flashrec_decode_graph_forwards_total"] == 0
