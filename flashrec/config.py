@@ -20,6 +20,30 @@ def _opt(default: Any, help: str, choices: tuple | None = None, flag: bool = Fal
     return field(default=default, metadata={"help": help, "choices": choices, "flag": flag})
 
 
+def _check_full_attention(cfg: dict) -> None:
+    """ValueError for a config whose layers attend through a sliding window (Qwen2 / Qwen3's
+    ``use_sliding_window`` from layer ``max_window_layers`` on, or ``layer_types``): every
+    FlashRec attention path attends to the whole prompt, so serving it would silently change
+    the model. A window at least ``max_position_embeddings`` wide never cuts anything."""
+    layers = int(cfg["num_hidden_layers"])
+    window = cfg.get("sliding_window")
+    types = cfg.get("layer_types")
+    if types:
+        sliding = [i for i, t in enumerate(types) if t == "sliding_attention"]
+    elif cfg.get("use_sliding_window") and window is not None:
+        first = int(cfg.get("max_window_layers", 0) or 0)
+        sliding = list(range(min(first, layers), layers))
+    else:
+        sliding = []
+    longest = int(cfg.get("max_position_embeddings", 32768))
+    if sliding and (window is None or int(window) < longest):
+        raise ValueError(
+            f"sliding-window attention (sliding_window={window}, layers {sliding[0]}.."
+            f"{sliding[-1]}) is not supported: FlashRec attends to the whole prompt in every "
+            "layer; set use_sliding_window=false if the model was trained without it"
+        )
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """The architecture fields the engine needs, parsed from a HF ``config.json``."""
@@ -80,6 +104,7 @@ class ModelConfig:
         scaling = cfg.get("rope_scaling")
         if scaling and scaling.get("rope_type", scaling.get("type")) not in (None, "default"):
             raise ValueError(f"rope_scaling {scaling!r} is not supported")
+        _check_full_attention(cfg)
         return cls(
             architecture=archs[0],
             hidden_size=hidden,

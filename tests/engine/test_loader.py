@@ -143,6 +143,36 @@ def test_unknown_architecture_lists_supported(tiny_model, tmp_path):
         _engine(d)
 
 
+@pytest.mark.parametrize(
+    "edit,refused",
+    [
+        ({"use_sliding_window": True, "sliding_window": 64, "max_window_layers": 1}, True),
+        ({"layer_types": ["full_attention", "sliding_attention"], "sliding_window": 64}, True),
+        ({"use_sliding_window": False, "sliding_window": 64}, False),  # Qwen2.5's configs
+        ({"use_sliding_window": True, "sliding_window": 64, "max_window_layers": 99}, False),
+        # a window as wide as every position never cuts anything
+        ({"use_sliding_window": True, "sliding_window": 1 << 20, "max_window_layers": 0}, False),
+    ],
+)
+def test_sliding_window_configs_are_refused(tiny_model, tmp_path, edit, refused):
+    """Every attention path attends to the whole prompt: a config with windowed layers is
+    refused at load (naming the layers), never served as full attention."""
+    import json
+
+    from flashrec.config import ModelConfig
+
+    cfg = json.loads((tiny_model / "config.json").read_text())
+    cfg.pop("layer_types", None)
+    cfg["num_hidden_layers"] = 2
+    cfg["max_position_embeddings"] = 4096
+    cfg.update(edit)
+    if refused:
+        with pytest.raises(ValueError, match=r"sliding-window attention .*layers 1\.\.1"):
+            ModelConfig.from_dict(cfg)
+    else:
+        assert ModelConfig.from_dict(cfg).num_hidden_layers == 2
+
+
 def test_qwen2_biases_and_llama_without_qk_norm(synth_model):
     q2 = synth_model("tiny-qwen2", catalog_size=200)
     eng = _engine(q2)
