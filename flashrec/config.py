@@ -80,6 +80,16 @@ class ModelConfig:
         qc = self.quantization_config or {}
         return str(qc.get("quant_method", "")).lower() == "fp8"
 
+    @property
+    def fp8_block_size(self) -> tuple[int, int] | None:
+        """An FP8 checkpoint's ``weight_block_size`` (block-wise weight scales), if any."""
+        size = (self.quantization_config or {}).get("weight_block_size")
+        if not size:
+            return None
+        if len(size) != 2 or any(int(b) < 1 for b in size):
+            raise ValueError(f"quantization_config.weight_block_size {size!r} is not [rows, cols]")
+        return int(size[0]), int(size[1])
+
     def kv_bytes_per_token(self, dtype_size: int) -> int:
         """Bytes of K and V for one token over all layers."""
         return 2 * self.num_key_value_heads * self.head_dim * self.num_hidden_layers * dtype_size

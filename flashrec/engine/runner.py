@@ -81,6 +81,7 @@ class ModelRunner:
             self.dtype,
             quantize_fp8=self.use_fp8 and not model_config.is_fp8_checkpoint,
             dequantize_fp8=model_config.is_fp8_checkpoint and not self.use_fp8,
+            block_size=model_config.fp8_block_size,
         )
         del tensors
         self.model = model.to(self.device).eval()

@@ -3,8 +3,12 @@
     q_proj, k_proj, v_proj -> qkv_proj (concatenated along the output dim, in that order)
     gate_proj, up_proj     -> gate_up_proj
 FP8 checkpoints: ``<name>.weight_scale`` (or ``weight_scale_inv``) per output channel is
-concatenated alongside its weight, never requantized. ``quantize_fp8`` quantizes unquantized
-decoder weights per channel on load. Missing, unexpected or mis-shaped tensors fail loudly,
+concatenated alongside its weight, never requantized. Block-wise scales (``weight_block_size``,
+e.g. [128, 128]: one scale per block of the weight, as in Qwen3-*-FP8) are dequantized per
+block and requantized per output channel on load (or kept dequantized when FP8 is off), since
+the GEMMs take one scale per channel. ``input_scale`` tensors (static activation scales) are
+dropped: activations are quantized per token at run time. ``quantize_fp8`` quantizes
+unquantized decoder weights per channel on load. Missing, unexpected or mis-shaped tensors fail loudly,
 naming the checkpoint tensor.
 """
 
@@ -30,6 +34,7 @@ PACKED_MODULES: dict[str, tuple[str, int, int]] = {
     "up_proj": ("gate_up_proj", 1, 2),
 }
 SCALE_SUFFIXES = (".weight_scale_inv", ".weight_scale")
+INPUT_SCALE_SUFFIX = ".input_scale"
 
 
 class CheckpointError(ValueError):
@@ -68,14 +73,25 @@ def load_weights(
     dtype: torch.dtype,
     quantize_fp8: bool = False,
     dequantize_fp8: bool = False,
+    block_size: tuple[int, int] | None = None,
 ) -> None:
-    """Load ``tensors`` (HF names) into ``model`` in place."""
+    """Load ``tensors`` (HF names) into ``model`` in place. ``block_size``: an FP8
+    checkpoint's ``weight_block_size`` (block-wise weight scales)."""
     scales = {}
     for name in list(tensors):
         for suf in SCALE_SUFFIXES:
             if name.endswith(suf):
                 scales[name[: -len(suf)] + ".weight"] = tensors.pop(name)
                 break
+    inputs = [n for n in tensors if n.endswith(INPUT_SCALE_SUFFIX)]
+    for name in inputs:
+        del tensors[name]
+    if inputs:
+        log.info(
+            "%d static activation scales (%s) ignored: activations are quantized per token at "
+            "run time", len(inputs), inputs[0],
+        )  # fmt: skip
+    _unblock(tensors, scales, dequantize_fp8, block_size)
     params = dict(model.named_parameters())
     linears = {n: m for n, m in model.named_modules() if isinstance(m, Linear)}
     pending: dict[str, dict[int, tuple[str, torch.Tensor, torch.Tensor | None]]] = {}
@@ -137,6 +153,67 @@ def load_weights(
         raise CheckpointError(
             f"missing tensor for parameter {missing[0]} ({len(missing)} missing in all)"
         )
+
+
+def _block_shape(
+    rows: int, cols: int, scale: torch.Tensor, name: str, block: tuple[int, int] | None
+) -> tuple[int, int] | None:
+    """The (rows, cols) block of a block-wise weight scale; None for a per-tensor or
+    per-channel one. A block-wise scale is a 2-D grid of ``ceil(rows / b0) x ceil(cols / b1)``
+    entries for the checkpoint's ``weight_block_size`` ``block`` = (b0, b1) (the last block
+    of each dimension may be partial); the grid alone does not fix the block size."""
+    if scale.numel() in (1, rows) and (scale.dim() < 2 or scale.shape[-1] == 1):
+        return None
+    if scale.dim() != 2:
+        raise CheckpointError(
+            f"{name}: weight_scale of shape {tuple(scale.shape)} is neither per-channel for "
+            f"{rows} rows nor a 2-D block grid"
+        )
+    if block is None:
+        raise CheckpointError(
+            f"{name}: block-wise weight_scale {tuple(scale.shape)} but config.json's "
+            "quantization_config has no weight_block_size"
+        )
+    b0, b1 = block
+    want = (-(-rows // b0), -(-cols // b1))
+    if tuple(scale.shape) != want:
+        raise CheckpointError(
+            f"{name}: weight_scale grid {tuple(scale.shape)} does not fit weight_block_size "
+            f"{list(block)} for a {rows} x {cols} weight (expected {want})"
+        )
+    return b0, b1
+
+
+def _unblock(
+    tensors: dict, scales: dict, dequantize_fp8: bool, block: tuple[int, int] | None
+) -> None:
+    """Block-wise scaled FP8 weights -> float32 weights dequantized block by block, then
+    (unless ``dequantize_fp8``) FP8 codes with one scale per output channel, in place."""
+    from flashrec.kernels.fp8 import FP8_DTYPE, quantize_weight_per_channel
+
+    done = 0
+    for name, scale in list(scales.items()):
+        w = tensors.get(name)
+        if w is None or w.dtype != FP8_DTYPE or w.dim() != 2:
+            continue
+        rows, cols = w.shape
+        shape = _block_shape(rows, cols, scale, name, block)
+        if shape is None:
+            continue
+        b0, b1 = shape
+        full = scale.float().repeat_interleave(b0, 0)[:rows].repeat_interleave(b1, 1)[:, :cols]
+        w32 = w.float() * full
+        if dequantize_fp8:
+            tensors[name] = w32
+            del scales[name]
+        else:
+            tensors[name], scales[name] = quantize_weight_per_channel(w32)
+        done += 1
+    if done:
+        log.info(
+            "%d FP8 weights with block-wise scales (blocks of %d x %d) %s", done, b0, b1,
+            "dequantized" if dequantize_fp8 else "requantized per output channel",
+        )  # fmt: skip
 
 
 def _cat_scales(parts, sc) -> torch.Tensor:

@@ -223,3 +223,110 @@ def test_prompt_builder_loads_a_tokenizer_it_cannot_copy(tiny_model, monkeypatch
     build = eng.prompt_builder()
     assert build.args[0] is not eng.tokenizer
     assert build(text="plain words") == eng.build_prompt(text="plain words")
+
+
+def _block_fp8(w: torch.Tensor, b0: int, b1: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Block-wise e4m3 quantization as in Qwen3-*-FP8 checkpoints: one float32 scale per
+    ``b0 x b1`` block (``weight_scale_inv``, multiplied to dequantize), partial edge blocks."""
+    rows, cols = w.shape
+    g0, g1 = -(-rows // b0), -(-cols // b1)
+    scale = torch.empty(g0, g1)
+    codes = torch.empty(rows, cols, dtype=torch.float8_e4m3fn)
+    for i in range(g0):
+        for j in range(g1):
+            blk = w[i * b0 : (i + 1) * b0, j * b1 : (j + 1) * b1].float()
+            s = blk.abs().amax().clamp(min=1e-12) / 448.0
+            scale[i, j] = s
+            codes[i * b0 : (i + 1) * b0, j * b1 : (j + 1) * b1] = (blk / s).to(torch.float8_e4m3fn)
+    return codes, scale
+
+
+@pytest.fixture(scope="module")
+def block_fp8_model(tiny_model, tmp_path_factory):
+    """The tiny checkpoint with every decoder projection in block-wise FP8 (blocks of 48 x 48:
+    partial edge blocks on the 64- and 128-wide dims) plus static input_scale tensors, and a
+    Qwen3-FP8-style quantization_config."""
+    import json
+
+    d = tmp_path_factory.mktemp("blockfp8")
+    for f in tiny_model.iterdir():
+        if f.name != "model.safetensors":
+            shutil.copy(f, d / f.name)
+    tensors = load_file(str(tiny_model / "model.safetensors"))
+    out = {}
+    for name, t in tensors.items():
+        if name.startswith("model.layers.") and name.endswith("_proj.weight"):
+            codes, scale = _block_fp8(t, 48, 48)
+            out[name] = codes
+            out[name[: -len("weight")] + "weight_scale_inv"] = scale
+            out[name[: -len("weight")] + "input_scale"] = torch.tensor(0.01)
+        else:
+            out[name] = t
+    save_file(out, str(d / "model.safetensors"))
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["quantization_config"] = {
+        "quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+        "weight_block_size": [48, 48],
+    }  # fmt: skip
+    (d / "config.json").write_text(json.dumps(cfg))
+    return d, out
+
+
+@pytest.mark.parametrize("quantization", [None, "none"])
+def test_block_wise_fp8_checkpoint_loads(tiny_model, block_fp8_model, quantization):
+    """A checkpoint with block-wise weight scales loads: FP8 (the default for an FP8
+    checkpoint) requantizes each weight per output channel from its block-dequantized values;
+    --quantization none keeps the block-dequantized values exactly. Both stay within the FP8
+    tolerance of the unquantized model."""
+    path, raw = block_fp8_model
+    kw = {} if quantization is None else {"quantization": quantization}
+    eng = _engine(path, **kw)
+    lin = eng.runner.model.layers[0].self_attn.o_proj
+    name = "model.layers.0.self_attn.o_proj.weight"
+    codes, scale = raw[name], raw["model.layers.0.self_attn.o_proj.weight_scale_inv"]
+    exact = codes.float() * scale.repeat_interleave(48, 0)[:64].repeat_interleave(48, 1)[:, :64]
+    assert lin.is_fp8 is (quantization is None)
+    if quantization is None:
+        assert lin.weight_scale.shape == (64, 1)  # one scale per output channel
+        # requantized per channel: within half an e4m3 step (2^-4 relative) of the blocks
+        err = (lin.dequantized_weight() - exact).abs()
+        assert (err <= exact.abs().amax(dim=1, keepdim=True) / 448.0 * 32 + 1e-6).all()
+        assert err.max() > 0  # really requantized, not the block codes reused as they are
+    else:
+        assert torch.equal(lin.weight.float(), exact.to(lin.weight.dtype).float())
+    ref = _scores(_engine(tiny_model))
+    got = _scores(eng)
+    assert got[0].token_ids == ref[0].token_ids
+    diff = sum(abs(a.sequence_score - b.sequence_score) for a, b in zip(got, ref)) / len(ref)
+    assert diff <= FP8_SCORE_TOL
+
+
+@pytest.mark.parametrize(
+    "grid,block,needle",
+    [
+        (
+            (3, 2),
+            [48, 48],
+            r"layers\.1\.mlp\.down_proj.*grid \(3, 2\) does not fit weight_block_size \[48, 48\]",
+        ),
+        ((2, 3), None, r"_proj\.weight: block-wise .* has no weight_block_size"),
+    ],
+)
+def test_block_scales_that_do_not_fit_name_the_tensor(
+    block_fp8_model, tmp_path, grid, block, needle
+):
+    """A 2 x 3 grid fits the 64 x 128 down_proj at [48, 48]; a 3 x 2 one does not. The grid alone
+    never decides the block size (64 rows in 2 blocks may be blocks of 32 or of 48)."""
+    import json
+
+    path, raw = block_fp8_model
+    d = tmp_path / "badgrid"
+    shutil.copytree(path, d)
+    name = "model.layers.1.mlp.down_proj.weight_scale_inv"
+    assert raw[name].shape == (2, 3)
+    save_file({**raw, name: torch.ones(grid)}, str(d / "model.safetensors"))
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["quantization_config"]["weight_block_size"] = block
+    (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointError, match=needle):
+        _engine(d)
