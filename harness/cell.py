@@ -26,7 +26,7 @@ from harness.cells import Cell
 from harness.client import Record, now
 from harness.load import Target, closed_loop, make_requests, prepare_radix, run_load
 from harness.server import Server, healthy
-from harness.server_metrics import gc_delta, scrape
+from harness.server_metrics import capacity_notes, gc_delta, scrape
 from harness.sids import SidChecker
 from harness.spec import MatrixSpec
 from harness.trace import (
@@ -173,6 +173,10 @@ async def _load(ctx, cell, target, reqs, rnd: int, phase: str, res: CellResult) 
         delta = gc_delta(before, after)
         if delta:
             res.server_rounds[rnd] = delta
+        c = cell.client
+        for note in capacity_notes(before, after, c.beam_width, c.concurrency):
+            if note not in res.notes:
+                res.notes.append(note)
 
 
 async def _traced_round(ctx, cell, target, reqs, prime, res: CellResult) -> None:

@@ -82,6 +82,50 @@ def gc_delta(before: dict[str, float] | None, after: dict[str, float] | None) ->
     return {k: v for k, v in out.items() if math.isfinite(v)}
 
 
+SLOTS_TOTAL = "flashrec_slots_total"
+EAGER_DECODE = "flashrec_decode_eager_forwards_total"
+GRAPH_DECODE = "flashrec_decode_graph_forwards_total"
+
+
+def capacity_notes(
+    before: dict[str, float] | None,
+    after: dict[str, float] | None,
+    beam_width: int,
+    concurrency: int,
+) -> list[str]:
+    """What the server's own counters say limited a round, as report notes:
+
+    - beam rows: ``beam_width x concurrency`` above the server's slot budget
+      (``flashrec_slots_total``, ``--batch-slots``) means fewer requests run at once than
+      the load sends; the rest wait in the queue, and wide-beam throughput stops rising with
+      concurrency;
+    - eager decode: forwards that ran eagerly on a server that also replayed decode graphs
+      (a request wider than ``--cuda-graph-max-bs``).
+
+    Servers without these families (another engine, an older FlashRec) give no notes."""
+    out: list[str] = []
+    slots = (after or {}).get(SLOTS_TOTAL)
+    rows = beam_width * concurrency
+    if slots is not None and slots > 0 and rows > slots:
+        fit = int(slots) // beam_width
+        out.append(
+            f"beam rows: n={beam_width} x concurrency {concurrency} = {rows} > the server's "
+            f"{int(slots)} slots (--batch-slots): at most {fit} request(s) run at once, the "
+            "rest queue; raise --batch-slots (and --cuda-graph-max-bs) to measure the "
+            "concurrency asked for"
+        )
+    if before and after:
+        b, a = _sum(before, EAGER_DECODE), _sum(after, EAGER_DECODE)
+        gb, ga = _sum(before, GRAPH_DECODE), _sum(after, GRAPH_DECODE)
+        if None not in (b, a, gb, ga) and a - b > 0 and ga - gb > 0:
+            out.append(
+                "eager decode: decode forwards ran eagerly beside graph replays in measured "
+                "rounds (requests wider than --cuda-graph-max-bs; the server's "
+                "flashrec_decode_eager_forwards_total counts them)"
+            )
+    return out
+
+
 def round_extra(server_rounds: dict[int, dict[str, float]]) -> Extra | None:
     """An ``Extra`` adding each round's server deltas (keyed by the records' round)."""
     if not server_rounds:

@@ -26,7 +26,8 @@ def test_smoke_matrix_on_flashrec(tmp_path, tiny_model, marker):
         "name": "flashrec-smoke",
         # the generate side runs its engine in a process of its own (the GPU default)
         "engines": [
-            {**engine, "name": "chat"},
+            # 4 slots: n=4 x concurrency 2 = 8 beam rows, so the report notes the queueing
+            {**engine, "name": "chat", "args": {**engine["args"], "batch_slots": 4}},
             {
                 **engine,
                 "name": "gen",
@@ -80,6 +81,11 @@ def test_smoke_matrix_on_flashrec(tmp_path, tiny_model, marker):
             # the pipe's own phase only where the engine runs in a process of its own
             assert ("server_ipc_ms_mean" in r) == c["id"].startswith("gen"), r
     assert cells["chat,beam_width=4,concurrency=1"]["metrics"]["cached_frac"]["median"] > 0
+    # the server's slot budget (from its /metrics) below the load's beam rows: noted, once
+    starved = [n for n in cells["chat,beam_width=4,concurrency=2"]["notes"] if "beam rows" in n]
+    assert len(starved) == 1 and "= 8 > the server's 4 slots" in starved[0], starved
+    for cell in ("chat,beam_width=4,concurrency=1", "gen,beam_width=4,concurrency=2"):
+        assert not [n for n in cells[cell]["notes"] if "beam rows" in n]
     for cell in ("chat,beam_width=4,concurrency=1", "gen,beam_width=4,concurrency=1"):
         trace = cells[cell]["trace"]  # the engine process's profile, too
         assert trace["status"] == "complete", trace

@@ -6,7 +6,13 @@ import math
 
 from harness.client import Record
 from harness.metrics import round_metrics
-from harness.server_metrics import chain, gc_delta, parse_prometheus, round_extra
+from harness.server_metrics import (
+    capacity_notes,
+    chain,
+    gc_delta,
+    parse_prometheus,
+    round_extra,
+)
 
 BEFORE = """# HELP flashrec_gc_pause_seconds_total x
 # TYPE flashrec_gc_pause_seconds_total counter
@@ -47,3 +53,22 @@ def test_round_extra_lands_in_its_round_only():
     assert "server_gc_pause_ms" not in m0 and m0["seen"] == -1.0
     assert m1["server_gc_pause_ms"] == 200.0 and m1["seen"] == 200.0  # later extras see it
     assert chain(None, None) is None and round_extra({}) is None
+
+
+def test_capacity_notes_name_a_slot_budget_below_the_load():
+    m = {"flashrec_slots_total": 1024.0}
+    (note,) = capacity_notes(m, m, beam_width=512, concurrency=8)
+    assert "512 x concurrency 8 = 4096 > the server's 1024 slots" in note
+    assert "at most 2 request(s) run at once" in note
+    assert capacity_notes(m, m, beam_width=128, concurrency=8) == []  # 1024 rows: fits
+    assert capacity_notes({}, {}, beam_width=512, concurrency=8) == []  # another engine
+
+
+def test_capacity_notes_name_eager_decode_beside_graph_replays():
+    b = {"flashrec_decode_eager_forwards_total": 0.0, "flashrec_decode_graph_forwards_total": 10.0}
+    a = {"flashrec_decode_eager_forwards_total": 2.0, "flashrec_decode_graph_forwards_total": 30.0}
+    (note,) = capacity_notes(b, a, beam_width=16, concurrency=1)
+    assert note.startswith("eager decode:")
+    assert capacity_notes(b, b, beam_width=16, concurrency=1) == []  # none in the round
+    cpu = {**a, "flashrec_decode_graph_forwards_total": 10.0}  # no graph replay: CPU / eager
+    assert capacity_notes(b, cpu, beam_width=16, concurrency=1) == []
