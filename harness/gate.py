@@ -178,7 +178,8 @@ WORKLOAD_FIELDS = ("kind", "path", "requests", "warmup_requests", "median_tokens
 
 def comparability(base: dict, new: dict) -> list[dict]:
     """What differs between two reports' runs that makes their numbers incomparable: the
-    model (its content hash), the workload and the load settings. Empty when nothing does (or
+    model (its content hash), the catalog (its file's hash), the workload and the load
+    settings. Empty when nothing does (or
     when a report lacks the field: older reports are not flagged)."""
     out: list[dict] = []
 
@@ -186,7 +187,9 @@ def comparability(base: dict, new: dict) -> list[dict]:
         if a is not None and b is not None and a != b:
             out.append({"field": field, "base": a, "new": b})
 
-    check("model.hash", (base.get("model") or {}).get("hash"), (new.get("model") or {}).get("hash"))
+    bmod, nmod = base.get("model") or {}, new.get("model") or {}
+    check("model.hash", bmod.get("hash"), nmod.get("hash"))
+    check("model.catalog_hash", bmod.get("catalog_hash"), nmod.get("catalog_hash"))
     bm, nm = base.get("matrix") or {}, new.get("matrix") or {}
     for section, fields in (("workload", WORKLOAD_FIELDS), ("load", LOAD_FIELDS)):
         bs, ns = bm.get(section) or {}, nm.get(section) or {}

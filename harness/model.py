@@ -34,6 +34,9 @@ class ResolvedModel:
     hash: str
     source: str  # "path", "preset" or "none"
     levels: int
+    # sha256 of the catalog file's bytes (first 20 hex digits); None without a catalog file.
+    # Two runs on different catalogs are not comparable even with the same model.
+    catalog_hash: str | None = None
 
 
 def cache_root() -> Path:
@@ -119,8 +122,26 @@ def _levels(spec: MatrixSpec, model_dir: Path | None) -> int:
     return DEFAULT_LEVELS
 
 
+def file_hash(path: str | Path | None) -> str | None:
+    """sha256 of a file's bytes (first 20 hex digits); None for no path or no such file."""
+    if not path or not Path(path).is_file():
+        return None
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()[:20]
+
+
 def resolve_model(spec: MatrixSpec, log=print) -> ResolvedModel:
     """Resolve ``model:`` and ``catalog:`` of a matrix (building a synthetic model if needed)."""
+    import dataclasses
+
+    found = _resolve_model(spec, log)
+    return dataclasses.replace(found, catalog_hash=file_hash(found.catalog))
+
+
+def _resolve_model(spec: MatrixSpec, log=print) -> ResolvedModel:
     catalog = spec.catalog.path if spec.catalog else None
     if spec.model is None:
         return ResolvedModel(None, catalog, "none", "none", _levels(spec, None))

@@ -76,11 +76,17 @@ def test_compare_lists_what_makes_two_runs_incomparable():
     assert compare_reports(base, new)["comparability"] == []
     new["matrix"]["load"]["rounds"] = 5  # rounds may differ
     assert compare_reports(base, new)["comparability"] == []
+    base["model"]["catalog_hash"] = "c1"
+    new["model"]["catalog_hash"] = "c1"
+    assert compare_reports(base, new)["comparability"] == []
     new["model"]["hash"] = "bbb"
+    new["model"]["catalog_hash"] = "c2"  # the same model on another catalog
     new["matrix"]["load"]["radix"] = "warm"
     new["matrix"]["workload"]["median_tokens"] = 1000
     diffs = compare_reports(base, new)["comparability"]
-    assert {d["field"] for d in diffs} == {"model.hash", "load.radix", "workload.median_tokens"}
+    assert {d["field"] for d in diffs} == {
+        "model.hash", "model.catalog_hash", "load.radix", "workload.median_tokens"
+    }  # fmt: skip
     assert {"field": "load.radix", "base": "cold", "new": "warm"} in diffs
     # an older report without those fields is not flagged
     assert compare_reports(report([1, 2], [1, 2]), new)["comparability"] == []

@@ -122,6 +122,11 @@ def test_renderer_matches_the_model_template(tmp_path, monkeypatch):
     info = tmp_path / "cache" / "models" / m.hash / "synth_info.json"
     stamp = info.stat().st_mtime_ns
     assert resolve_model(spec).path == m.path and info.stat().st_mtime_ns == stamp  # cached
+    # the catalog's own hash (compare flags two runs on different catalogs)
+    import hashlib
+
+    digest = hashlib.sha256(open(m.catalog, "rb").read()).hexdigest()[:20]
+    assert m.catalog_hash == digest
     msgs = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
     text = PromptRenderer(load_tokenizer(m.path)).render(msgs)
     assert text == builtin_template(msgs) + "<|sid_begin|>"
