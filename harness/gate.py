@@ -268,7 +268,19 @@ def resolve_path(report: dict, path: str) -> Any:
 def _absolute(gate: GateSpec, report: dict) -> dict:
     op = OPS[gate.op or "=="]
     checks, missing = [], []
-    if gate.path:
+    if gate.path and gate.cells:  # the path inside each selected cell (e.g. its trace)
+        for cell in report.get("cells", []):
+            if not matches(cell["id"], cell.get("params", {}), gate.cells):
+                continue
+            value = resolve_path(cell, gate.path)
+            if not _finite(value) and not isinstance(value, bool):
+                missing.append(f"{cell['id']}: {gate.path}")
+                continue
+            checks.append(
+                {"target": f"{cell['id']}: {gate.path}", "value": value,
+                 "ok": op(value, gate.value)}
+            )  # fmt: skip
+    elif gate.path:
         value = resolve_path(report, gate.path)
         if not _finite(value) and not isinstance(value, bool):
             missing.append(gate.path)

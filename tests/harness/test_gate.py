@@ -109,6 +109,35 @@ def test_compare_cli_require_comparable(tmp_path):
     assert compare_main([str(a), str(a), "--require-comparable", "--out", str(tmp_path)]) == 0
 
 
+def test_path_gates_with_cells_read_inside_each_cell():
+    """``path`` + ``cells``: the path inside each selected cell, e.g. its trace summary; a
+    cell without it (not traced) is missing (skipped, or a failure when required)."""
+    r = report([100, 101, 99], [10, 10, 10], cell="e,quantization=fp8")
+    traced = {"files": [{"decode_graph_replay": True, "gemm": {"fp8_fraction": 0.99}}]}
+    r["cells"][0]["trace"] = traced
+    r["cells"][0]["params"]["quantization"] = "fp8"
+    bf16 = report([100], [10], cell="e,quantization=bf16")["cells"][0]
+    bf16["params"]["quantization"] = "bf16"
+    r["cells"].append(bf16)  # not traced
+    graph = GateSpec(path="trace.files.0.decode_graph_replay", op="==", value=1, cells="e")
+    fp8 = GateSpec(
+        path="trace.files.0.gemm.fp8_fraction", op=">=", value=0.95, cells="quantization=fp8"
+    )
+    res = evaluate_gates([graph, fp8], r)
+    g, f = res["results"]
+    assert g["status"] == "pass" and g["missing"] == [
+        "e,quantization=bf16: trace.files.0.decode_graph_replay"
+    ]
+    assert f["status"] == "pass" and f["checks"][0]["value"] == 0.99
+    traced["files"][0]["gemm"]["fp8_fraction"] = 0.5  # bf16 GEMMs in an fp8 cell
+    traced["files"][0]["decode_graph_replay"] = False  # decode ran eagerly
+    assert [x["status"] for x in evaluate_gates([graph, fp8], r)["results"]] == ["fail"] * 2
+    strict = GateSpec(
+        path="trace.files.0.decode_graph_replay", op="==", value=1, cells="bf16", required=True
+    )
+    assert evaluate_gates([strict], r)["status"] == "fail"  # required, and never traced
+
+
 def test_gates():
     base = report([100, 101, 99, 100, 100], [10, 10.1, 9.9, 10, 10])
     slow = report([80, 81, 79, 80, 80], [12, 12.1, 11.9, 12, 12])
