@@ -23,6 +23,7 @@ COMMANDS: dict[str, str] = {
     "compare": "harness.cli:compare_main",
     "determinism": "harness.determinism:main",
     "gate": "harness.abgate:main",
+    "quick": "harness.quick:main",
     "reference-server": "harness.reference_server:main",
 }
 EXIT_GATE, EXIT_USAGE, EXIT_CELLS, EXIT_INTERRUPT = 1, 2, 3, 130

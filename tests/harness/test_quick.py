@@ -1,0 +1,87 @@
+"""``flashrec-bench quick``: one benchmark from flags -> OUT/matrix.yaml -> the usual run."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+from bench_helpers import run_cli
+
+from harness.spec import parse_spec
+
+
+def test_print_matrix_is_the_matrix_the_flags_describe(capsys):
+    argv = ["--url", "http://127.0.0.1:9", "--beam-width", "50,100", "--concurrency", "1,8",
+            "--prompt-tokens", "1000", "--radix", "warm", "--print-matrix"]  # fmt: skip
+    assert run_cli("quick", *argv) == 0
+    text = capsys.readouterr().out
+    spec, _ = parse_spec(text)
+    assert spec.engine.kind == "external" and spec.engine.url == "http://127.0.0.1:9"
+    m = yaml.safe_load(text)
+    assert m["axes"] == {"beam_width": [50, 100], "concurrency": [1, 8]}
+    assert m["workload"]["median_tokens"] == 1000 and m["load"]["radix"] == "warm"
+
+
+@pytest.mark.parametrize(
+    "argv,needle",
+    [
+        (["--url", "http://h:1", "--server-arg", "quantization=fp8"], "need --model-path"),
+        (["--url", "http://h:1", "--beam-width", "0"], "integers >= 1"),
+        (["--url", "http://h:1", "--beam-width", "fifty"], "expected integers"),
+        (["--url", "http://h:1", "--requests", "0"], "--requests must be >= 1"),
+        (["--model-path", "/nonexistent/model", "--print-matrix"], None),  # checked at run time
+        ([], "one of the arguments --url --model-path is required"),
+    ],
+)
+def test_bad_flags_exit_2_and_say_why(capsys, argv, needle):
+    try:
+        code = run_cli("quick", *argv)
+    except SystemExit as exc:  # argparse's own usage errors
+        code = exc.code
+    err = capsys.readouterr().err
+    if needle is None:
+        assert code == 0
+    else:
+        assert code == 2 and needle in err, err
+
+
+def test_quick_run_against_a_server_writes_a_rerunnable_matrix(tmp_path, fake_url):
+    out = tmp_path / "q"
+    argv = ["--url", fake_url, "--beam-width", "4", "--concurrency", "1,2", "--requests", "6",
+            "--warmup", "2", "--prompt-tokens", "40", "--timeout-s", "10", "--out", str(out)]  # fmt: skip
+    assert run_cli("quick", *argv) == 0
+    rep = json.loads((out / "report.json").read_text())
+    cells = {c["id"]: c for c in rep["cells"]}
+    assert sorted(cells) == [
+        "server,beam_width=4,concurrency=1",
+        "server,beam_width=4,concurrency=2",
+    ]
+    for c in cells.values():
+        assert c["status"] == "ok" and c["metrics"]["qps"]["n"] == 3
+        assert c["metrics"]["beams_mean"]["median"] == 4
+    assert rep["gates"]["status"] == "pass"
+    # the written matrix is an ordinary matrix: it runs again as it is
+    again = tmp_path / "again"
+    assert run_cli(str(out / "matrix.yaml"), "--out", str(again), "--rounds", "1") == 0
+    assert json.loads((again / "report.json").read_text())["summary"]["ok"] == 2
+
+
+def test_quick_launches_flashrec_on_a_model_path(tmp_path, tiny_model, marker):
+    """--model-path: a FlashRec server launched on the checkpoint (its catalog.json found),
+    the --server-arg flags passed to it, torn down after."""
+    from bench_helpers import processes_with
+
+    out = tmp_path / "q"
+    argv = ["--model-path", str(tiny_model), "--device", "cpu", "--beam-width", "4",
+            "--requests", "4", "--warmup", "1", "--prompt-tokens", "48",
+            "--server-arg", "batch_slots=8", "--server-arg", f"served-model-name={marker}",
+            "--out", str(out)]  # fmt: skip
+    assert run_cli("quick", *argv) == 0
+    m = yaml.safe_load((out / "matrix.yaml").read_text())
+    assert m["catalog"]["path"].endswith("catalog.json")
+    assert m["engine"]["args"] == {"batch_slots": 8, "served_model_name": marker}
+    (cell,) = json.loads((out / "report.json").read_text())["cells"]
+    assert cell["status"] == "ok" and cell["metrics"]["invalid_rate"]["median"] == 0
+    assert cell["server"]["info"]["config"]["batch_slots"] == 8
+    assert processes_with(marker) == []
