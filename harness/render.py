@@ -425,6 +425,11 @@ def trace_lines(report: dict) -> list[str]:
                         if isinstance(f.get("decode_interval_us_mean"), float)
                         else "n/a"
                     )
+                    + (
+                        f" (duty cycle {f['decode_duty']:.0%})"
+                        if isinstance(f.get("decode_duty"), float)
+                        else ""
+                    )
                 )
             if f.get("limit"):
                 out.append(f"  - **limit: {f['limit']}**")

@@ -391,17 +391,21 @@ def host_stalls(events: list[dict]) -> dict[str, Any]:
 
 
 def decode_cadence(events: list[dict]) -> dict[str, Any]:
-    """FlashRec's decode steps: how many, how long each host span took on average, and the
-    mean time from one decode step's start to the next (the cadence; a step much shorter than
-    the cadence means the host spends the rest outside decode)."""
+    """FlashRec's decode steps: how many, how long each host span took on average, the mean
+    time from one decode step's start to the next (the cadence), and the duty cycle (mean span
+    over mean cadence: the share of the time between steps the host spends in decode; a low
+    one means the rest goes to prefill, results or waiting)."""
     spans = _decode_spans(events)
     if not spans:
         return {"decode_steps": 0}
     gaps = [b[0] - a[0] for a, b in zip(spans, spans[1:])]
+    span = sum(end - start for start, end, _ in spans) / len(spans)
+    cadence = sum(gaps) / len(gaps) if gaps else 0.0
     return {
         "decode_steps": len(spans),
-        "decode_span_us_mean": round(sum(end - start for start, end, _ in spans) / len(spans), 1),
-        "decode_interval_us_mean": round(sum(gaps) / len(gaps), 1) if gaps else NA,
+        "decode_span_us_mean": round(span, 1),
+        "decode_interval_us_mean": round(cadence, 1) if gaps else NA,
+        "decode_duty": round(min(1.0, span / cadence), 4) if cadence > 0 else NA,
     }
 
 

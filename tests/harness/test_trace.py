@@ -301,6 +301,7 @@ def test_host_stalls_and_decode_cadence():
     }
     assert s["decode_steps"] == 3 and s["decode_span_us_mean"] == 300.0
     assert s["decode_interval_us_mean"] == 1000.0
+    assert s["decode_duty"] == 0.3  # 300 us of host decode per 1,000 us between steps
     cpu = summarize_events([{"ph": "X", "cat": "cpu_op", "name": "op", "ts": 0, "dur": 5}])
     assert cpu["host_stalls"] == "n/a" and cpu["decode_steps"] == 0
 
