@@ -127,10 +127,21 @@ def test_triton_backend_equals_torch_backend(tiny_model):
 
 @pytest.mark.parametrize("preset", ["tiny", "tiny-llama", "tiny-qwen2"])
 def test_graph_replay_equals_eager(synth_model, preset):
+    """The decode graph replays the eager forward: the same batch (widths 1, 4, 11 and 64 per
+    prompt, 3 x 80 = 240 beam rows, a captured size, so no padding row changes the GEMMs' M)
+    gives the same beams. Until session 15 this test sent 255 rows to 128-row graphs, and that
+    decode ran eagerly on both sides; ``decode_forwards`` now shows the replays happen."""
     tiny_model = synth_model(preset, catalog_size=2000)
-    a = _run(tiny_model, dtype="bfloat16", quantization="fp8", disable_cuda_graph=True)
+    ns = (1, 4, 11, 64)
+    kw = dict(dtype="bfloat16", quantization="fp8", cuda_graph_max_bs=256)
+    a = _run(tiny_model, ns=ns, disable_cuda_graph=True, **kw)
     # the decode graphs only: the piecewise prefill pads the GEMMs' M (its own test below)
-    b = _run(tiny_model, dtype="bfloat16", quantization="fp8", piecewise_prefill_max_tokens=0)
+    eng = _engine(tiny_model, piecewise_prefill_max_tokens=0, **kw)
+    assert 240 in eng.runner.graphs.sizes
+    b = eng.generate(
+        [eng.new_request(eng.build_prompt(messages=p), n=n) for p in PROMPTS for n in ns]
+    )
+    assert eng.runner.decode_forwards["eager"] == 0 and eng.runner.decode_forwards["graph"] > 0
     _same(a, b, 1e-3)
 
 
