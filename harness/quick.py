@@ -61,7 +61,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--beam-width", type=_ints, default=[50], help="n, comma-separated (50,100)")
     p.add_argument("--concurrency", type=_ints, default=[1], help="clients, comma-separated")
     p.add_argument("--protocol", choices=["chat", "generate"], default="chat")
-    p.add_argument("--prompt-tokens", type=int, default=2465, help="median prompt length")
+    p.add_argument(
+        "--prompt-tokens",
+        type=int,
+        default=2465,
+        help="median prompt length, in the tokenizer's tokens; without a tokenizer (--url "
+        "alone) in bytes, ~4 per token of a real BPE tokenizer, so pass --tokenizer",
+    )
     p.add_argument("--requests", type=int, default=64, help="measured requests per round")
     p.add_argument("--warmup", type=int, default=8, help="warm-up requests per cell")
     p.add_argument("--rounds", type=int, default=3, help="measured rounds per cell (>= 3 for CIs)")
@@ -163,6 +169,12 @@ def main(argv: list[str]) -> int:
     if args.print_matrix:
         print(text, end="")
         return 0
+    if "model" not in matrix:
+        print(
+            "note: no --tokenizer: prompts are sized in bytes and rendered with the built-in "
+            "ChatML template",
+            file=sys.stderr,
+        )
     out = args.out or Path("reports") / run_id(args.name, "quick")
     out.mkdir(parents=True, exist_ok=True)
     path = out / "matrix.yaml"
