@@ -179,8 +179,8 @@ WORKLOAD_FIELDS = ("kind", "path", "requests", "warmup_requests", "median_tokens
 def comparability(base: dict, new: dict) -> list[dict]:
     """What differs between two reports' runs that makes their numbers incomparable: the
     model (its content hash), the catalog (its file's hash), the workload and the load
-    settings. Empty when nothing does (or
-    when a report lacks the field: older reports are not flagged)."""
+    settings. Empty when nothing does (or when a report lacks the field: older reports are
+    not flagged)."""
     out: list[dict] = []
 
     def check(field: str, a: Any, b: Any) -> None:

@@ -8,6 +8,7 @@ sibling directory and are renamed into place, so an interrupted build is never r
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -135,8 +136,6 @@ def file_hash(path: str | Path | None) -> str | None:
 
 def resolve_model(spec: MatrixSpec, log=print) -> ResolvedModel:
     """Resolve ``model:`` and ``catalog:`` of a matrix (building a synthetic model if needed)."""
-    import dataclasses
-
     found = _resolve_model(spec, log)
     return dataclasses.replace(found, catalog_hash=file_hash(found.catalog))
 
