@@ -160,6 +160,8 @@ TUNING_EN = [
     "| long-running servers | `--gc-freeze` (on by default) | CPU: a full garbage collection 164 -> 1.7 ms; GC pauses are in `/metrics` (`flashrec_gc_*`) |",
     "| whole decode step as one graph | `--enable-step-graph` (on by default where decode CUDA graphs are captured; `--no-enable-step-graph` turns it off) | served, same call: n=50, c=32, FP8: 86.3 -> 88.0 QPS (+1.9%, session 8); p=1,000, c=1: same engine span (15.5 ms); full `pytest -m gpu` passed with it on (session 8) |",
     "| every beam of every request in flight | `--batch-slots` = `--cuda-graph-max-bs` >= n x concurrency | the H200 target matrices use max(512, n x c) |",
+    "| more slots than graph rows | `--batch-slots` > `--cuda-graph-max-bs`: wider decode batches run as several graph replays of whole requests | n=512, c=8, FP8, 4,096 slots, same call: 54.60 QPS with graphs up to 2,048 rows against 54.92 up to 4,096 (session 15); a request with n above the largest graph decodes eagerly (`flashrec_decode_eager_forwards_total`) |",
+    "| one request at a time (latency) | `--engine-process off` (on by default on CUDA) | p=1,000, n=256, c=1, BF16, same run: p50 19.5 -> 18.6 ms (session 15, call 5): the pipe costs more than the shared GIL at c=1; the wide cells keep it on |",
     "| wide beams (n >= 512) | `--lpm-aging-ms 150`, 4,096 slots and graph rows | the deploy notes' settings (`matrices/wide_beam.yaml`) |",
 ]
 TUNING_ZH = [
@@ -176,6 +178,8 @@ TUNING_ZH = [
     "| 长时间运行的服务 | `--gc-freeze`（默认开） | CPU：一次完整垃圾回收 164 -> 1.7 ms；GC 停顿见 `/metrics`（`flashrec_gc_*`） |",
     "| 整个解码步作为一个 graph | `--enable-step-graph`（捕获 decode CUDA graph 时默认开；`--no-enable-step-graph` 关闭） | 服务端同一调用对照：n=50、c=32、FP8：86.3 -> 88.0 QPS（+1.9%，第 8 次会话）；p=1,000、c=1：engine 时段相同（15.5 ms）；开启时完整 `pytest -m gpu` 通过（第 8 次会话） |",
     "| 所有请求的所有 beam 同时在飞 | `--batch-slots` = `--cuda-graph-max-bs` >= n x 并发 | H200 目标矩阵用 max(512, n x c) |",
+    "| slot 多于 graph 行数 | `--batch-slots` > `--cuda-graph-max-bs`：更宽的 decode 批拆成若干次整请求的 graph replay | n=512、c=8、FP8、4,096 个 slot、同一次调用：graph 到 2,048 行 54.60 QPS，到 4,096 行 54.92（第 15 次会话）；n 超过最大 graph 的请求 eager decode（`flashrec_decode_eager_forwards_total`） |",
+    "| 一次一个请求（延迟） | `--engine-process off`（CUDA 上默认开） | p=1,000、n=256、c=1、BF16、同一次运行：p50 19.5 -> 18.6 ms（第 15 次会话 call 5）：c=1 时管道比共享 GIL 更贵；宽 cell 保持开启 |",
     "| 宽 beam（n >= 512） | `--lpm-aging-ms 150`，4,096 个 slot 和 graph 行 | 部署笔记的设置（`matrices/wide_beam.yaml`） |",
 ]
 
