@@ -22,6 +22,13 @@ recorded (255 on NVIDIA GPUs is the ceiling: a kernel there likely spills).
 
 Also: ``host_stalls`` (allocator calls and synchronizations, count and time) and the decode
 cadence (``decode_steps``, mean decode span, mean interval between decode starts).
+
+One span's inside (``span_breakdown``, ``--span NAME`` on the command line): every occurrence
+of a host annotation, its direct children on its thread (nested annotations, operators,
+runtime calls; each counted once, at the outermost level inside the span) by total time, the
+span's own time outside them, and the GPU work it launched (kernels / copies whose runtime
+call, matched by correlation id, ran inside it; a graph replay's kernels count for the span
+that launched the graph).
 """
 
 from __future__ import annotations
@@ -482,6 +489,80 @@ def summarize_events(events: list[dict], top_k: int = 10, gaps_k: int = 5) -> di
     }
 
 
+HOST_CATS = {"cpu_op", "user_annotation", "cuda_runtime", "cuda_driver", "python_function"}
+
+
+def span_breakdown(events: list[dict], name: str, top_k: int = 10) -> dict[str, Any]:
+    """The inside of host annotation ``name`` (see the module docstring): occurrences, host
+    time, direct children by total time, self time, and the GPU work launched from inside.
+    ``{"span": name, "count": 0}`` when the trace has no such span."""
+    host = [e for e in events if e.get("ph") == "X" and e.get("cat") in HOST_CATS]
+    spans = [e for e in host if e.get("cat") == "user_annotation" and e.get("name") == name]
+    if not spans:
+        return {"span": name, "count": 0}
+    by_thread: dict[tuple, list[dict]] = defaultdict(list)
+    for e in host:
+        by_thread[(e.get("pid"), e.get("tid"))].append(e)
+    for evs in by_thread.values():
+        evs.sort(key=lambda e: (float(e["ts"]), -float(e.get("dur", 0))))
+    children: dict[str, list[float]] = {}
+    correlations: set = set()
+    total = inside = 0.0
+    for sp in spans:
+        a, b = float(sp["ts"]), float(sp["ts"]) + float(sp.get("dur", 0))
+        total += b - a
+        evs = by_thread[(sp.get("pid"), sp.get("tid"))]
+        i = bisect.bisect_left([float(e["ts"]) for e in evs], a)
+        end = a  # the end of the last direct child: later events inside it are nested
+        for e in evs[i:]:
+            ts = float(e["ts"])
+            if ts > b:
+                break
+            te = ts + float(e.get("dur", 0))
+            if e is sp or te > b:
+                continue
+            corr = (e.get("args") or {}).get("correlation")
+            if e.get("cat") in ("cuda_runtime", "cuda_driver") and corr is not None:
+                correlations.add(corr)
+            if ts < end:
+                continue  # nested in an earlier child
+            row = children.setdefault(str(e.get("name", "")), [0.0, 0])
+            row[0] += te - ts
+            row[1] += 1
+            inside += te - ts
+            end = te
+    gpu: dict[str, list[float]] = {}
+    for e in events:
+        if e.get("ph") == "X" and e.get("cat") in GPU_CATS:
+            if (e.get("args") or {}).get("correlation") in correlations:
+                row = gpu.setdefault(str(e.get("name", "")), [0.0, 0])
+                row[0] += float(e.get("dur", 0))
+                row[1] += 1
+    gpu_total = sum(r[0] for r in gpu.values())
+    return {
+        "span": name,
+        "count": len(spans),
+        "host_us": round(total, 1),
+        "host_us_mean": round(total / len(spans), 1),
+        "self_us": round(total - inside, 1),
+        "children": [
+            {
+                "name": n[:160],
+                "total_us": round(t, 1),
+                "count": c,
+                "pct": round(100 * t / total, 2) if total else None,
+            }
+            for n, (t, c) in sorted(children.items(), key=lambda kv: -kv[1][0])[:top_k]
+        ],  # fmt: skip
+        "gpu_us": round(gpu_total, 1),
+        "gpu_ops": sum(int(r[1]) for r in gpu.values()),
+        "gpu_top": [
+            {"name": n[:160], "total_us": round(t, 1), "count": c}
+            for n, (t, c) in sorted(gpu.items(), key=lambda kv: -kv[1][0])[:top_k]
+        ],
+    }
+
+
 def summarize_trace(path: str | Path, top_k: int = 10, gaps_k: int = 5) -> dict[str, Any]:
     """Summary of one trace file, with its path and size; ``error`` when it cannot be read."""
     p = Path(path)
@@ -504,9 +585,21 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("traces", nargs="+", help="trace files")
     p.add_argument("--top", type=int, default=10, help="top kernels / ops to list")
+    p.add_argument(
+        "--span",
+        action="append",
+        metavar="NAME",
+        help="print the inside of this host span instead (e.g. flashrec.prefill): its direct "
+        "children by time, its own time, the GPU work it launched; repeatable",
+    )
     args = p.parse_args(argv)
     for path in args.traces:
-        print(json.dumps(summarize_trace(path, top_k=args.top), indent=1, default=str))
+        if args.span:
+            events = load_events(path)
+            out: Any = [span_breakdown(events, n, args.top) for n in args.span]
+        else:
+            out = summarize_trace(path, top_k=args.top)
+        print(json.dumps(out, indent=1, default=str))
     return 0
 
 

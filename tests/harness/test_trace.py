@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from harness.trace import is_complete, wait_until_stable
-from harness.trace_summary import NO_SPAN, summarize_events, summarize_trace
+from harness.trace_summary import NO_SPAN, main, span_breakdown, summarize_events, summarize_trace
 
 
 class SlowWriter(threading.Thread):
@@ -439,3 +439,45 @@ def test_report_counts_gpu_gaps_over_the_threshold(tmp_path):
     assert lines(gpu_events()) == []  # its longest gap is exactly 300 us: not over
     (line,) = lines(gpu_events() + [_kernel("late", 1500, 10), _kernel("later", 2510, 10)])
     assert "GPU gaps over 0.3 ms: 2, 2.0 ms together (79.0% of the window)" in line
+
+
+def test_span_breakdown_direct_children_self_time_and_launched_gpu_work(tmp_path, capsys):
+    """The inside of one host span: its direct children on its thread (nested events counted
+    once, at the outermost level), its own time, and the kernels its runtime calls launched
+    (matched by correlation id); another thread's events in the same window do not count."""
+
+    def ev(cat, name, ts, dur, tid=1, corr=None):
+        e = {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "pid": 0, "tid": tid}
+        if corr is not None:
+            e["args"] = {"correlation": corr}
+        return e
+
+    events = [
+        ev("user_annotation", "flashrec.prefill", 0, 1000),
+        ev("user_annotation", "flashrec.layer", 100, 300),
+        ev("cpu_op", "aten::mm", 150, 100),  # inside the layer: not a direct child
+        ev("cuda_runtime", "cudaLaunchKernel", 160, 10, corr=7),  # nested, still launched
+        ev("user_annotation", "flashrec.layer", 500, 200),
+        ev("cuda_runtime", "cudaGraphLaunch", 800, 100, corr=9),
+        ev("cpu_op", "aten::add", 300, 50, tid=2),  # another thread
+        ev("kernel", "gemm_kernel", 170, 40, corr=7),
+        ev("kernel", "graph_kernel", 900, 60, corr=9),
+        ev("kernel", "graph_kernel", 960, 60, corr=9),
+        ev("kernel", "other_kernel", 1200, 30, corr=11),  # launched elsewhere
+        ev("user_annotation", "flashrec.prefill", 2000, 100),  # a second, empty occurrence
+    ]
+    b = span_breakdown(events, "flashrec.prefill")
+    assert b["count"] == 2 and b["host_us"] == 1100.0 and b["host_us_mean"] == 550.0
+    kids = {c["name"]: (c["total_us"], c["count"]) for c in b["children"]}
+    assert kids == {"flashrec.layer": (500.0, 2), "cudaGraphLaunch": (100.0, 1)}
+    assert b["self_us"] == 1100.0 - 600.0
+    assert b["gpu_us"] == 160.0 and b["gpu_ops"] == 3
+    assert b["gpu_top"][0] == {"name": "graph_kernel", "total_us": 120.0, "count": 2}
+    assert span_breakdown(events, "flashrec.nothing") == {"span": "flashrec.nothing", "count": 0}
+    # the command line: python -m harness.trace_summary TRACE --span NAME
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    assert main([str(path), "--span", "flashrec.prefill", "--span", "flashrec.layer"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [x["span"] for x in out] == ["flashrec.prefill", "flashrec.layer"]
+    assert out[1]["count"] == 2 and out[1]["children"][0]["name"] == "aten::mm"
