@@ -46,11 +46,14 @@ def test_bad_flags_exit_2_and_say_why(capsys, argv, needle):
         assert code == 2 and needle in err, err
 
 
-def test_quick_run_against_a_server_writes_a_rerunnable_matrix(tmp_path, fake_url):
+@pytest.mark.parametrize("protocol", ["chat", "generate"])
+def test_quick_run_against_a_server_writes_a_rerunnable_matrix(tmp_path, fake_url, protocol):
     out = tmp_path / "q"
     argv = ["--url", fake_url, "--beam-width", "4", "--concurrency", "1,2", "--requests", "6",
-            "--warmup", "2", "--prompt-tokens", "40", "--timeout-s", "10", "--out", str(out)]  # fmt: skip
+            "--warmup", "2", "--prompt-tokens", "40", "--timeout-s", "10", "--out", str(out),
+            "--protocol", protocol]  # fmt: skip
     assert run_cli("quick", *argv) == 0
+    assert yaml.safe_load((out / "matrix.yaml").read_text())["engine"]["protocol"] == protocol
     rep = json.loads((out / "report.json").read_text())
     cells = {c["id"]: c for c in rep["cells"]}
     assert sorted(cells) == [
