@@ -268,24 +268,19 @@ def resolve_path(report: dict, path: str) -> Any:
 def _absolute(gate: GateSpec, report: dict) -> dict:
     op = OPS[gate.op or "=="]
     checks, missing = [], []
-    if gate.path and gate.cells:  # the path inside each selected cell (e.g. its trace)
-        for cell in report.get("cells", []):
-            if not matches(cell["id"], cell.get("params", {}), gate.cells):
-                continue
-            value = resolve_path(cell, gate.path)
+    if gate.path:
+        # with cells: the path inside each selected cell (e.g. its trace); else in the report
+        roots = (
+            [(f"{c['id']}: {gate.path}", c) for c in report.get("cells", [])
+             if matches(c["id"], c.get("params", {}), gate.cells)]
+            if gate.cells else [(gate.path, report)]
+        )  # fmt: skip
+        for target, root in roots:
+            value = resolve_path(root, gate.path)
             if not _finite(value) and not isinstance(value, bool):
-                missing.append(f"{cell['id']}: {gate.path}")
-                continue
-            checks.append(
-                {"target": f"{cell['id']}: {gate.path}", "value": value,
-                 "ok": op(value, gate.value)}
-            )  # fmt: skip
-    elif gate.path:
-        value = resolve_path(report, gate.path)
-        if not _finite(value) and not isinstance(value, bool):
-            missing.append(gate.path)
-        else:
-            checks.append({"target": gate.path, "value": value, "ok": op(value, gate.value)})
+                missing.append(target)
+            else:
+                checks.append({"target": target, "value": value, "ok": op(value, gate.value)})
     else:
         for cell in report.get("cells", []):
             if gate.cells and not matches(cell["id"], cell.get("params", {}), gate.cells):
