@@ -503,16 +503,19 @@ def span_breakdown(events: list[dict], name: str, top_k: int = 10) -> dict[str, 
     by_thread: dict[tuple, list[dict]] = defaultdict(list)
     for e in host:
         by_thread[(e.get("pid"), e.get("tid"))].append(e)
-    for evs in by_thread.values():
+    starts: dict[tuple, list[float]] = {}
+    for key, evs in by_thread.items():
         evs.sort(key=lambda e: (float(e["ts"]), -float(e.get("dur", 0))))
+        starts[key] = [float(e["ts"]) for e in evs]
     children: dict[str, list[float]] = {}
     correlations: set = set()
     total = inside = 0.0
     for sp in spans:
         a, b = float(sp["ts"]), float(sp["ts"]) + float(sp.get("dur", 0))
         total += b - a
-        evs = by_thread[(sp.get("pid"), sp.get("tid"))]
-        i = bisect.bisect_left([float(e["ts"]) for e in evs], a)
+        key = (sp.get("pid"), sp.get("tid"))
+        evs = by_thread[key]
+        i = bisect.bisect_left(starts[key], a)
         end = a  # the end of the last direct child: later events inside it are nested
         for e in evs[i:]:
             ts = float(e["ts"])
