@@ -189,7 +189,7 @@ def _unblock(
 ) -> None:
     """Block-wise scaled FP8 weights -> float32 weights dequantized block by block, then
     (unless ``dequantize_fp8``) FP8 codes with one scale per output channel, in place."""
-    from flashrec.kernels.fp8 import FP8_DTYPE, quantize_weight_per_channel
+    from flashrec.kernels.fp8 import FP8_DTYPE, dequantize, quantize_weight_per_channel
 
     done = 0
     for name, scale in list(scales.items()):
@@ -201,8 +201,8 @@ def _unblock(
         if shape is None:
             continue
         b0, b1 = shape
-        full = scale.float().repeat_interleave(b0, 0)[:rows].repeat_interleave(b1, 1)[:, :cols]
-        w32 = w.float() * full
+        full = scale.repeat_interleave(b0, 0)[:rows].repeat_interleave(b1, 1)[:, :cols]
+        w32 = dequantize(w, full)  # the per-channel path's codes * scale, one scale per entry
         if dequantize_fp8:
             tensors[name] = w32
             del scales[name]
