@@ -15,6 +15,12 @@ only asks. State machine::
 
 Traces are written by a background thread as ``{prefix}-{id}-{timestamp}.trace.json.gz``; each
 file appears under its final name only once complete (written aside, then renamed).
+
+NOTE: ``output_dir`` is opened at start, one component at a time from the profiler directory
+without following symlinks, and the trace is written through that handle (``dir_fd``); before
+writing, the path is walked again and must still reach the same directory, so swapping it for
+a symlink (or moving it away) between start and stop refuses the trace instead of redirecting
+it. torch writes its uncompressed JSON into a private temporary directory first.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import logging
 import os
 import re
 import shutil
+import tempfile
 import threading
 import time
 import uuid
@@ -125,6 +132,49 @@ def _inside(path: Path, base: Path) -> bool:
     return path == base or base in path.parents
 
 
+_DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0)
+
+
+@dataclass(frozen=True)
+class OutputDir:
+    """An open handle on a profile's ``output_dir`` and the directory it was opened on."""
+
+    fd: int
+    dev: int
+    ino: int
+
+
+def open_output_dir(base: Path, out: Path, create: bool = True) -> OutputDir:
+    """A handle on ``out`` (inside ``base``), opened component by component from ``base``
+    without following a symlink, missing components created when ``create``."""
+    fd = os.open(base, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        for part in out.relative_to(base).parts:
+            if create:
+                try:
+                    os.mkdir(part, dir_fd=fd)
+                except FileExistsError:
+                    pass
+            nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+        st = os.fstat(fd)
+    except BaseException:
+        os.close(fd)
+        raise
+    return OutputDir(fd, st.st_dev, st.st_ino)
+
+
+def _still_there(base: Path, out: Path, handle: OutputDir) -> bool:
+    """Whether walking ``base`` -> ``out`` again (no symlinks) reaches ``handle``'s directory."""
+    try:
+        again = open_output_dir(base, out, create=False)
+    except OSError:
+        return False
+    os.close(again.fd)
+    return (again.dev, again.ino) == (handle.dev, handle.ino)
+
+
 def parse_options(body: Mapping[str, Any], base_dir: Path) -> ProfileOptions:
     """Validate a ``/start_profile`` body; ``output_dir`` must resolve inside ``base_dir``.
 
@@ -135,6 +185,8 @@ def parse_options(body: Mapping[str, Any], base_dir: Path) -> ProfileOptions:
         raise ProfileError("the body must be a JSON object")
     base = base_dir.resolve()
     raw_dir = _typed(body, "output_dir", str)
+    if raw_dir and "\x00" in raw_dir:
+        raise ProfileError("'output_dir' must not contain a NUL character")
     out = base
     if raw_dir:
         from_cwd = Path(raw_dir).resolve()
@@ -196,6 +248,7 @@ class ProfileController:
         self._lock = threading.Lock()
         self._state = _IDLE
         self._opts: ProfileOptions | None = None
+        self._out: OutputDir | None = None  # the handle on _opts.output_dir while not idle
         self._prof: torch.profiler.profile | None = None
         self._countdown = 0
         self._steps = 0
@@ -218,10 +271,11 @@ class ProfileController:
             if self._state != _IDLE:
                 raise ProfileError(f"a profile is already {self._state}; stop it first")
             try:
-                opts.output_dir.mkdir(parents=True, exist_ok=True)
+                self.base_dir.mkdir(parents=True, exist_ok=True)
+                out = open_output_dir(self.base_dir, opts.output_dir)
             except OSError as exc:
                 raise ProfileError(f"cannot create 'output_dir' {opts.output_dir}: {exc}") from None
-            self._opts = opts
+            self._opts, self._out = opts, out
             self._state = _PENDING
             self._countdown = opts.start_step
             self._auto_stopped = None
@@ -232,6 +286,7 @@ class ProfileController:
                 with self._lock:
                     if self._state == _PENDING:
                         self._state = _IDLE
+                        self._close_out()
                 raise
         return {
             "profile_id": opts.profile_id,
@@ -310,30 +365,55 @@ class ProfileController:
         """Stop the profiler; its trace is written on a thread (the returned future). ``auto``:
         stopped after ``num_steps``, kept for the next ``/stop_profile`` to answer with."""
         with self._lock:
-            prof, opts, self._prof = self._prof, self._opts, None
+            prof, opts, out, self._prof = self._prof, self._opts, self._out, None
             self._state = _IDLE
-            if prof is None or opts is None:
+            if prof is None or opts is None or out is None:
+                self._close_out()
                 return None
+            self._out = None  # the export owns the handle now
             fut: Future = Future()
             self._exports.append(fut)
             if auto:
                 self._auto_stopped = fut
         prof.stop()
         threading.Thread(
-            target=self._export, args=(prof, opts, fut), name="flashrec-trace-export", daemon=True
+            target=self._export,
+            args=(prof, opts, out, fut),
+            name="flashrec-trace-export",
+            daemon=True,
         ).start()
         return fut
 
-    def _export(self, prof: torch.profiler.profile, opts: ProfileOptions, fut: Future) -> None:
+    def _close_out(self) -> None:
+        if self._out is not None:
+            os.close(self._out.fd)
+            self._out = None
+
+    def _export(
+        self, prof: torch.profiler.profile, opts: ProfileOptions, out: OutputDir, fut: Future
+    ) -> None:
         stamp = time.strftime("%Y%m%d-%H%M%S")
-        final = opts.output_dir / f"{opts.profile_prefix}-{opts.profile_id}-{stamp}.trace.json.gz"
-        raw = final.with_name(f".{final.name}.partial.json")
-        packed = final.with_name(f".{final.name}.partial")
+        name = f"{opts.profile_prefix}-{opts.profile_id}-{stamp}.trace.json.gz"
+        final = opts.output_dir / name
+        packed = f".{name}.partial"
+        wrote = False
         try:
-            prof.export_chrome_trace(str(raw))
-            with open(raw, "rb") as src, gzip.open(packed, "wb") as dst:
-                shutil.copyfileobj(src, dst)
-            os.replace(packed, final)
+            with tempfile.TemporaryDirectory(prefix="flashrec-trace-") as tmp:
+                raw = os.path.join(tmp, "trace.json")
+                prof.export_chrome_trace(raw)
+                if not _still_there(self.base_dir, opts.output_dir, out):
+                    raise ProfileError(
+                        f"'output_dir' {opts.output_dir} was replaced or moved after "
+                        "/start_profile; the trace was not written"
+                    )
+                flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+                fd = os.open(packed, flags, 0o644, dir_fd=out.fd)
+                wrote = True
+                with open(raw, "rb") as src, os.fdopen(fd, "wb") as dst:
+                    with gzip.GzipFile(filename="", mode="wb", fileobj=dst) as gz:
+                        shutil.copyfileobj(src, gz)
+            os.replace(packed, name, src_dir_fd=out.fd, dst_dir_fd=out.fd)
+            wrote = False
             self.last_files = [str(final)]
             _log.info("profiler trace written: %s", final)
             fut.set_result([str(final)])
@@ -341,6 +421,10 @@ class ProfileController:
             _log.exception("writing the profiler trace %s failed", final)
             fut.set_exception(exc)
         finally:
-            raw.unlink(missing_ok=True)
-            packed.unlink(missing_ok=True)
+            if wrote:
+                try:
+                    os.unlink(packed, dir_fd=out.fd)
+                except OSError:
+                    pass
+            os.close(out.fd)
             self._exports.remove(fut)

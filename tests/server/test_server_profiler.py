@@ -144,3 +144,44 @@ def test_profile_real_engine_has_engine_spans(real: ServerThread, profiler_dir: 
     (path,) = real.post("/stop_profile").json()["files"]
     names = trace_names(path)
     assert "flashrec.schedule" in names and "flashrec.beam" in names
+
+
+def test_output_dir_null_byte_is_a_400(fake: ServerThread) -> None:
+    r = fake.post("/start_profile", {"output_dir": "a\u0000b"})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert "NUL" in err["message"] and err["type"] == "invalid_request_error"
+    assert fake.post("/stop_profile").status_code == 400  # nothing was started
+
+
+@pytest.mark.parametrize("how", ["moved", "removed"])
+def test_output_dir_swapped_for_a_symlink_is_refused(
+    profiler_dir: Path, tmp_path: Path, how: str
+) -> None:
+    """The directory checked at /start_profile is replaced by a symlink to a place outside the
+    profiler directory before /stop_profile: no trace lands outside (nor in the old one)."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    moved = tmp_path / "moved"
+    name = f"swap-{how}"
+    with fake_server() as srv:
+        r = srv.post("/start_profile", {"output_dir": name, "profile_prefix": "swap"})
+        assert r.status_code == 200, r.text
+        assert srv.post("/v1/chat/completions", CHAT).status_code == 200
+        created = profiler_dir / name
+        if how == "moved":
+            created.rename(moved)
+        else:
+            created.rmdir()
+        created.symlink_to(outside, target_is_directory=True)
+        stop = srv.post("/stop_profile")
+        assert stop.status_code == 400, stop.text
+        assert "replaced or moved" in stop.json()["error"]["message"]
+        assert srv.get("/health").status_code == 200
+        # the controller is idle again and a later profile works
+        ok = srv.post("/start_profile", {"output_dir": f"after-{how}"})
+        assert ok.status_code == 200, ok.text
+        (path,) = srv.post("/stop_profile").json()["files"]
+        assert Path(path).parent == profiler_dir / f"after-{how}"
+    assert list(outside.iterdir()) == []
+    assert not moved.exists() or list(moved.iterdir()) == []
