@@ -26,7 +26,7 @@ import flashrec
 from flashrec.config import ServerConfig
 from flashrec.engine.request import GenRequest
 from flashrec.profiler import ProfileController, ProfileError
-from flashrec.server import protocol, responses
+from flashrec.server import protocol, responses, wire
 from flashrec.server.backend import Backend
 from flashrec.server.errors import NOT_FOUND, APIError, bad_request, busy, error_body
 from flashrec.server.gcwatch import GcWatch
@@ -48,6 +48,9 @@ class ServerState:
     model_name: str
     started: float = dataclasses.field(default_factory=time.time)
     gc: GcWatch | None = None  # installed by ``Server.run``
+    # generation handlers running now; past the drain deadline they are cancelled and answer 503
+    held: set[asyncio.Task] = dataclasses.field(default_factory=set)
+    closing: bool = False  # the drain deadline has passed
 
     @property
     def limits(self) -> protocol.Limits:
@@ -79,13 +82,10 @@ def model_name(config: ServerConfig) -> str:
 
 
 async def read_json(request: web.Request, allow_empty: bool = False) -> Any:
-    """The parsed body; 413 over ``--max-body-bytes``, 400 when it is not JSON."""
-    try:
-        raw = await request.read()
-    except web.HTTPRequestEntityTooLarge as exc:
-        raise APIError(
-            f"request body too large (limit {request.app[STATE].config.max_body_bytes} bytes)", 413
-        ) from exc
+    """The parsed body (``Content-Type`` is not checked: the body is JSON); the size, coding
+    and time errors of ``wire.read_body``, 400 when it is not JSON."""
+    cfg = request.app[STATE].config
+    raw = await wire.read_body(request, int(cfg.max_body_bytes), float(cfg.body_timeout_s))
     if not raw.strip():
         if allow_empty:
             return {}
@@ -103,7 +103,9 @@ async def _generation(request: web.Request, endpoint: str, fn: Handler) -> web.S
     """Run a generation handler with outcome counting and latency recording."""
     st = request.app[STATE]
     t0 = time.perf_counter()
+    task = asyncio.current_task()
     st.backend.active_handlers += 1
+    st.held.add(task)
     try:
         resp = await fn(request)
     except APIError as exc:
@@ -111,10 +113,18 @@ async def _generation(request: web.Request, endpoint: str, fn: Handler) -> web.S
         st.metrics.count(endpoint, outcome)
         return exc.response()
     except asyncio.CancelledError:
+        if st.closing:  # cancelled by the shutdown, not by its client: it gets an answer
+            task.uncancel()
+            st.metrics.count(endpoint, "rejected")
+            return busy("the server shut down before this request finished").response()
         st.metrics.count(endpoint, "cancelled")
+        raise
+    except Exception:
+        st.metrics.count(endpoint, "error")  # the middleware answers 500
         raise
     finally:
         st.backend.active_handlers -= 1
+        st.held.discard(task)
     st.metrics.count(endpoint, "success")
     st.metrics.observe_latency(endpoint, time.perf_counter() - t0)
     return resp
@@ -122,7 +132,19 @@ async def _generation(request: web.Request, endpoint: str, fn: Handler) -> web.S
 
 @web.middleware
 async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Shape every error as an OpenAI error body; log unexpected exceptions as 500."""
+    """Shape every error as an OpenAI error body, count it; log unexpected exceptions as 500.
+    While draining, every answer closes its connection (the client's next request opens a
+    new one, which gets 503 until the listener closes)."""
+    st = request.app[STATE]
+    resp = await _answer(request, handler)
+    if resp.status >= 400:
+        st.metrics.count_error(resp.status)
+    if st.backend.draining:
+        resp.force_close()
+    return resp
+
+
+async def _answer(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         return await handler(request)
     except APIError as exc:
@@ -207,6 +229,7 @@ async def _generate(request: web.Request) -> web.StreamResponse:
         )
     t_tok = time.perf_counter() - t_tok  # prompt building (the requests are created at once)
     results = await st.backend.generate(gens)
+    results = [responses.returned(r, req.params.num_return) for r in results]  # best n of k
     latency = time.perf_counter() - t0
     for r in results:
         st.metrics.completion_tokens += r.completion_tokens

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from flashrec.server.errors import bad_request
@@ -60,10 +60,11 @@ class Limits:
 class SamplingParams:
     """Beam-search parameters of one request, after defaults."""
 
-    n: int
+    n: int  # beams searched (the beam width)
     max_tokens: int
     temperature: float = 0.0
     seed: int | None = None
+    num_return: int | None = None  # /generate: the best beams returned (None: all n)
 
 
 @dataclass(frozen=True)
@@ -319,7 +320,10 @@ def _prompts(body: Mapping[str, Any], limits: Limits) -> tuple[list[Prompt], boo
 
 
 def parse_generate(body: Any, limits: Limits) -> GenerateRequest:
-    """Validate a ``/generate`` body. ``beam_width`` wins over ``n`` when both are given."""
+    """Validate a ``/generate`` body with SGLang's beam semantics: ``beam_width`` beams are
+    searched and the best ``n`` returned (``n`` defaults to 1 as upstream, ``n > beam_width``
+    is a 400). Without ``beam_width``, ``n`` is the beam width and every beam is returned
+    (ours: upstream would sample ``n`` times)."""
     body = require_object(body)
     prompts, batched = _prompts(body, limits)
     sp = body.get("sampling_params")
@@ -332,6 +336,16 @@ def parse_generate(body: Any, limits: Limits) -> GenerateRequest:
         ("seed", "sampling_seed"),
         prefix="sampling_params.",
     )
+    if sp.get("beam_width") is not None:
+        n = get_int(sp, "n", "sampling_params.n", 1, limits.max_beam_rows)
+        n = 1 if n is None else n
+        if n > params.n:
+            raise bad_request(
+                f"'sampling_params.n' ({n}) cannot exceed 'sampling_params.beam_width' "
+                f"({params.n})",
+                "sampling_params.n",
+            )
+        params = replace(params, num_return=n)
     return GenerateRequest(
         prompts=prompts, params=params, batched=batched, stream=get_bool(body, "stream", "stream")
     )

@@ -19,6 +19,7 @@ import json
 import math
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from itertools import chain, repeat
 from json.encoder import encode_basestring_ascii as _json_str
 from typing import Any
@@ -62,9 +63,10 @@ def _pieces(compact: bool, key: str) -> tuple[str, ...]:
     )
 
 
+# one /generate beam after the first: output ids, text, finish reason, score, cum logprob
 _GENERATE_PIECES = (
-    '{"text": ', ', "token_ids": ', ', "meta_info": {"sequence_score": ', ', "cum_logprob": ',
-    ', "finish_reason": ', "}}",
+    '{"output_ids": ', ', "text": ', ', "meta_info": {"finish_reason": ',
+    ', "sequence_score": ', ', "cum_logprob": ', "}}",
 )  # fmt: skip
 
 
@@ -216,30 +218,65 @@ def sse(obj: Any) -> bytes:
     return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
 
 
-def generate_result(result: GenResult, e2e_latency: float) -> dict[str, Any]:
-    """SGLang's beam-search /generate answer for one prompt."""
-    best = result.beams[0].text if result.beams else ""
+def finish_reason(reason: Any, token_ids: list[int]) -> dict[str, Any]:
+    """SGLang's finish-reason object of one beam: ``{"type": "stop", "matched": <end token>}``
+    or ``{"type": "length", "length": <generated tokens>}`` (``{"type": reason}`` otherwise)."""
+    if reason == "stop":
+        return {"type": "stop", "matched": token_ids[-1] if token_ids else None}
+    if reason == "length":
+        return {"type": "length", "length": len(token_ids)}
+    return {"type": reason}
+
+
+def _finish_json(beams: list[BeamResult] | BeamColumns) -> list[str]:
+    """``json.dumps(finish_reason(...))`` of every beam; _NotPlain outside stop / length."""
+    cols = BeamColumns.from_beams(beams)
+    out = []
+    for reason, ids in zip(cols.finish_reasons, cols.token_ids):
+        if reason == "length" and type(reason) is str:
+            out.append(f'{{"type": "length", "length": {len(ids)}}}')
+        elif reason == "stop" and type(reason) is str:
+            out.append(f'{{"type": "stop", "matched": {ids[-1] if ids else "null"}}}')
+        else:
+            raise _NotPlain
+    return out
+
+
+def _generate_meta(result: GenResult, e2e_latency: float) -> dict[str, Any]:
+    """The request's own ``meta_info`` keys (the best beam's meta_info starts with them)."""
     return {
-        "text": best,
-        "meta_info": {
-            "id": result.rid,
-            "beam_results": [
-                {
-                    "text": beam.text,
-                    "token_ids": list(beam.token_ids),
-                    "meta_info": {
-                        "sequence_score": num(beam.sequence_score),
-                        "cum_logprob": num(beam.cum_logprob),
-                        "finish_reason": beam.finish_reason,
-                    },
-                }
-                for beam in result.beams
-            ],
-            "prompt_tokens": result.prompt_tokens,
-            "completion_tokens": result.completion_tokens,
-            "cached_tokens": result.cached_tokens,
-            "e2e_latency": e2e_latency,
-        },
+        "id": result.rid,
+        "prompt_tokens": result.prompt_tokens,
+        "completion_tokens": result.completion_tokens,
+        "cached_tokens": result.cached_tokens,
+        "e2e_latency": e2e_latency,
+    }
+
+
+def generate_result(result: GenResult, e2e_latency: float) -> dict[str, Any]:
+    """SGLang's beam-search /generate answer for one prompt: the best beam at the top level
+    (``text``, ``output_ids``, ``meta_info``) and every beam, best first, in
+    ``meta_info.beam_results`` (``output_ids``, ``text``, ``meta_info`` with ``finish_reason``
+    and ``sequence_score``). As upstream, the best beam's meta_info also carries the request's
+    (id, token counts, latency); ``cum_logprob`` is ours."""
+    beams = []
+    for i, beam in enumerate(result.beams):
+        meta = _generate_meta(result, e2e_latency) if i == 0 else {}
+        meta["finish_reason"] = finish_reason(beam.finish_reason, beam.token_ids)
+        meta["sequence_score"] = num(beam.sequence_score)
+        meta["cum_logprob"] = num(beam.cum_logprob)
+        beams.append({"output_ids": list(beam.token_ids), "text": beam.text, "meta_info": meta})
+    if not beams:
+        return {
+            "text": "",
+            "output_ids": [],
+            "meta_info": {**_generate_meta(result, e2e_latency), "beam_results": []},
+        }
+    best = beams[0]
+    return {
+        "text": best["text"],
+        "output_ids": best["output_ids"],
+        "meta_info": {**best["meta_info"], "beam_results": beams},
     }
 
 
@@ -248,23 +285,41 @@ def generate_result_json(result: GenResult, e2e_latency: float) -> str:
 
     def fast() -> str:
         n = len(result.beams)
-        texts, reasons, scores, ids, cums = _columns(result.beams)
+        if n == 0:
+            raise _NotPlain  # nothing to gain
+        texts, _, scores, ids, cums = _columns(result.beams)
+        reasons = _finish_json(result.beams)
+        head = json.dumps(_generate_meta(result, e2e_latency))[1:-1]
+        meta0 = (
+            f'{head}, "finish_reason": {reasons[0]}, "sequence_score": {scores[0]}, '
+            f'"cum_logprob": {cums[0]}'
+        )
         p0, p1, p2, p3, p4, p5 = _GENERATE_PIECES
         parts = zip(
-            repeat(p0, n), texts, repeat(p1), ids, repeat(p2), scores, repeat(p3), cums,
-            repeat(p4), reasons, repeat(p5),
+            repeat(p0, n - 1), ids[1:], repeat(p1), texts[1:], repeat(p2), reasons[1:],
+            repeat(p3), scores[1:], repeat(p4), cums[1:], repeat(p5),
         )  # fmt: skip
-        beams = map("".join, parts)
-        best = texts[0] if texts else '""'  # the best beam's text, already encoded
-        tail = {
-            "prompt_tokens": result.prompt_tokens,
-            "completion_tokens": result.completion_tokens,
-            "cached_tokens": result.cached_tokens,
-            "e2e_latency": e2e_latency,
-        }
+        first = f'{{"output_ids": {ids[0]}, "text": {texts[0]}, "meta_info": {{{meta0}}}}}'
+        beams = ", ".join(chain((first,), map("".join, parts)))
         return (
-            f'{{"text": {best}, "meta_info": {{"id": {json.dumps(result.rid)}, '
-            f'"beam_results": [{", ".join(beams)}], {json.dumps(tail)[1:]}}}'
+            f'{{"text": {texts[0]}, "output_ids": {ids[0]}, '
+            f'"meta_info": {{{meta0}, "beam_results": [{beams}]}}}}'
         )
 
     return _with_fallback(fast, lambda: generate_result(result, e2e_latency))
+
+
+def returned(result: GenResult, n: int | None) -> GenResult:
+    """``result`` with only its ``n`` best beams (all of them when ``n`` is None or larger):
+    a /generate request searches ``beam_width`` beams and returns its ``n`` best."""
+    beams = result.beams
+    if n is None or n >= len(beams):
+        return result
+    if isinstance(beams, BeamColumns):
+        top: list[BeamResult] | BeamColumns = BeamColumns(
+            beams.token_ids[:n], beams.cum_logprobs[:n], beams.sequence_scores[:n],
+            beams.finish_reasons[:n], beams.text_source,
+        )  # fmt: skip
+    else:
+        top = list(beams[:n])
+    return replace(result, beams=top)

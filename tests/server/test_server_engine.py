@@ -58,16 +58,16 @@ def test_chat_equals_offline(real: ServerThread, offline: Any, params: dict) -> 
 
 def test_generate_equals_offline(real: ServerThread, offline: Any) -> None:
     text = "user history: <s_a_3><s_b_4><s_c_5> then"
-    out = real.post("/generate", {"text": text, "sampling_params": {"beam_width": 6}}).json()
+    out = real.post("/generate", {"text": text, "sampling_params": {"beam_width": 6, "n": 6}}).json()
     res = offline_run(offline, offline.build_prompt(text=text), 6)
     got = [
-        (b["token_ids"], b["meta_info"]["sequence_score"]) for b in out["meta_info"]["beam_results"]
+        (b["output_ids"], b["meta_info"]["sequence_score"]) for b in out["meta_info"]["beam_results"]
     ]
     assert_same_beams(got, res)
     assert out["text"] == res.beams[0].text
     ids = offline.build_prompt(text=text)
     by_ids = real.post("/generate", {"input_ids": ids, "sampling_params": {"n": 6}}).json()
-    assert [b["token_ids"] for b in by_ids["meta_info"]["beam_results"]] == [t for t, _ in got]
+    assert [b["output_ids"] for b in by_ids["meta_info"]["beam_results"]] == [t for t, _ in got]
 
 
 def test_64_concurrent_mixed_n_match_alone(real: ServerThread, offline: Any) -> None:

@@ -73,8 +73,8 @@ def test_answers_equal_the_in_process_engine(proc_srv: ServerThread, real: Serve
     assert a.status_code == 200 and b.status_code == 200, (a.text, b.text)
     assert len(a.json()) == 2
     for x, y in zip(a.json(), b.json()):
-        got = [r["token_ids"] for r in x["meta_info"]["beam_results"]]
-        assert got == [r["token_ids"] for r in y["meta_info"]["beam_results"]]
+        got = [r["output_ids"] for r in x["meta_info"]["beam_results"]]
+        assert got == [r["output_ids"] for r in y["meta_info"]["beam_results"]]
         assert len(got) == 4 and x["text"] == y["text"]
     # streamed: one chunk with every beam, the usage chunk, [DONE]
     body = {**_chat("history 1: 12, 7, 301", 4), "stream": True}

@@ -102,16 +102,26 @@ def test_generate_shapes(fake: ServerThread) -> None:
         "/generate", {"text": "hello", "sampling_params": {"n": 2, "beam_width": 3}}
     ).json()
     meta = one["meta_info"]
-    assert len(meta["beam_results"]) == 3  # beam_width wins over n
-    assert one["text"] == meta["beam_results"][0]["text"]
+    assert len(meta["beam_results"]) == 2  # 3 beams searched, the best n = 2 returned
+    best = meta["beam_results"][0]
+    assert [one["text"], one["output_ids"]] == [best["text"], best["output_ids"]]
     for k in ("id", "prompt_tokens", "completion_tokens", "cached_tokens", "e2e_latency"):
-        assert k in meta
-    br = meta["beam_results"][0]
-    assert set(br["meta_info"]) == {"sequence_score", "cum_logprob", "finish_reason"}
+        assert k in meta and k in best["meta_info"]  # upstream: the best beam's meta_info
+    assert meta["completion_tokens"] == sum(len(b["output_ids"]) for b in meta["beam_results"])
+    other = meta["beam_results"][1]
+    assert set(other) == {"output_ids", "text", "meta_info"}
+    assert set(other["meta_info"]) == {"sequence_score", "cum_logprob", "finish_reason"}
+    assert other["meta_info"]["finish_reason"]["type"] in ("stop", "length")
+    alone = fake.post("/generate", {"text": "hello", "sampling_params": {"beam_width": 3}})
+    assert len(alone.json()["meta_info"]["beam_results"]) == 1  # upstream's default n = 1
     ids = fake.post(
         "/generate", {"input_ids": [104, 105], "sampling_params": {"n": 1, "max_new_tokens": 1}}
     )
-    assert len(ids.json()["meta_info"]["beam_results"][0]["token_ids"]) == 1
+    assert len(ids.json()["meta_info"]["beam_results"][0]["output_ids"]) == 1
+    assert ids.json()["meta_info"]["finish_reason"] == {"type": "length", "length": 1}
+    too_many = fake.post("/generate", {"text": "a", "sampling_params": {"n": 4, "beam_width": 3}})
+    assert too_many.status_code == 400
+    assert too_many.json()["error"]["param"] == "sampling_params.n"
     batch = fake.post("/generate", {"text": ["a", "b"], "sampling_params": {"n": 2}}).json()
     assert isinstance(batch, list) and len(batch) == 2
     stream = fake.post("/generate", {"text": "a", "stream": True}).text.split("\n\n")

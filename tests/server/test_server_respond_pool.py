@@ -43,8 +43,9 @@ def _generate_bodies(srv: ServerThread, texts: list[str], n: int) -> list[dict]:
     r = srv.post("/generate", {"text": texts, "sampling_params": {"n": n}})
     assert r.status_code == 200, r.text
     out = r.json()
-    for b in out:
-        del b["meta_info"]["id"], b["meta_info"]["e2e_latency"]
+    for b in out:  # the request's own keys, also in the best beam's meta_info (as upstream)
+        for meta in (b["meta_info"], b["meta_info"]["beam_results"][0]["meta_info"]):
+            del meta["id"], meta["e2e_latency"]
     return out
 
 

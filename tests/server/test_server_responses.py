@@ -113,6 +113,53 @@ def test_beam_columns_encode_as_the_beams_they_hold(n: int) -> None:
         )
 
 
+def test_generate_answer_has_sglang_beam_shape() -> None:
+    """Upstream SGLang's beam answer (sglang/srt/beam_search/output.py): the best beam's
+    text, output_ids and meta_info at the top level, every beam in meta_info.beam_results,
+    finish reasons as objects; cum_logprob is our addition."""
+    beams = [
+        BeamResult([5, 6, 9], -1.5, -0.5, "stop", "a"),
+        BeamResult([5, 7], -2.0, -1.0, "length", "b"),
+    ]
+    res = GenResult("rid1", beams, 11, 4)
+    request_meta = {
+        "id": "rid1", "prompt_tokens": 11, "completion_tokens": 5, "cached_tokens": 4,
+        "e2e_latency": 0.25,
+    }  # fmt: skip
+    best_meta = {
+        **request_meta,
+        "finish_reason": {"type": "stop", "matched": 9},
+        "sequence_score": -0.5,
+        "cum_logprob": -1.5,
+    }
+    results = [
+        {"output_ids": [5, 6, 9], "text": "a", "meta_info": best_meta},
+        {
+            "output_ids": [5, 7],
+            "text": "b",
+            "meta_info": {
+                "finish_reason": {"type": "length", "length": 2},
+                "sequence_score": -1.0,
+                "cum_logprob": -2.0,
+            },
+        },
+    ]
+    want = {
+        "text": "a",
+        "output_ids": [5, 6, 9],
+        "meta_info": {**best_meta, "beam_results": results},
+    }
+    assert responses.generate_result(res, 0.25) == want
+    assert json.loads(responses.generate_result_json(res, 0.25)) == want
+    cols = BeamColumns.from_beams(beams, lambda ids: "ab"[len(ids) % 2 == 0])
+    top = responses.returned(GenResult("rid1", cols, 11, 4), 1)
+    assert isinstance(top.beams, BeamColumns) and top.completion_tokens == 3
+    assert json.loads(responses.generate_result_json(top, 0.25))["meta_info"]["beam_results"] == [
+        {**results[0], "meta_info": {**best_meta, "completion_tokens": 3}}
+    ]
+    assert responses.returned(res, None) is res and responses.returned(res, 5) is res
+
+
 class _Score(float):
     pass
 

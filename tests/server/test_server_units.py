@@ -11,7 +11,7 @@ import pytest
 from flashrec.server.backend import await_engine
 from flashrec.server.errors import APIError
 from flashrec.server.metrics import Histogram, ServerMetrics
-from flashrec.server.protocol import Limits, parse_chat, parse_generate
+from flashrec.server.protocol import Limits, SamplingParams, parse_chat, parse_generate
 
 LIMITS = Limits(
     max_beam_rows=64, vocab_size=500, max_seq_len=128, default_n=8, default_max_tokens=4
@@ -57,7 +57,15 @@ def test_chat_rejects(extra: dict) -> None:
 
 def test_generate_parsing() -> None:
     req = parse_generate({"text": "a", "sampling_params": {"n": 2, "beam_width": 3}}, LIMITS)
-    assert req.params.n == 3 and not req.batched
+    assert req.params.n == 3 and req.params.num_return == 2 and not req.batched
+    assert parse_generate({"text": "a", "sampling_params": {"beam_width": 3}}, LIMITS).params == (
+        SamplingParams(n=3, max_tokens=LIMITS.default_max_tokens, num_return=1)
+    )  # upstream: n (returned) defaults to 1
+    req = parse_generate({"text": "a", "sampling_params": {"n": 3}}, LIMITS)
+    assert req.params.n == 3 and req.params.num_return is None  # ours: n alone = beam width
+    with pytest.raises(APIError) as err:
+        parse_generate({"text": "a", "sampling_params": {"n": 4, "beam_width": 3}}, LIMITS)
+    assert err.value.param == "sampling_params.n"
     req = parse_generate(
         {"input_ids": [[1, 2], [3]], "sampling_params": {"sampling_seed": 5}}, LIMITS
     )
