@@ -17,7 +17,15 @@ import operator
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness.spec import EngineSpec, MatrixSpec, Scalar, SpecError, load_spec, relocate
+from harness.spec import (
+    EngineSpec,
+    MatrixSpec,
+    Scalar,
+    SpecError,
+    line_of,
+    load_spec,
+    relocate,
+)
 
 # client setting name -> ClientSettings attribute
 CLIENT_KEYS: dict[str, str] = {
@@ -387,8 +395,15 @@ def _flashrec_args(
 
 def load_cells(path: str) -> tuple[MatrixSpec, list[Cell]]:
     """Load a matrix file and expand it; every error names file, line and field."""
+    from harness.gate import check_references
+
     spec, locations = load_spec(path)
     try:
-        return spec, expand_cells(spec)
+        cells = expand_cells(spec)
     except SpecError as exc:
         raise relocate(exc, str(path), locations) from None
+    issues = [(line_of(locations, loc), ".".join(map(str, loc)), msg)
+              for loc, msg in check_references(spec, cells)]  # fmt: skip
+    if issues:
+        raise SpecError(str(path), *issues[0], more=issues[1:])
+    return spec, cells

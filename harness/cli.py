@@ -160,7 +160,7 @@ def run_main(argv: list[str]) -> int:
 
 def compare_main(argv: list[str]) -> int:
     """``flashrec-bench compare BASE NEW``: verdict per cell and metric; gates with a baseline."""
-    from harness.gate import compare_reports, evaluate_gates, load_report
+    from harness.gate import compare_reports, evaluate_gates, load_report, metrics_problem
     from harness.render import print_regressions, write_compare_markdown
     from harness.spec import MatrixSpec
 
@@ -196,7 +196,10 @@ def compare_main(argv: list[str]) -> int:
     except (OSError, ValueError) as exc:
         print(f"cannot read report: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    metrics = args.metrics.split(",") if args.metrics else None
+    metrics = [m.strip() for m in args.metrics.split(",") if m.strip()] if args.metrics else None
+    if metrics is not None and (why := metrics_problem(metrics, [base, new])):
+        print(f"compare: --metrics: {why}", file=sys.stderr)
+        return EXIT_USAGE
     comparison = compare_reports(base, new, metrics, args.alpha, args.test, args.correction)
     gates = MatrixSpec.model_validate(new["matrix"]).gates if new.get("matrix") else []
     comparison["gates"] = evaluate_gates(gates, new, comparison)

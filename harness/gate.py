@@ -9,6 +9,7 @@ report path (e.g. ``parity.top1_agreement``) or on regressions against a baselin
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 import operator
@@ -17,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from harness.cells import matches
-from harness.metrics import direction
-from harness.spec import GateSpec
+from harness.metrics import DIRECTIONS, QUALITY_PREFIXES, direction
+from harness.spec import GateSpec, MatrixSpec
 from harness.stats import holm, significance
 
 OPS = {
@@ -249,6 +250,103 @@ def compare_reports(
     return correct_verdicts(comparison, correction or stats.get("correction", "holm"))
 
 
+# --------------------------------------------------------------------------- references
+
+
+def is_metric(name: str, ks: list[int]) -> bool:
+    """Whether ``name`` is a cell metric: one of :data:`harness.metrics.DIRECTIONS`, or a
+    quality metric (``hit@K`` ...) at a K of ``quality.ks``."""
+    prefix, at, k = name.partition("@")
+    if at:
+        return f"{prefix}@" in QUALITY_PREFIXES and k.isdigit() and int(k) in ks
+    return name in DIRECTIONS
+
+
+def metric_names(ks: list[int]) -> list[str]:
+    """Every metric name a cell can have under ``quality.ks``."""
+    return [*DIRECTIONS, *(f"{p}{k}" for p in QUALITY_PREFIXES for k in ks)]
+
+
+def _unknown(name: str, known: list[str], what: str) -> str:
+    close = difflib.get_close_matches(name, known, n=1)
+    hint = f"did you mean '{close[0]}'?" if close else f"known: {', '.join(known)}"
+    return f"'{name}' is not {what} ({hint})"
+
+
+def filter_problem(filt: str, cells: list, what: str = "cell") -> str | None:
+    """Why the cell filter ``filt`` selects no cell of ``cells`` (None when it selects one):
+    a ``key=value`` term on a key no cell has is named."""
+    if any(matches(c.id, c.params, filt) for c in cells):
+        return None
+    keys = sorted({k for c in cells for k in c.params})
+    for term in (t.strip() for t in filt.split(",")):
+        key = term.partition("=")[0]
+        if "=" in term and key not in keys:
+            return f"cells '{filt}': {_unknown(key, keys, 'a cell parameter')}"
+    ids = "; ".join(c.id for c in cells[:4]) + ("; ..." if len(cells) > 4 else "")
+    return f"cells '{filt}' selects no {what} of the matrix (its cells: {ids})"
+
+
+def metrics_problem(names: list[str], reports: list[dict]) -> str | None:
+    """Why ``compare --metrics`` names cannot be compared (None when they can): a name that is
+    no metric, or one that no ok cell of the reports has."""
+    ks = (reports[-1].get("matrix") or {}).get("quality", {}).get("ks", [1, 10])
+    have = {m for r in reports for c in r.get("cells", []) for m in c.get("metrics", {})}
+    if not names:
+        return "names no metric"
+    for name in names:
+        if not is_metric(name, ks):
+            return _unknown(name, metric_names(ks), "a metric")
+        if name not in have:
+            return f"'{name}': no cell of the two reports has it (they have: {', '.join(sorted(have))})"
+    return None
+
+
+def check_references(spec: MatrixSpec, cells: list) -> list[tuple[tuple, str]]:
+    """What the matrix's gates and targets name that it does not have, as (field path,
+    message): a metric that is no metric, a ``cells`` filter that selects no cell of the
+    expanded ``cells``, a ``path`` whose first part is no section of a report (or of a cell,
+    with ``cells``), a stage the matrix does not run, or a ``trace.`` path on untraced cells.
+    Empty when every reference can match. What only a run can tell (a path's deeper parts)
+    fails the gate then (:func:`evaluate_gates`)."""
+    from harness.report import CELL_FIELDS, REPORT_SECTIONS
+
+    ks = list(spec.quality.ks)
+    out: list[tuple[tuple, str]] = []
+    items = [("gates", i, g) for i, g in enumerate(spec.gates)]
+    items += [("targets", i, t) for i, t in enumerate(spec.targets)]
+    for kind, i, item in items:
+        name = f"{kind[:-1]} '{item.label}'"
+
+        def add(key: str, message: str, kind=kind, i=i, name=name) -> None:
+            out.append(((kind, i, key), f"{name}: {message}"))
+
+        chosen = [c for c in cells if not item.cells or matches(c.id, c.params, item.cells)]
+        if item.cells and (why := filter_problem(item.cells, cells)):
+            add("cells", why)
+        metric, path = item.metric, getattr(item, "path", None)
+        if kind == "targets" and metric and "." in metric:  # a value of the cell's entry
+            path, metric = metric, None
+        if metric and not is_metric(metric, ks):
+            add("metric", _unknown(metric, metric_names(ks), "a metric"))
+        if not path:
+            continue
+        key = "metric" if kind == "targets" else "path"
+        head = path.split(".")[0]
+        in_cells = kind == "targets" or bool(item.cells)
+        sections = list(CELL_FIELDS if in_cells else REPORT_SECTIONS)
+        what = "a section of a report cell" if in_cells else "a section of a report"
+        stage = getattr(spec, head) if head in ("parity", "determinism") else None
+        unrun = head in ("parity", "determinism") and (stage is None or not stage.enabled)
+        if head not in sections:
+            add(key, f"path {path}: {_unknown(head, sections, what)}")
+        elif not in_cells and unrun:
+            add(key, f"path {path}: this matrix runs no {head} stage")
+        elif in_cells and head == "trace" and chosen and not any(c.traced for c in chosen):
+            add(key, f"path {path}: none of its cells is traced (trace.cells)")
+    return out
+
+
 # --------------------------------------------------------------------------- gates
 
 
@@ -266,6 +364,10 @@ def resolve_path(report: dict, path: str) -> Any:
 
 
 def _absolute(gate: GateSpec, report: dict) -> dict:
+    """A threshold, checked in every selected cell that ran (or in the report, for a path
+    without ``cells``). A failed cell is missing; so is a cell without the path's section at
+    all (an untraced cell under a ``trace.`` path). A value absent where the cell ran, or the
+    section is there, fails the gate: it cannot be checked, so it has not passed."""
     op = OPS[gate.op or "=="]
     checks, missing = [], []
     if gate.path:
@@ -275,19 +377,27 @@ def _absolute(gate: GateSpec, report: dict) -> dict:
              if matches(c["id"], c.get("params", {}), gate.cells)]
             if gate.cells else [(gate.path, report)]
         )  # fmt: skip
+        section = gate.path.split(".")[0]
         for target, root in roots:
-            value = resolve_path(root, gate.path)
-            if not _finite(value) and not isinstance(value, bool):
+            if (root is not report and root.get("status") != "ok") or root.get(section) is None:
                 missing.append(target)
-            else:
+                continue
+            value = resolve_path(root, gate.path)
+            if _finite(value) or isinstance(value, bool):
                 checks.append({"target": target, "value": value, "ok": op(value, gate.value)})
+            else:
+                why = "absent" if value is None else f"not a number: {str(value)[:40]}"
+                checks.append({"target": target, "value": why, "ok": False})
     else:
         for cell in report.get("cells", []):
             if gate.cells and not matches(cell["id"], cell.get("params", {}), gate.cells):
                 continue
-            m = cell.get("metrics", {}).get(gate.metric or "")
-            if cell.get("status") != "ok" or m is None or not _finite(m.get("median")):
+            if cell.get("status") != "ok":
                 missing.append(cell["id"])
+                continue
+            m = cell.get("metrics", {}).get(gate.metric or "")
+            if m is None or not _finite(m.get("median")):
+                checks.append({"target": cell["id"], "value": "no value", "ok": False})
                 continue
             checks.append(
                 {"target": cell["id"], "value": m["median"], "ok": op(m["median"], gate.value)}
@@ -329,21 +439,31 @@ def _relative(gate: GateSpec, comparison: dict | None) -> dict:
 
 
 def _verdict(gate: GateSpec, checks: list[dict], missing: list[str]) -> dict:
+    """pass / fail, or ``no_data`` when nothing it selects was measured (never a pass)."""
     failed = [c for c in checks if not c["ok"]]
+    out = {"name": gate.label, "checks": checks, "missing": missing}
     if failed or (gate.required and (missing or not checks)):
-        status = "fail"
-    elif not checks:
-        status = "skipped"
-    else:
-        status = "pass"
-    return {"name": gate.label, "status": status, "checks": checks, "missing": missing}
+        return {**out, "status": "fail"}
+    if not checks:
+        why = "no cell of this run is selected"
+        if missing:
+            why = f"nothing measured to check (missing: {', '.join(missing)})"
+        return {**out, "status": "no_data", "reason": why}
+    return {**out, "status": "pass"}
 
 
 def evaluate_gates(gates: list[GateSpec], report: dict, comparison: dict | None = None) -> dict:
-    """Evaluate every gate; overall ``pass`` / ``fail`` / ``none`` (no gates)."""
+    """Evaluate every gate. Overall: ``none`` (no gates), ``fail`` (one failed), ``no_data``
+    (one had nothing to check: e.g. every cell failed), ``skipped`` (every gate needs a
+    baseline and there is none), else ``pass``."""
     results = [_relative(g, comparison) if g.relative_kind else _absolute(g, report) for g in gates]
+    statuses = {r["status"] for r in results}
     if not results:
         status = "none"
+    elif "fail" in statuses:
+        status = "fail"
+    elif "no_data" in statuses:
+        status = "no_data"
     else:
-        status = "fail" if any(r["status"] == "fail" for r in results) else "pass"
+        status = "pass" if "pass" in statuses else "skipped"
     return {"status": status, "results": results}

@@ -55,6 +55,20 @@ def _clean(obj: Any) -> Any:
     return obj
 
 
+# the top-level keys of report.json and of each of its cells: what a gate's ``path`` may start
+# with (harness.gate.check_references); the tests hold them to what build_report writes
+REPORT_SECTIONS = (
+    "schema_version", "run_id", "created", "clock_epoch_unix", "environment", "matrix", "model",
+    "measurement", "cells", "parity", "determinism", "gates", "targets", "summary", "files",
+    "interrupted",
+)  # fmt: skip
+CELL_FIELDS = (
+    "id", "engine", "params", "status", "error", "log_tail", "rounds", "round_metrics",
+    "metrics", "notes", "trace", "excluded_requests", "warmup", "server", "duration_s",
+    "baseline", "mfu", "measured", "resumed",
+)  # fmt: skip
+
+
 def cell_entry(res: CellResult, spec: MatrixSpec) -> dict:
     """One cell of report.json."""
     measured = [r for r in res.records if r.phase == "measure"]

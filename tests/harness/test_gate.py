@@ -6,7 +6,7 @@ import json
 
 import numpy as np
 import pytest
-from bench_helpers import base_matrix, fake_engine, processes_with, run_cli, write_matrix
+from bench_helpers import REPO, base_matrix, fake_engine, processes_with, run_cli, write_matrix
 
 from harness.gate import compare_reports, evaluate_gates, resolve_path
 from harness.spec import GateSpec
@@ -154,9 +154,9 @@ def test_gates():
         "pass",
         "fail",
         "pass",
-        "skipped",
+        "no_data",  # the report has no determinism section: nothing to check, never a pass
         "fail",
-        "skipped",
+        "skipped",  # needs a baseline
     ]
     assert res["status"] == "fail"
     comparison = compare_reports(base, slow)
@@ -220,3 +220,139 @@ def test_compare_cli_on_real_runs(tmp_path, marker):
     assert res["cells"][0]["metrics"]["qps"]["delta_pct"] < 0
     assert "regressed" in (tmp_path / "slow" / "compare.md").read_text()
     assert processes_with(marker) == []
+
+
+# --------------------------------------------------------------------------- references
+
+
+TYPOS = [  # (section entry, what the error names)
+    ({"gates": [{"name": "inv", "metric": "invalid_rat", "op": "==", "value": 0}]},
+     ["gates.0.metric", "gate 'inv'", "'invalid_rat' is not a metric", "'invalid_rate'"]),
+    ({"gates": [{"name": "par", "path": "parity.pased", "op": "==", "value": 1}]},
+     ["gates.0.path", "gate 'par'", "runs no parity stage"]),
+    ({"gates": [{"name": "bw", "metric": "qps", "op": ">", "value": 0, "cells": "beam_widht=4"}]},
+     ["gates.0.cells", "gate 'bw'", "'beam_widht' is not a cell parameter", "'beam_width'"]),
+    ({"gates": [{"name": "c9", "metric": "qps", "op": ">", "value": 0, "cells": "concurrency=9"}]},
+     ["gates.0.cells", "gate 'c9'", "selects no cell of the matrix"]),
+    ({"gates": [{"name": "sum", "path": "summry.ok", "op": ">", "value": 0}]},
+     ["gates.0.path", "'summry' is not a section of a report", "'summary'"]),
+    ({"gates": [{"name": "tr", "path": "trace.files.0.x", "op": ">", "value": 0, "cells": "e"}]},
+     ["gates.0.path", "gate 'tr'", "none of its cells is traced"]),
+    ({"targets": [{"name": "t", "metric": "qsp", "op": ">=", "value": 1}]},
+     ["targets.0.metric", "target 't'", "'qsp' is not a metric", "'qps'"]),
+    ({"targets": [{"name": "t", "metric": "qps", "op": ">=", "value": 1, "cells": "beam_width=5"}]},
+     ["targets.0.cells", "target 't'", "selects no cell"]),
+    ({"targets": [{"name": "t", "metric": "baselin.hf.speedup", "op": ">=", "value": 1}]},
+     ["targets.0.metric", "'baselin' is not a section of a report cell"]),
+    ({"gates": [{"name": "h", "metric": "hit@5", "op": ">", "value": 0}]},  # quality.ks: 1, 10
+     ["gates.0.metric", "'hit@5' is not a metric"]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("section,expected", TYPOS)
+def test_dry_run_refuses_references_that_match_nothing(tmp_path, capsys, section, expected):
+    """A gate or target naming a metric, path section, stage or cells no cell has is a matrix
+    error at load time (exit 2 from --dry-run), located by file:line and named."""
+    engine = {"name": "e", "kind": "external", "url": "http://127.0.0.1:9"}
+    m = base_matrix(engine, axes={"beam_width": [4, 8], "concurrency": [1, 2]}, **section)
+    path = write_matrix(tmp_path, m)
+    assert run_cli(str(path), "--dry-run") == 2
+    err = capsys.readouterr().err
+    field = expected[0]  # e.g. gates.0.metric, at the line of that key
+    lines = path.read_text().splitlines()
+    where = err.split(f"{path}:", 1)[1].split(":", 1)[0]
+    assert lines[int(where) - 1].strip(" -").startswith(field.split(".")[-1] + ":"), err
+    for text in expected:
+        assert text in err, (text, err)
+
+
+def test_references_that_match_something_load(tmp_path):
+    """The same sections spelled right load (and so does every matrix in matrices/)."""
+    from harness.cells import load_cells
+
+    engine = {"name": "e", "kind": "external", "url": "http://127.0.0.1:9"}
+    m = base_matrix(
+        engine,
+        axes={"beam_width": [4, 8]},
+        trace={"cells": ["beam_width=8"]},
+        gates=[
+            {"metric": "invalid_rate", "op": "==", "value": 0},
+            {"metric": "hit@10", "op": ">=", "value": 0},
+            {"path": "summary.ok", "op": ">", "value": 0},
+            {"path": "trace.files.0.decode_graph_replay", "op": "==", "value": 1, "cells": "e"},
+            {"metric": "qps", "op": ">", "value": 0, "cells": "beam_width=4"},
+        ],
+        targets=[{"metric": "baseline.hf.speedup", "op": ">=", "value": 1, "cells": "8"}],
+    )
+    spec, cells = load_cells(str(write_matrix(tmp_path, m)))
+    assert len(spec.gates) == 5 and len(cells) == 2
+    for path in sorted((REPO / "matrices").glob("*.yaml")):
+        load_cells(str(path))
+
+
+def test_run_time_missing_path_fails_the_gate():
+    """What only a run can tell: a path absent where its section exists fails the gate (a
+    typo under a configured stage, a traced cell without the value), and a gate with nothing
+    measured (every cell failed) is ``no_data``, never a pass."""
+    r = report([100, 101, 99], [10, 10, 10])
+    r["parity"] = {"status": "ok", "passed": True}
+    typo = GateSpec(name="typo", path="parity.pased", op="==", value=1)
+    right = GateSpec(path="parity.passed", op="==", value=1)
+    res = evaluate_gates([typo, right], r)
+    assert [g["status"] for g in res["results"]] == ["fail", "pass"] and res["status"] == "fail"
+    assert res["results"][0]["checks"] == [
+        {"target": "parity.pased", "value": "absent", "ok": False}
+    ]
+    r["cells"][0]["trace"] = {"status": "ok", "files": [{}]}  # traced, but no such value
+    res = evaluate_gates([GateSpec(path="trace.files.0.x", op="==", value=1, cells="e")], r)
+    assert res["status"] == "fail"
+    del r["cells"][0]["metrics"]["invalid_rate"]  # a cell that ran without the metric
+    assert evaluate_gates([GateSpec(metric="invalid_rate", op="==", value=0)], r)["status"] == (
+        "fail"
+    )
+    r["cells"][0]["status"] = "failed"  # every cell failed: nothing was checked
+    res = evaluate_gates([GateSpec(metric="qps", op=">", value=0), right], r)
+    assert [g["status"] for g in res["results"]] == ["no_data", "pass"]
+    assert res["status"] == "no_data" and "missing: e,concurrency=1" in res["results"][0]["reason"]
+
+
+def test_run_with_a_missing_path_fails_and_all_failed_never_passes(tmp_path, marker, capsys):
+    """Real runs on the fake server: a gate on a path the report lacks (``summary.okk``, known
+    only after the run) exits 1 naming the gate; a run whose every cell fails says ``gates
+    no_data`` (exit 3), not ``gates pass``."""
+    gates = [
+        {"name": "ok-cells", "path": "summary.okk", "op": ">", "value": 0},
+        {"name": "no-errors", "metric": "error_rate", "op": "==", "value": 0},
+    ]
+    m = base_matrix(fake_engine("--marker", marker), gates=gates)
+    out = tmp_path / "typo"
+    assert run_cli(str(write_matrix(tmp_path, m)), "--out", str(out)) == 1
+    rep = json.loads((out / "report.json").read_text())
+    assert rep["summary"]["ok"] == 1
+    assert [g["status"] for g in rep["gates"]["results"]] == ["fail", "pass"]
+    assert "ok-cells" in (out / "REPORT.md").read_text()
+    m = base_matrix(fake_engine("--fail-start", "--marker", marker), gates=gates[1:])
+    out = tmp_path / "dead"
+    capsys.readouterr()
+    assert run_cli(str(write_matrix(tmp_path, m, "dead.yaml")), "--out", str(out)) == 3
+    assert "gates no_data" in capsys.readouterr().err
+    assert json.loads((out / "report.json").read_text())["gates"]["status"] == "no_data"
+    assert processes_with(marker) == []
+
+
+def test_compare_metrics_must_name_metrics_the_reports_have(tmp_path, capsys):
+    from harness.cli import compare_main
+
+    d = tmp_path / "a"
+    d.mkdir()
+    r = report([100, 101, 99, 100, 100], [10, 10.1, 9.9, 10, 10])
+    r["matrix"] = {**base_matrix(fake_engine(name="e")), "stats": r["matrix"]["stats"]}
+    (d / "report.json").write_text(json.dumps(r))
+    assert compare_main([str(d), str(d), "--metrics", "qps,latency_p50_ms"]) == 0
+    assert compare_main([str(d), str(d), "--metrics", "qps,latncy_p50_ms"]) == 2
+    assert "'latncy_p50_ms' is not a metric (did you mean 'latency_p50_ms'?)" in (
+        capsys.readouterr().err
+    )
+    assert compare_main([str(d), str(d), "--metrics", "mfu"]) == 2  # a metric neither has
+    assert "no cell of the two reports has it" in capsys.readouterr().err
+    assert compare_main([str(d), str(d), "--metrics", ","]) == 2
