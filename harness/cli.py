@@ -25,6 +25,7 @@ COMMANDS: dict[str, str] = {
     "gate": "harness.abgate:main",
     "quick": "harness.quick:main",
     "reference-server": "harness.reference_server:main",
+    "witness": "harness.witness:main",
 }
 EXIT_GATE, EXIT_USAGE, EXIT_CELLS, EXIT_INTERRUPT = 1, 2, 3, 130
 
@@ -159,7 +160,8 @@ def run_main(argv: list[str]) -> int:
 
 
 def compare_main(argv: list[str]) -> int:
-    """``flashrec-bench compare BASE NEW``: verdict per cell and metric; gates with a baseline."""
+    """``flashrec-bench compare BASE NEW``: verdict per cell and metric (``inconclusive`` where
+    the change cannot be told from drift between the two runs); gates with a baseline."""
     from harness.gate import compare_reports, evaluate_gates, load_report, metrics_problem
     from harness.render import print_regressions, write_compare_markdown
     from harness.spec import MatrixSpec
@@ -190,6 +192,15 @@ def compare_main(argv: list[str]) -> int:
         help="multiple-test correction of the verdicts over every cell x metric compared "
         "(default: NEW's stats.correction, else holm)",
     )
+    p.add_argument(
+        "--between-run-band-pct",
+        type=float,
+        metavar="PCT",
+        help="how far two separate runs of one setup drift apart, in %% (default: NEW's "
+        "stats.between_run_band_pct): a change is called only beyond it plus the host probe's "
+        "difference; without one every supported change is 'inconclusive' (use "
+        "flashrec-bench gate, which interleaves the two sides, for a decision)",
+    )
     args = p.parse_args(argv)
     try:
         base, new = load_report(args.base), load_report(args.new)
@@ -200,7 +211,9 @@ def compare_main(argv: list[str]) -> int:
     if metrics is not None and (why := metrics_problem(metrics, [base, new])):
         print(f"compare: --metrics: {why}", file=sys.stderr)
         return EXIT_USAGE
-    comparison = compare_reports(base, new, metrics, args.alpha, args.test, args.correction)
+    comparison = compare_reports(
+        base, new, metrics, args.alpha, args.test, args.correction, args.between_run_band_pct
+    )
     gates = MatrixSpec.model_validate(new["matrix"]).gates if new.get("matrix") else []
     comparison["gates"] = evaluate_gates(gates, new, comparison)
     out = args.out or Path(new["_path"]).parent
@@ -210,6 +223,13 @@ def compare_main(argv: list[str]) -> int:
     print_regressions(comparison)
     for d in comparison["comparability"]:
         print(f"NOT COMPARABLE {d['field']}: base {d['base']!r}, new {d['new']!r}", file=sys.stderr)
+    undecided = comparison["inconclusive"]
+    if undecided:
+        print(
+            f"INCONCLUSIVE {len(undecided)} metric(s) changed beyond the rounds' noise: "
+            f"{undecided[0]['reason']}",
+            file=sys.stderr,
+        )
     print(
         f"compare: {comparison['verdict']}; gates {comparison['gates']['status']}; "
         f"{out}/compare.md",

@@ -145,19 +145,116 @@ def correct_verdicts(comparison: dict, correction: str = "holm") -> dict:
             if r["verdict"] in CHANGED and not p_adj < comparison["alpha"]:
                 r["verdict"] = "within_noise"
                 r["reason"] = f"not significant over {len(tested)} tests (Holm)"
-    regressions, improvements = [], []
+    return tally(comparison)
+
+
+def tally(comparison: dict) -> dict:
+    """Fill in a comparison's ``regressions``, ``improvements``, ``inconclusive`` and overall
+    ``verdict`` (regressed, else inconclusive, else ok) from its metrics' verdicts."""
+    lists: dict[str, list] = {"regressed": [], "improved": [], "inconclusive": []}
     for cell in comparison["cells"]:
         for m, r in cell.get("metrics", {}).items():
-            if r["verdict"] == "regressed":
-                regressions.append({"cell": cell["id"], "metric": m, **r})
-            elif r["verdict"] == "improved":
-                improvements.append({"cell": cell["id"], "metric": m, **r})
+            if r["verdict"] in lists:
+                lists[r["verdict"]].append({"cell": cell["id"], "metric": m, **r})
+    verdict = "regressed" if lists["regressed"] else "ok"
+    if verdict == "ok" and lists["inconclusive"]:
+        verdict = "inconclusive"
     comparison.update(
-        regressions=regressions,
-        improvements=improvements,
-        verdict="regressed" if regressions else "ok",
+        regressions=lists["regressed"],
+        improvements=lists["improved"],
+        inconclusive=lists["inconclusive"],
+        verdict=verdict,
     )
     return comparison
+
+
+# --------------------------------------------------------------------------- between runs
+
+
+def same_code(base: dict, new: dict) -> str | None:
+    """The commit both reports' runs ran, with the same files (None when they differ or a
+    report does not say)."""
+    bg, ng = ((r.get("environment") or {}).get("git") or {} for r in (base, new))
+    if not bg.get("commit") or bg.get("commit") != ng.get("commit"):
+        return None
+    if (bg.get("dirty") or ng.get("dirty")) and (
+        not bg.get("tree") or bg["tree"] != ng.get("tree")
+    ):
+        return None
+    return bg["commit"]
+
+
+def host_probe_pct(base: dict, new: dict) -> float | None:
+    """How much slower (+) or faster (-) NEW's host ran the host probe than BASE's, in %
+    (:func:`harness.environment.host_probe`; None when a report lacks it)."""
+    b, n = (
+        ((r.get("environment") or {}).get("host_probe") or {}).get("json_256_beams_ms")
+        for r in (base, new)
+    )
+    return 100 * (n / b - 1) if _finite(b) and _finite(n) and b > 0 else None
+
+
+def _engines(report: dict) -> Any:
+    m = report.get("matrix") or {}
+    return m.get("engines") or [m.get("engine")]
+
+
+def between_runs(base: dict, new: dict, band_pct: float | None) -> dict:
+    """What two separate runs' comparison knows about the variation between them: not
+    interleaved; the commit when both ran the same code with the same engines, model,
+    workload and load (an A/A pair: any difference is drift); the host probe's difference;
+    the recorded between-run band (%, None when none is recorded)."""
+    commit = same_code(base, new)
+    setup = commit is not None and _engines(base) == _engines(new) and not comparability(base, new)
+    return {
+        "interleaved": False,
+        "same_code": commit,
+        "same_setup": setup,
+        "host_probe_pct": host_probe_pct(base, new),
+        "between_run_band_pct": band_pct,
+    }
+
+
+def admit_drift(comparison: dict) -> dict:
+    """Judge a two-run comparison's changes against the variation between runs, which its
+    rounds cannot see (a less loaded machine alone can double a QPS). A metric whose change
+    the rounds support (p < alpha, beyond its band) stands as regressed / improved / changed
+    only when it also exceeds the recorded between-run band plus the host probe's difference,
+    and never in an A/A pair; otherwise its verdict is ``inconclusive``, and the metric's
+    ``drift`` says why (the relative gates read it). Returns the comparison, re-tallied."""
+    info = comparison["between_runs"]
+    probe, band = info["host_probe_pct"], info["between_run_band_pct"]
+    probe_text = (
+        "no host probe in both reports"
+        if probe is None
+        else (f"host probe differs by {probe:+.1f}%")
+    )
+    for cell in comparison["cells"]:
+        for r in cell.get("metrics", {}).values():
+            p = r.get("p_value")
+            supported = (
+                _finite(p)
+                and p < comparison["alpha"]
+                and (abs(r.get("delta_pct", 0.0)) > r.get("band_pct", 0.0))
+            )
+            if not supported:
+                continue
+            if info["same_setup"]:
+                why = f"the same code ({info['same_code'][:7]}) and setup on both sides"
+            elif band is None:
+                why = "no between-run band recorded (stats.between_run_band_pct)"
+            else:
+                allowance = band + abs(probe or 0.0)
+                if abs(r["delta_pct"]) - r["band_pct"] > allowance:
+                    r["between_run_pct"] = allowance
+                    continue
+                why = f"inside the between-run band ({band:g}% + {abs(probe or 0.0):.1f}% probe)"
+            r["drift"] = (
+                f"not interleaved; {why}; {probe_text}; for a decision: flashrec-bench gate"
+            )
+            if r["verdict"] in CHANGED:
+                r["verdict"], r["reason"] = "inconclusive", r["drift"]
+    return tally(comparison)
 
 
 def report_side(r: dict) -> dict:
@@ -206,11 +303,17 @@ def compare_reports(
     alpha: float | None = None,
     test: str | None = None,
     correction: str | None = None,
+    between_run_band_pct: float | None = None,
 ) -> dict:
-    """Cell-by-cell, metric-by-metric comparison of two reports. ``comparability`` lists what
-    differs between the two runs' model, workload and load (empty: comparable); ``correction``
-    (default: the new report's ``stats.correction``, else holm): see :func:`correct_verdicts`."""
+    """Cell-by-cell, metric-by-metric comparison of two separate runs. ``comparability`` lists
+    what differs between the two runs' model, workload and load (empty: comparable);
+    ``correction`` (default: the new report's ``stats.correction``, else holm): see
+    :func:`correct_verdicts`; a change then stands only beyond the variation between runs
+    (``between_run_band_pct``, default the new report's ``stats.between_run_band_pct``):
+    see :func:`admit_drift`."""
     stats = new.get("matrix", {}).get("stats", {})
+    if between_run_band_pct is None:
+        between_run_band_pct = stats.get("between_run_band_pct")
     alpha = alpha if alpha is not None else stats.get("alpha", 0.05)
     test = test or stats.get("test", "welch")
     cells_out = []
@@ -246,8 +349,9 @@ def compare_reports(
         "test": test,
         "cells": cells_out,
         "comparability": comparability(base, new),
+        "between_runs": between_runs(base, new, between_run_band_pct),
     }
-    return correct_verdicts(comparison, correction or stats.get("correction", "holm"))
+    return admit_drift(correct_verdicts(comparison, correction or stats.get("correction", "holm")))
 
 
 # --------------------------------------------------------------------------- references
@@ -413,7 +517,7 @@ def _relative(gate: GateSpec, comparison: dict | None) -> dict:
             "status": "skipped",
             "reason": "needs a baseline (flashrec-bench compare / gate)",
         }
-    checks, missing = [], []
+    checks, missing, undecided = [], [], []
     d = direction(gate.metric or "") or 1
     for cell in comparison.get("cells", []):
         if gate.cells and not matches(cell["id"], cell.get("params", {}), gate.cells):
@@ -421,6 +525,9 @@ def _relative(gate: GateSpec, comparison: dict | None) -> dict:
         r = cell.get("metrics", {}).get(gate.metric or "")
         if cell.get("status") != "compared" or r is None or r.get("verdict") == "n/a":
             missing.append(cell["id"])
+            continue
+        if r.get("drift"):  # a change two separate runs cannot tell from drift (admit_drift)
+            undecided.append({"target": cell["id"], "reason": r["drift"]})
             continue
         worse = -d * r["delta_pct"]
         band = r["band_pct"] if gate.beyond_noise else 0.0
@@ -435,7 +542,11 @@ def _relative(gate: GateSpec, comparison: dict | None) -> dict:
             gain = -worse
             check.update(better_pct=gain, ok=counts and gain - band >= gate.min_improvement_pct)
         checks.append(check)
-    return _verdict(gate, checks, missing)
+    out = _verdict(gate, checks, missing)
+    if undecided and out["status"] != "fail":
+        reason = undecided[0]["reason"]
+        out.update(status="inconclusive", inconclusive=undecided, reason=reason)
+    return out
 
 
 def _verdict(gate: GateSpec, checks: list[dict], missing: list[str]) -> dict:
@@ -454,7 +565,8 @@ def _verdict(gate: GateSpec, checks: list[dict], missing: list[str]) -> dict:
 
 def evaluate_gates(gates: list[GateSpec], report: dict, comparison: dict | None = None) -> dict:
     """Evaluate every gate. Overall: ``none`` (no gates), ``fail`` (one failed), ``no_data``
-    (one had nothing to check: e.g. every cell failed), ``skipped`` (every gate needs a
+    (one had nothing to check: e.g. every cell failed), ``inconclusive`` (a relative gate on
+    a change two separate runs cannot tell from drift), ``skipped`` (every gate needs a
     baseline and there is none), else ``pass``."""
     results = [_relative(g, comparison) if g.relative_kind else _absolute(g, report) for g in gates]
     statuses = {r["status"] for r in results}
@@ -464,6 +576,8 @@ def evaluate_gates(gates: list[GateSpec], report: dict, comparison: dict | None 
         status = "fail"
     elif "no_data" in statuses:
         status = "no_data"
+    elif "inconclusive" in statuses:
+        status = "inconclusive"
     else:
         status = "pass" if "pass" in statuses else "skipped"
     return {"status": status, "results": results}

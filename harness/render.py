@@ -692,6 +692,25 @@ def _correction_text(comparison: dict) -> str:
     return "; each metric tested at alpha on its own (no multiple-test correction)"
 
 
+def _between_runs_text(info: dict) -> str:
+    """What a two-run comparison knows about the variation between its runs."""
+    parts = ["not interleaved (two separate runs)"]
+    if info.get("same_setup"):
+        parts.append(f"the same code ({info['same_code'][:7]}) and setup: an A/A pair")
+    probe = info.get("host_probe_pct")
+    parts.append("no host probe in both" if probe is None else f"host probe {probe:+.1f}%")
+    band = info.get("between_run_band_pct")
+    if band is None:
+        parts.append("no between-run band recorded (stats.between_run_band_pct)")
+    else:
+        parts.append(f"between-run band {band:g}%")
+    return (
+        "; ".join(parts) + ". A change the rounds support is called only beyond the between-run "
+        "band plus the probe's difference, never in an A/A pair; else it is inconclusive. "
+        "`flashrec-bench gate` interleaves the two sides for a decision"
+    )
+
+
 def write_compare_markdown(comparison: dict, path: Path) -> None:
     """compare.md: every compared metric with its verdict, regressions first."""
     b, n = comparison["base"], comparison["new"]
@@ -703,8 +722,11 @@ def write_compare_markdown(comparison: dict, path: Path) -> None:
         f"- test: {comparison['test']}, alpha {comparison['alpha']}; a change counts only when "
         f"significant and beyond the noise band{_correction_text(comparison)}",
         f"- verdict: **{comparison['verdict']}** ({len(comparison['regressions'])} regressed, "
-        f"{len(comparison['improvements'])} improved)",
+        f"{len(comparison['improvements'])} improved, "
+        f"{len(comparison.get('inconclusive', []))} inconclusive)",
     ]
+    if "between_runs" in comparison:
+        lines.append(f"- between runs: {_between_runs_text(comparison['between_runs'])}")
     diffs = comparison.get("comparability") or []
     if diffs:
         lines.append(
@@ -733,8 +755,8 @@ def write_compare_markdown(comparison: dict, path: Path) -> None:
                     r["verdict"],
                 ]
             )
-    order = {"regressed": 0, "improved": 1}
-    rows.sort(key=lambda r: order.get(r[-1], 2))
+    order = {"regressed": 0, "improved": 1, "inconclusive": 2}
+    rows.sort(key=lambda r: order.get(r[-1], 3))
     lines += _md_table((head, rows))
     gates = comparison.get("gates")
     if gates and gates["results"]:

@@ -190,6 +190,9 @@ class StatsSpec(_Base):
     # how the verdicts of one comparison (every cell x metric) are corrected for being many
     # tests: holm (family-wise error <= alpha) or none (each metric at alpha on its own)
     correction: Literal["holm", "none"] = "holm"
+    # how far two separate runs of one setup drift apart (%, e.g. measured by A/A runs):
+    # ``compare`` of two runs calls a change only beyond it; unset, it calls none (inconclusive)
+    between_run_band_pct: float | None = Field(None, ge=0)
     seed: int = 0
 
 
