@@ -2,9 +2,100 @@
 
 from __future__ import annotations
 
+import json
+import unicodedata
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 from flashrec.sid.layout import SidLayout
+
+# pre-tokenizers that split or re-spell text but never drop any of it (Split / Punctuation
+# only without behavior "Removed")
+_KEEPING_PRE_TOKENIZERS = {"ByteLevel", "Metaspace", "Split", "Digits", "Punctuation"}
+
+
+class PromptTooLong(ValueError):
+    """A text that provably encodes to more tokens than allowed, refused before encoding."""
+
+
+@dataclass(frozen=True)
+class LengthGuard:
+    """Refuses a text whose token count is provably above ``max_tokens`` from its length.
+
+    Every token of the tokenizer stands for at most ``token_bytes`` bytes of the (normalized)
+    UTF-8 text and no text is dropped, so a text of B bytes has at least ceil(B /
+    token_bytes) tokens. ``nfc``: the tokenizer NFC-normalizes first; NFC leaves an NFC text
+    as it is, so only such a text is judged (any other goes to the tokenizer)."""
+
+    max_tokens: int
+    token_bytes: int
+    nfc: bool = False
+
+    def check(self, text: str) -> None:
+        """``PromptTooLong`` when ``text`` cannot fit ``max_tokens`` tokens."""
+        limit = self.max_tokens * self.token_bytes
+        if len(text) * 4 <= limit:  # at most 4 bytes a character: it may fit
+            return
+        if len(text) <= limit:
+            size = len(text.encode("utf-8", "surrogatepass"))
+            if size <= limit:
+                return
+        else:
+            size = len(text)  # a lower bound on its bytes, already too many
+        if self.nfc and not unicodedata.is_normalized("NFC", text):
+            return
+        least = -(-size // self.token_bytes)
+        raise PromptTooLong(
+            f"the prompt has at least {least} tokens ({size} bytes, at most "
+            f"{self.token_bytes} bytes a token); the server accepts at most "
+            f"{self.max_tokens} (--max-seq-len)"
+        )
+
+
+def length_guard(tokenizer: Any, max_tokens: int) -> LengthGuard | None:
+    """The ``LengthGuard`` of a HF fast BPE tokenizer, or None where no bound is provable
+    (another model, a normalizer other than NFC, a pre-tokenizer that drops text, fused
+    unknown tokens, added tokens that swallow the whitespace around them)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return None
+    try:
+        spec = json.loads(backend.to_str())
+    except Exception:  # noqa: BLE001 - a tokenizer that cannot describe itself is not judged
+        return None
+    model = spec.get("model") or {}
+    norm = spec.get("normalizer")
+    if model.get("type") != "BPE" or model.get("dropout") not in (None, 0, 0.0):
+        return None
+    if norm is not None and norm.get("type") != "NFC":
+        return None
+    pre = spec.get("pre_tokenizer")
+    pres = (
+        []
+        if pre is None
+        else pre.get("pretokenizers", [pre])
+        if pre.get("type") == "Sequence"
+        else [pre]
+    )
+    for p in pres:
+        if p.get("type") not in _KEEPING_PRE_TOKENIZERS or p.get("behavior") == "Removed":
+            return None
+    byte_level = any(p.get("type") == "ByteLevel" for p in pres)
+    vocab = model.get("vocab") or {}
+    # byte-level vocabularies spell each byte as one character; others spell the text itself
+    widths = [len(t) if byte_level else len(t.encode("utf-8")) for t in vocab]
+    if model.get("unk_token") is not None and not byte_level:
+        if model.get("fuse_unk"):
+            return None
+        widths.append(4)  # an unknown token stands for one character
+    for added in spec.get("added_tokens") or []:
+        if added.get("lstrip") or added.get("rstrip"):
+            return None
+        widths.append(len(str(added.get("content", "")).encode("utf-8")))
+    if not widths or max(widths) < 1:
+        return None
+    return LengthGuard(int(max_tokens), max(widths), nfc=norm is not None)
 
 
 def normalise_messages(messages) -> list[dict]:
@@ -42,15 +133,19 @@ def build_prompt_ids(
     text: str | None = None,
     input_ids: Sequence[int] | None = None,
     chat_template_kwargs: dict | None = None,
+    guard: LengthGuard | None = None,
 ) -> list[int]:
     """Chat template with thinking off (``messages``), raw text, or raw ids (used as-is);
-    then ``<|sid_begin|>`` appended unless it is already last."""
+    then ``<|sid_begin|>`` appended unless it is already last. ``guard``: a text (the
+    rendered template included) that cannot fit is refused before it is encoded."""
     if input_ids is not None:
         ids = [int(t) for t in input_ids]
         bad = [t for t in ids if not 0 <= t < vocab_size]
         if bad:
             raise ValueError(f"input_ids out of vocabulary [0, {vocab_size}): {bad[0]}")
     elif text is not None:
+        if guard is not None:
+            guard.check(text)
         ids = tokenizer.encode(text, add_special_tokens=False)
     elif messages is not None:
         kwargs = {"enable_thinking": False}
@@ -58,6 +153,8 @@ def build_prompt_ids(
         rendered = tokenizer.apply_chat_template(
             normalise_messages(messages), tokenize=False, add_generation_prompt=True, **kwargs
         )
+        if guard is not None:
+            guard.check(rendered)
         ids = tokenizer.encode(rendered, add_special_tokens=False)
     else:
         raise ValueError("one of messages, text or input_ids is required")

@@ -298,10 +298,14 @@ async def generate(request: web.Request) -> web.StreamResponse:
 
 
 async def health(request: web.Request) -> web.Response:
-    """``GET /health``: 200 ``{"status": "ok"}`` once warm, 503 before and while draining."""
+    """``GET /health``: 200 ``{"status": "ok"}`` once warm; 503 before, while draining, and
+    ``degraded`` (with a ``reason``) while a prompt has waited too long for a thread."""
     be = request.app[STATE].backend
     if be.healthy:
-        return web.json_response({"status": "ok"})
+        reason = be.degraded()
+        if reason is None:
+            return web.json_response({"status": "ok"})
+        return web.json_response({"status": "degraded", "reason": reason}, status=503)
     status = "draining" if be.draining else "starting"
     return web.json_response({"status": status}, status=503)
 

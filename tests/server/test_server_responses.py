@@ -366,8 +366,8 @@ class _SlowPromptEngine:
 @pytest.mark.parametrize("workers", [1, 3])
 def test_prompts_build_in_parallel_on_private_builders(workers: int) -> None:
     """``tokenizer_workers`` threads build prompts at once, each borrowing a builder no other
-    thread holds (a HF fast tokenizer must not be shared by two threads); one worker uses the
-    engine's own tokenizer and makes no copy."""
+    thread holds (a HF fast tokenizer must not be shared by two threads); the first worker uses
+    the engine's own tokenizer, the others and the large-prompt lane a copy each."""
     eng = _SlowPromptEngine()
     be = Backend(engine=eng, loop=_ThreadLoop(), limits=LIMITS, tokenizer_workers=workers)
 
@@ -381,5 +381,5 @@ def test_prompts_build_in_parallel_on_private_builders(workers: int) -> None:
     finally:
         be.close()
     assert got == [[i, 1] for i in range(6)]
-    assert eng.copies == workers - 1
+    assert eng.copies == workers
     assert eng.peak == workers
