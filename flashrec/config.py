@@ -366,6 +366,17 @@ class ServerConfig(EngineConfig):
     shutdown_timeout_s: float = _opt(
         30.0, "on SIGTERM, how long in-flight requests may take to finish"
     )
+    # slow clients: a connection may not hold the server longer than these (0 = no limit)
+    header_timeout_s: float = _opt(
+        10.0,
+        "a request's headers must be complete this many seconds after its first byte (after "
+        "the connection opens, for its first request); else 408 and the connection is closed",
+    )
+    body_timeout_s: float = _opt(
+        30.0,
+        "a request's body must arrive whole this many seconds after its headers; else 408 and "
+        "the connection is closed",
+    )
     warmup: bool = _opt(True, "run warm-up requests before /health reports ok")
     gc_freeze: bool = _opt(
         True,
@@ -415,6 +426,9 @@ class ServerConfig(EngineConfig):
             raise ValueError(f"--tokenizer-workers must be in 1..64, got {self.tokenizer_workers}")
         if not 0 <= self.respond_workers <= 64:
             raise ValueError(f"--respond-workers must be in 0..64, got {self.respond_workers}")
+        for name in ("header_timeout_s", "body_timeout_s"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 0")
         if not 0.01 <= self.gil_switch_interval_ms <= 100:
             raise ValueError(
                 f"--gil-switch-interval-ms must be in 0.01..100, got {self.gil_switch_interval_ms}"

@@ -96,6 +96,8 @@ ZH = {
     "served_model_name": "/v1/models 报告的模型名（默认目录名）",
     "max_body_bytes": "最大请求体字节数（超过返回 413）",
     "shutdown_timeout_s": "收到 SIGTERM 后等待在途请求完成的时长",
+    "header_timeout_s": "请求头须在其第一个字节后（连接的首个请求：连接建立后）这么多秒内收全，否则返回 408 并关闭连接",
+    "body_timeout_s": "请求体须在请求头收全后这么多秒内全部到达，否则返回 408 并关闭连接",
     "warmup": "/health 返回 ok 之前先跑预热请求",
     "gc_freeze": "预热后把当时存活的全部对象（模型、tokenizer、各库）移入 Python GC 的永久代（gc.freeze）：此后的完整回收只遍历请求分配的对象（完整回收会暂停所有线程，包括引擎线程）",
     "respond_workers": "并行构建宽回答（至少 64 个 beam、非流式）JSON 正文的进程数，不占事件循环：同一步结束的请求的回答否则只能逐个构建（H200 上 n=512、c=8 的 respond 阶段平均 13 ms，见 docs/baselines.md 第 8 次会话）；0 = 在事件循环上构建。在 GPU 机器上测量之前默认关闭",

@@ -12,9 +12,13 @@ Routes (see ``docs/api.md``)::
     POST /v1/chat/completions  /generate  /start_profile  /stop_profile
     POST|GET /flush_cache
 
-On SIGTERM or SIGINT: new generation requests get 503, in-flight requests get up to
-``--shutdown-timeout-s`` to finish (``loop.drain``), a running profile is written, the
-listener closes, the loop stops, and the process exits 0.
+On SIGTERM or SIGINT: idle connections close, new generation requests get 503 (every answer
+then closes its connection), in-flight requests get up to ``--shutdown-timeout-s`` to finish
+(``loop.drain``); those still held at the deadline are cancelled and answered 503. Then a
+running profile is written, the listener closes, the loop stops, and the process exits 0.
+
+Connections are ``wire.Connection``: header and body read timeouts, JSON parse errors, and
+request bodies decoded by the server (aiohttp's decompression is off).
 """
 
 from __future__ import annotations
@@ -40,10 +44,13 @@ from flashrec.server.backend import Backend
 from flashrec.server.gcwatch import GcWatch, freeze_startup_objects
 from flashrec.server.handlers import STATE, ServerState
 from flashrec.server.metrics import ServerMetrics
+from flashrec.server.wire import Connection
 
 _log = logging.getLogger("flashrec.server")
 
 URL_LINE = "FlashRec serving on http://{host}:{port}"
+KEEPALIVE_S = 75.0  # an idle kept-alive connection is closed after this long
+CLOSE_GRACE_S = 1.0  # at shutdown, how long connections may still deliver a request
 
 
 def create_app(engine: Any, loop: Any, config: ServerConfig) -> web.Application:
@@ -99,18 +106,62 @@ def _url_host(host: str) -> str:
     return f"[{host}]" if ":" in host and not host.startswith("[") else host
 
 
-async def start_site(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, int]:
-    """Bind ``app`` the way production does; returns the runner and the bound port."""
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=5.0)
+class Site:
+    """``app`` listening on HOST:PORT through ``wire.Connection`` (not aiohttp's ``TCPSite``,
+    whose connections cannot be chosen); ``close`` stops listening, ``cleanup`` also ends the
+    connections."""
+
+    def __init__(self, runner: web.AppRunner, listener: asyncio.Server) -> None:
+        self.runner, self.listener = runner, listener
+        self.port = int(listener.sockets[0].getsockname()[1])
+
+    @property
+    def connections(self) -> list[Connection]:
+        server = self.runner.server
+        return [c for c in server.connections if isinstance(c, Connection)] if server else []
+
+    def close_idle(self) -> None:
+        """Close every connection that holds no request (shutting down: no new keep-alive)."""
+        for conn in self.connections:
+            if conn.idle:
+                conn.close()
+
+    async def cleanup(self) -> None:
+        """Stop listening; connections accepted until then get ``CLOSE_GRACE_S`` to send their
+        request and be answered (503 while shutting down) before any is closed unanswered."""
+        self.listener.close()
+        deadline = time.monotonic() + CLOSE_GRACE_S
+        while self.connections and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        await self.runner.cleanup()
+
+
+async def start_site(app: web.Application, host: str, port: int) -> Site:
+    """Bind ``app`` the way production does."""
+    runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=5.0)
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
-    await site.start()
-    bound = port
-    for addr in runner.addresses:
-        if isinstance(addr, tuple) and len(addr) >= 2:
-            bound = int(addr[1])
-            break
-    return runner, bound
+    cfg = app[STATE].config
+    server = runner.server
+    assert server is not None
+
+    def connection() -> Connection:
+        return Connection(
+            server,
+            loop=aloop,
+            header_timeout_s=float(cfg.header_timeout_s),
+            on_error=app[STATE].metrics.count_error,
+            access_log=None,
+            keepalive_timeout=KEEPALIVE_S,
+            auto_decompress=False,  # bodies are decoded, with a size cap, in wire.read_body
+        )
+
+    aloop = asyncio.get_running_loop()
+    try:
+        listener = await aloop.create_server(connection, host, port, reuse_address=True)
+    except BaseException:
+        await runner.cleanup()
+        raise
+    return Site(runner, listener)
 
 
 async def start_engine(st: ServerState, warmup: bool) -> None:
@@ -194,11 +245,12 @@ class Server:
                 cfg.host,
             )
         try:
-            runner, self.port = await start_site(self.app, cfg.host, cfg.port)
+            site = await start_site(self.app, cfg.host, cfg.port)
         except OSError as exc:
             _log.error("cannot listen on %s:%s: %s", cfg.host, cfg.port, exc)
             self.state.backend.close()
             return 1
+        self.port = site.port
         print(URL_LINE.format(host=_url_host(cfg.host), port=self.port), flush=True)
         self.bound.set()
         if install_signals:
@@ -222,23 +274,26 @@ class Server:
         if not starting.done():
             starting.cancel()
         stopping.cancel()
-        await self._shutdown(runner)
+        await self._shutdown(site)
         return code or self.exit_code
 
-    async def _shutdown(self, runner: web.AppRunner) -> None:
+    async def _shutdown(self, site: Site) -> None:
         st = self.state
         be = st.backend
         _log.info("shutting down: draining for up to %.1f s", self.config.shutdown_timeout_s)
+        be.draining = True
+        site.close_idle()  # from now on every answer closes its connection too
         if not await drain(st, self.config.shutdown_timeout_s):
-            left = sorted(be.inflight)
-            _log.warning("shutdown timeout: %d request(s) did not finish; cancelling", len(left))
-            for rid in left:
-                be.withdraw(rid)  # their clients get 503
+            held = list(st.held)
+            _log.warning("shutdown timeout: %d request(s) did not finish; cancelling", len(held))
+            st.closing = True
+            for task in held:
+                task.cancel()  # each answers 503 and withdraws its engine request
             deadline = time.monotonic() + 2.0
             while be.active_handlers and time.monotonic() < deadline:
                 await asyncio.sleep(0.01)
         await asyncio.to_thread(st.profiler.shutdown)
-        await runner.cleanup()
+        await site.cleanup()
         await asyncio.to_thread(self.loop.stop)
         be.close()
         if st.gc is not None:

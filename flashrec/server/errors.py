@@ -4,8 +4,9 @@ Every non-2xx answer of the server has the body::
 
     {"error": {"message": str, "type": str, "param": str | None, "code": int}}
 
-``type`` is ``invalid_request_error`` for 4xx caused by the request, ``server_busy`` for 503
-and ``internal_error`` for 500 (an engine batch failure).
+``type`` is ``invalid_request_error`` for 4xx caused by the request (``not_found_error`` for
+404), ``server_busy`` for 503 and ``internal_error`` for 500 (a server fault, e.g. an engine
+batch failure). ``docs/api.md`` lists the statuses per cause.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ class APIError(Exception):
         param: str | None = None,
         type: str = INVALID_REQUEST,
         headers: dict[str, str] | None = None,
+        close: bool = False,
     ) -> None:
         super().__init__(message)
         self.message = message
@@ -38,6 +40,7 @@ class APIError(Exception):
         self.param = param
         self.type = type
         self.headers = headers or {}
+        self.close = close  # end the connection after this answer (Connection: close)
 
     def body(self) -> dict[str, Any]:
         """The JSON body of this error."""
@@ -45,7 +48,10 @@ class APIError(Exception):
 
     def response(self) -> web.Response:
         """The aiohttp response carrying this error."""
-        return web.json_response(self.body(), status=self.status, headers=self.headers)
+        resp = web.json_response(self.body(), status=self.status, headers=self.headers)
+        if self.close:
+            resp.force_close()
+        return resp
 
 
 def error_body(
@@ -68,3 +74,18 @@ def busy(message: str) -> APIError:
 def internal(message: str) -> APIError:
     """500: the engine failed the batch this request ran in."""
     return APIError(message, 500, type=INTERNAL_ERROR)
+
+
+def too_large(limit: int, what: str = "request body") -> APIError:
+    """413: the body (as sent or as decoded) is over ``--max-body-bytes``."""
+    return APIError(f"{what} too large (limit {limit} bytes)", 413)
+
+
+def unsupported_media(message: str) -> APIError:
+    """415: a ``Content-Encoding`` the server does not decode."""
+    return APIError(message, 415)
+
+
+def timed_out(message: str) -> APIError:
+    """408: the client did not send the whole request in time; the connection is closed."""
+    return APIError(message, 408, close=True)

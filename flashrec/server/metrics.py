@@ -135,6 +135,7 @@ class ServerMetrics:
     latency: dict[str, Histogram] = field(default_factory=dict)
     completion_tokens: int = 0
     cached_tokens: int = 0
+    errors: dict[int, int] = field(default_factory=dict)  # HTTP status -> error responses
 
     def __post_init__(self) -> None:
         for ep in ENDPOINTS:
@@ -146,6 +147,11 @@ class ServerMetrics:
         """One finished request of ``endpoint`` with ``outcome`` (one of ``OUTCOMES``)."""
         key = (endpoint, outcome)
         self.requests[key] = self.requests.get(key, 0) + 1
+
+    def count_error(self, status: int) -> None:
+        """One error response (status >= 400) on any path, including those answered before
+        routing (unparsable requests, header timeouts)."""
+        self.errors[status] = self.errors.get(status, 0) + 1
 
     def observe_latency(self, endpoint: str, seconds: float) -> None:
         """End-to-end latency of one successful request."""
@@ -179,6 +185,14 @@ class ServerMetrics:
             out.append(
                 f"flashrec_requests_total{_labels({'endpoint': ep, 'outcome': outcome})} {n}"
             )
+        family(
+            "flashrec_http_errors_total",
+            "counter",
+            "Error responses (4xx, 5xx) on every path by HTTP status, unparsable requests and "
+            "read timeouts included.",
+        )
+        for status, n in sorted(self.errors.items()):
+            out.append(f"flashrec_http_errors_total{_labels({'status': str(status)})} {n}")
         family(
             "flashrec_completion_tokens_total",
             "counter",
