@@ -99,7 +99,10 @@ def chat_body(req: Request) -> dict:
 
 
 def generate_body(req: Request) -> dict:
-    """The SGLang ``/generate`` beam body (the text already has the template and sid_begin)."""
+    """The SGLang ``/generate`` beam body (the text already has the template and sid_begin):
+    only ``sampling_params`` keys upstream SGLang accepts (it rejects unknown ones with a
+    400): ``beam_width`` beams searched, all ``n`` of them returned. ``beam_width`` 1 is a
+    plain greedy generation upstream (one sequence, no ``beam_results``)."""
     params: dict[str, Any] = {
         "beam_width": req.n,
         "n": req.n,
@@ -124,7 +127,9 @@ def parse_chat(data: dict) -> tuple[list[str], dict]:
 
 
 def parse_generate(data: Any) -> tuple[list[str], dict]:
-    """Beam texts (best first) and token counts of a ``/generate`` response."""
+    """Beam texts (best first) and token counts of a ``/generate`` response: SGLang's beam
+    answer (``meta_info.beam_results[i].text``, the counts in the top-level ``meta_info``),
+    or a plain generation's top-level ``text``."""
     if isinstance(data, list):
         data = data[0]
     meta = data.get("meta_info") or {}

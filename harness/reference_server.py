@@ -112,27 +112,40 @@ def chat_response(rid: str, model: str, beams: list[dict], prompt_tokens: int) -
     }
 
 
+def _finish(b: dict) -> dict:
+    """SGLang's finish-reason object of a beam."""
+    if b["finish_reason"] == "stop":
+        return {"type": "stop", "matched": b["token_ids"][-1]}
+    return {"type": "length", "length": len(b["token_ids"])}
+
+
 def generate_response(rid: str, beams: list[dict], prompt_tokens: int, latency: float) -> dict:
-    """SGLang's beam-search ``/generate`` answer for one prompt."""
+    """SGLang's beam-search ``/generate`` answer for one prompt: the best beam at the top
+    level, every beam (``output_ids``, ``text``, ``meta_info``) in ``meta_info.beam_results``;
+    the best beam's meta_info also holds the request's keys, as upstream."""
+    request_meta = {
+        "id": rid,
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": sum(len(b["token_ids"]) for b in beams),
+        "e2e_latency": latency,
+    }
+    results = [
+        {
+            "output_ids": b["token_ids"],
+            "text": b["text"],
+            "meta_info": {
+                **(request_meta if i == 0 else {}),
+                "finish_reason": _finish(b),
+                "sequence_score": b["sequence_score"],
+            },
+        }
+        for i, b in enumerate(beams)
+    ]
+    best = results[0] if results else {"output_ids": [], "text": "", "meta_info": request_meta}
     return {
-        "text": beams[0]["text"] if beams else "",
-        "meta_info": {
-            "id": rid,
-            "beam_results": [
-                {
-                    "text": b["text"],
-                    "token_ids": b["token_ids"],
-                    "meta_info": {
-                        "sequence_score": b["sequence_score"],
-                        "finish_reason": b["finish_reason"],
-                    },
-                }
-                for b in beams
-            ],
-            "prompt_tokens": prompt_tokens,
-            "completion_tokens": sum(len(b["token_ids"]) for b in beams),
-            "e2e_latency": latency,
-        },
+        "text": best["text"],
+        "output_ids": best["output_ids"],
+        "meta_info": {**best["meta_info"], "beam_results": results},
     }
 
 
@@ -180,7 +193,13 @@ class ReferenceApp:
         if not isinstance(sp, dict):
             raise RequestError("'sampling_params' must be an object", "sampling_params")
         _check_temperature(sp)
+        # SGLang: beam_width beams searched, the best n (default 1) returned; n alone: width n
         n = _int(sp, ("beam_width", "n"), 1)
+        keep = _int(sp, ("n",), 1) if sp.get("beam_width") is not None else n
+        if keep > n:
+            raise RequestError(
+                f"'n' ({keep}) cannot exceed 'beam_width' ({n})", "sampling_params.n"
+            )
         max_tokens = _int(sp, ("max_new_tokens",), self.ref.depth + 1)
         text, ids = body.get("text"), body.get("input_ids")
         if (text is None) == (ids is None):
@@ -194,7 +213,7 @@ class ReferenceApp:
             prompts = [self._prompt(input_ids=x) for x in (ids if batched else [ids])]
         outs = []
         for p in prompts:
-            beams = await self._run(p, n, max_tokens)
+            beams = (await self._run(p, n, max_tokens))[:keep]
             outs.append(
                 generate_response(uuid.uuid4().hex, beams, len(p), time.perf_counter() - t0)
             )

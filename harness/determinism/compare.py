@@ -60,8 +60,8 @@ def parse_answer(protocol: str, data: Any) -> Answer:
         data = data[0]
     meta = data["meta_info"]
     beams = [
-        (
-            tuple(b.get("token_ids") or ()),
+        (  # SGLang's output_ids; token_ids from FlashRec servers before them
+            tuple(b["output_ids"] if "output_ids" in b else b.get("token_ids") or ()),
             tuple(b["meta_info"][k] for k in keys if k in b["meta_info"]),
         )
         for b in meta["beam_results"]

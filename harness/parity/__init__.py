@@ -5,9 +5,10 @@
     candidate URL ─┘  (chat | /generate)   └─ max |score diff| on shared beams -> thresholds
 
 Protocol-agnostic: each server's protocols come from ``/get_server_info`` (``protocols``) or a
-probe; ``SGLANG_BEAM_PROTOCOL=chat|generate`` forces one. Beams are identified by their token
-ids (``sglext.token_ids`` / ``beam_results[i].token_ids``), or by their text when a server
-returns no ids. Thresholds depend on the precision (:data:`THRESHOLDS`); a failure carries a
+probe that counts a protocol only when it answers scored beams (upstream SGLang's chat answers
+n samples: /generate only); ``SGLANG_BEAM_PROTOCOL=chat|generate`` forces one. Beams are
+identified by their token ids (FlashRec's chat ``sglext.token_ids``; SGLang's
+``beam_results[i].output_ids``), or by their text when a server returns no ids. Thresholds depend on the precision (:data:`THRESHOLDS`); a failure carries a
 per-prompt diff table (:func:`diff_table`). :func:`run_parity_stage` is the matrix stage.
 
     compare.py  thresholds, per-case metrics, evaluation, diff tables (no network)
@@ -40,6 +41,7 @@ from harness.parity.compare import (
     thresholds_for,
 )
 from harness.parity.fetch import (
+    CHAT_NOT_BEAMS,
     FETCH_ERRORS,
     PROTOCOL_ENV,
     PROTOCOLS,
@@ -51,6 +53,7 @@ from harness.parity.fetch import (
     detect_protocols,
     fetch_beams,
     make_prompts,
+    no_shared_protocol,
     parse_beams,
     post,
     request_for,
@@ -58,6 +61,7 @@ from harness.parity.fetch import (
 from harness.parity.stage import compact, engine_device, run_parity_stage, serving
 
 __all__ = [
+    "CHAT_NOT_BEAMS",
     "FETCH_ERRORS",
     "PRECISION_ARGS",
     "PROTOCOLS",
@@ -80,6 +84,7 @@ __all__ = [
     "failure_text",
     "fetch_beams",
     "make_prompts",
+    "no_shared_protocol",
     "parity_result",
     "parse_beams",
     "post",

@@ -29,15 +29,30 @@ FETCH_ERRORS = (
 )
 
 
+# what an upstream SGLang chat answer looks like to parse_beams: n samples, not beams
+CHAT_NOT_BEAMS = (
+    "chat choice without sglext.sequence_score: n samples, not beams (upstream SGLang's "
+    "/v1/chat/completions has no beam search); use /generate (SGLANG_BEAM_PROTOCOL=generate)"
+)
+
+
 def parse_beams(protocol: str, data: Any) -> list[Beam]:
-    """Beams (best first) of a chat or /generate response."""
+    """Beams (best first) of a chat or /generate response.
+
+    chat: FlashRec's extension, ``choices[i].sglext`` = ``{sequence_score, token_ids}``.
+    /generate: SGLang's beam answer, ``meta_info.beam_results[i]`` = ``{output_ids, text,
+    meta_info: {sequence_score, ...}}`` (``token_ids``: FlashRec servers before output_ids).
+    An answer without ``beam_results`` is SGLang's plain generation (``beam_width`` <= 1):
+    one beam from the top-level ``output_ids``, scored by its mean token logprob (SGLang's
+    beam score at length penalty 1) from ``meta_info.output_token_logprobs``.
+    """
     if protocol == "chat":
         out = []
         for ch in data["choices"]:
             ext = ch.get("sglext") or {}
             score = ext.get("sequence_score")
             if score is None:
-                raise ValueError("chat choice without sglext.sequence_score (not a beam server?)")
+                raise ValueError(CHAT_NOT_BEAMS)
             out.append(
                 Beam(
                     tuple(ext.get("token_ids") or ()),
@@ -48,17 +63,34 @@ def parse_beams(protocol: str, data: Any) -> list[Beam]:
         return out
     if isinstance(data, list):
         data = data[0]
-    beams = (data.get("meta_info") or {}).get("beam_results")
+    meta = data.get("meta_info") or {}
+    beams = meta.get("beam_results")
     if beams is None:
-        raise ValueError("/generate answer without meta_info.beam_results (not a beam server?)")
+        return [_plain_beam(data)]
     return [
         Beam(
-            tuple(b.get("token_ids") or ()),
-            float((b.get("meta_info") or {})["sequence_score"]),
-            b.get("text") or "",
+            _output_ids(b), float((b.get("meta_info") or {})["sequence_score"]), b.get("text") or ""
         )
         for b in beams
     ]
+
+
+def _output_ids(beam: dict) -> tuple[int, ...]:
+    ids = beam["output_ids"] if "output_ids" in beam else beam.get("token_ids")
+    return tuple(ids or ())
+
+
+def _plain_beam(data: dict) -> Beam:
+    """The one sequence of a plain (not beam-search) SGLang /generate answer."""
+    meta = data.get("meta_info") or {}
+    ids = _output_ids(data)
+    logprobs = meta.get("output_token_logprobs")
+    if not ids or not logprobs:
+        raise ValueError(
+            "/generate answer without meta_info.beam_results and without "
+            "output_token_logprobs (not a beam answer?)"
+        )
+    return Beam(ids, sum(float(lp[0]) for lp in logprobs) / len(ids), data.get("text") or "")
 
 
 async def post(session: aiohttp.ClientSession, url: str, body: dict, timeout_s: float) -> Any:
@@ -79,12 +111,15 @@ def request_for(
 
 
 def body_for(protocol: str, req: Request) -> tuple[str, dict]:
-    """(path, JSON body) of a request in ``protocol`` (the harness client's bodies)."""
-    return (
-        ("/v1/chat/completions", chat_body(req))
-        if protocol == "chat"
-        else ("/generate", generate_body(req))
-    )
+    """(path, JSON body) of a request in ``protocol`` (the harness client's bodies). At n = 1
+    a /generate body also asks for token logprobs: SGLang answers ``beam_width`` 1 as a plain
+    generation, scored only through them (it refuses ``return_logprob`` with beam search)."""
+    if protocol == "chat":
+        return "/v1/chat/completions", chat_body(req)
+    body = generate_body(req)
+    if req.n == 1:
+        body["return_logprob"] = True
+    return "/generate", body
 
 
 async def fetch_beams(
@@ -99,9 +134,14 @@ async def fetch_beams(
     return parse_beams(protocol, await post(session, base_url.rstrip("/") + path, body, timeout_s))
 
 
-async def detect_protocols(session: aiohttp.ClientSession, base_url: str) -> list[str]:
+async def detect_protocols(
+    session: aiohttp.ClientSession, base_url: str, why: dict[str, str] | None = None
+) -> list[str]:
     """The beam protocols a server speaks: ``SGLANG_BEAM_PROTOCOL`` if set, else its
-    ``/get_server_info`` ``protocols``, else FlashRec's (both), else a probe of each."""
+    ``/get_server_info`` ``protocols``, else FlashRec's (both), else a probe of each: a
+    protocol counts only when its answer holds scored beams (upstream SGLang's chat, n
+    samples without ``sglext.sequence_score``, does not). ``why`` gets the reason each
+    protocol left out was left out."""
     forced = os.environ.get(PROTOCOL_ENV, "").strip().lower()
     if forced:
         if forced not in PROTOCOLS:
@@ -110,6 +150,9 @@ async def detect_protocols(session: aiohttp.ClientSession, base_url: str) -> lis
     info = await fetch_info(session, base_url)
     declared = info.get("protocols")
     if isinstance(declared, list):
+        for p in PROTOCOLS:
+            if p not in declared and why is not None:
+                why[p] = f"{base_url}/get_server_info does not list {p!r} in 'protocols'"
         return [p for p in PROTOCOLS if p in declared]
     if "sid_layout" in info and "limits" in info:  # a FlashRec server
         return list(PROTOCOLS)
@@ -118,11 +161,22 @@ async def detect_protocols(session: aiohttp.ClientSession, base_url: str) -> lis
     probe = request_for(msgs, builtin_text(msgs), 2, 8)
     for protocol in PROTOCOLS:
         try:
-            if await fetch_beams(session, base_url, protocol, probe, timeout_s=60):
-                found.append(protocol)
-        except FETCH_ERRORS:
+            beams = await fetch_beams(session, base_url, protocol, probe, timeout_s=60)
+        except FETCH_ERRORS as exc:
+            if why is not None:
+                why[protocol] = f"{base_url}: {type(exc).__name__}: {exc}"[:300]
             continue
+        if len(beams) == probe.n:
+            found.append(protocol)
+        elif why is not None:
+            why[protocol] = f"{base_url}: {len(beams)} beams for n={probe.n}"
     return found
+
+
+def no_shared_protocol(why: dict[str, str]) -> str:
+    """The message for two servers that share no beam protocol."""
+    reasons = "; ".join(f"{p}: {r}" for p, r in why.items()) or "no reason recorded"
+    return f"the reference and the candidate share no beam protocol ({reasons})"
 
 
 def builtin_text(messages: list[dict]) -> str:

@@ -20,6 +20,7 @@ from harness.parity.fetch import (
     default_max_tokens,
     detect_protocols,
     make_prompts,
+    no_shared_protocol,
 )
 from harness.server import fetch_info
 
@@ -94,12 +95,13 @@ def serving(
 async def _compare_stage(spec: dict, urls: dict[str, str], model_path: str | None) -> dict:
     async with aiohttp.ClientSession() as session:
         protocols = spec.get("protocols") or "auto"
+        why: dict[str, str] = {}
         if protocols == "auto":
-            a = await detect_protocols(session, urls["reference"])
-            b = await detect_protocols(session, urls["candidate"])
+            a = await detect_protocols(session, urls["reference"], why)
+            b = await detect_protocols(session, urls["candidate"], why)
             protocols = [p for p in a if p in b]
         if not protocols:
-            raise ValueError("the reference and the candidate share no beam protocol")
+            raise ValueError(no_shared_protocol(why))
         max_tokens = spec.get("max_tokens") or await default_max_tokens(
             session, urls["candidate"], urls["reference"]
         )

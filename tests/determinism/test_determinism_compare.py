@@ -70,15 +70,11 @@ def test_parse_answer_keeps_every_score():
         "id": "c1",
         "choices": [{"sglext": {"token_ids": [5], "sequence_score": -0.25, "cum_logprob": -1.0}}],
     }
-    gen = {
-        "meta_info": {
-            "id": "g1",
-            "beam_results": [
-                {"token_ids": [5], "meta_info": {"sequence_score": -0.25, "cum_logprob": -1.0}}
-            ],
-        }
-    }
+    beam = {"meta_info": {"sequence_score": -0.25, "cum_logprob": -1.0}}
+    gen = {"meta_info": {"id": "g1", "beam_results": [{"output_ids": [5], **beam}]}}
+    old = {"meta_info": {"id": "g0", "beam_results": [{"token_ids": [5], **beam}]}}
     assert parse_answer("chat", chat).beams == parse_answer("generate", gen).beams
+    assert parse_answer("generate", old).beams == parse_answer("generate", gen).beams
     assert parse_answer("chat", chat).rid == "c1" and parse_answer("generate", [gen]).rid == "g1"
 
 

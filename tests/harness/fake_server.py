@@ -171,19 +171,33 @@ async def generate(request: web.Request) -> web.Response:
     body = await request.json()
     text = body.get("text") or json.dumps(body.get("input_ids"))
     sp = body.get("sampling_params", {})
-    n = int(sp.get("beam_width", sp.get("n", 1)))
+    # FlashRec's semantics: beam_width searched, the best n (default 1) returned; n alone: width
+    width = int(sp.get("beam_width") or sp.get("n") or 1)
+    n = int(sp.get("n") or 1) if sp.get("beam_width") is not None else width
+    if n > width:
+        return web.json_response({"error": "n cannot exceed beam_width"}, status=400)
     prefix = text.split("<|im_end|>")[0] if "<|im_end|>" in text else ""
     if not text.endswith("<|sid_begin|>"):
         return web.json_response({"error": "prompt must end with <|sid_begin|>"}, status=400)
     texts, pt, cached = await fake.work(text, n, prefix)
     results = [
-        {"text": t, "token_ids": [1, 2, 3, 4], "meta_info": {"sequence_score": -0.1 * i}}
+        {
+            "output_ids": [1, 2, 3, 4],
+            "text": t,
+            "meta_info": {
+                "finish_reason": {"type": "stop", "matched": 4},
+                "sequence_score": -0.1 * i,
+            },
+        }
         for i, t in enumerate(texts)
     ]
+    request_meta = {"prompt_tokens": pt, "completion_tokens": 4 * n, "cached_tokens": cached}
+    results[0]["meta_info"].update(request_meta)
     return web.json_response(
         {
             "text": texts[0],
-            "meta_info": {"beam_results": results, "prompt_tokens": pt, "cached_tokens": cached},
+            "output_ids": results[0]["output_ids"],
+            "meta_info": {**results[0]["meta_info"], "beam_results": results},
         }
     )
 

@@ -27,6 +27,7 @@ from harness.parity import (
     default_max_tokens,
     detect_protocols,
     make_prompts,
+    no_shared_protocol,
     precision_args,
     serving,
 )
@@ -45,6 +46,7 @@ class ParityTarget:
     overrides: dict
     launched_reference: bool
     max_tokens: int
+    why: dict  # protocol -> why it was left out (detection)
 
 
 def _ns() -> list[int]:
@@ -57,12 +59,13 @@ def _flags(var: str) -> dict:
     return {k.strip(): v.strip() for k, v in pairs}
 
 
-async def _probe(ref: str, cand: str) -> tuple[list[str], int]:
+async def _probe(ref: str, cand: str) -> tuple[list[str], int, dict]:
+    why: dict[str, str] = {}
     async with aiohttp.ClientSession() as session:
-        a = await detect_protocols(session, ref)
-        b = await detect_protocols(session, cand)
+        a = await detect_protocols(session, ref, why)
+        b = await detect_protocols(session, cand, why)
         max_tokens = await default_max_tokens(session, cand, ref)
-    return [p for p in a if p in b], max_tokens
+    return [p for p in a if p in b], max_tokens, why
 
 
 @pytest.fixture(scope="session")
@@ -86,7 +89,9 @@ def parity_target(synth_model, tmp_path_factory) -> Iterator[ParityTarget]:
     ref_args.update(_flags("PARITY_REFERENCE_ARGS"))
     logs = tmp_path_factory.mktemp("parity-servers")
     with serving(model_path, catalog, logs, ref_url, cand_url, device, cand_args, ref_args) as urls:
-        protocols, max_tokens = asyncio.run(_probe(urls["reference"], urls["candidate"]))
+        protocols, max_tokens, why = asyncio.run(_probe(urls["reference"], urls["candidate"]))
+        if not protocols:
+            pytest.fail(no_shared_protocol(why), pytrace=False)
         yield ParityTarget(
             urls["reference"],
             urls["candidate"],
@@ -97,4 +102,5 @@ def parity_target(synth_model, tmp_path_factory) -> Iterator[ParityTarget]:
             overrides,
             ref_url is None,
             max_tokens,
+            why,
         )

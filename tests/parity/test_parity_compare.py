@@ -4,6 +4,7 @@ network beyond an in-process test server): runs in the default test selection.""
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from types import SimpleNamespace
 
 import aiohttp
@@ -13,12 +14,14 @@ from aiohttp.test_utils import TestClient, TestServer
 from harness.parity import (
     Beam,
     Case,
+    body_for,
     compare_beams,
     detect_protocols,
     diff_table,
     evaluate,
     parity_result,
     parse_beams,
+    request_for,
     spearman,
     thresholds_for,
 )
@@ -92,17 +95,62 @@ def test_parse_both_protocols():
             {"message": {"content": "a"}, "sglext": {"sequence_score": -1.5, "token_ids": [7, 8]}}
         ]
     }
+    # upstream SGLang's beam answer (sglang/srt/beam_search/output.py): output_ids, no token_ids
+    beam = {
+        "output_ids": [7, 8],
+        "text": "a",
+        "meta_info": {"finish_reason": {"type": "stop", "matched": 8}, "sequence_score": -1.5},
+    }
     gen = {
+        "text": "a",
+        "output_ids": [7, 8],
+        "meta_info": {**beam["meta_info"], "beam_results": [beam]},
+    }
+    want = [Beam((7, 8), -1.5, "a")]
+    assert parse_beams("chat", chat) == parse_beams("generate", gen) == want
+    assert parse_beams("generate", [gen])[0].key == (7, 8)
+    # FlashRec servers before output_ids named them token_ids
+    old = {
         "meta_info": {
             "beam_results": [
                 {"text": "a", "token_ids": [7, 8], "meta_info": {"sequence_score": -1.5}}
             ]
         }
     }
-    assert parse_beams("chat", chat) == parse_beams("generate", gen) == [Beam((7, 8), -1.5, "a")]
-    assert parse_beams("generate", [gen])[0].key == (7, 8)
-    with pytest.raises(ValueError, match="sequence_score"):
-        parse_beams("chat", {"choices": [{"message": {"content": "x"}}]})
+    assert parse_beams("generate", old) == want
+    # identical beams from an upstream-shaped and a FlashRec-shaped server match exactly
+    assert compare_beams(parse_beams("generate", gen), parse_beams("chat", chat))["exact"]
+
+
+def test_upstream_chat_and_plain_answers():
+    """Upstream SGLang's chat answers n samples (no sglext.sequence_score): not beams, with a
+    message naming /generate. A beam_width-1 /generate is a plain generation: one beam scored
+    by its mean token logprob (output_token_logprobs: (logprob, token id, text) triples)."""
+    samples = {
+        "choices": [
+            {"index": i, "message": {"content": "x"}, "finish_reason": "stop"} for i in range(2)
+        ]
+    }
+    with pytest.raises(ValueError, match="SGLANG_BEAM_PROTOCOL=generate"):
+        parse_beams("chat", samples)
+    plain = {
+        "text": "ab",
+        "output_ids": [7, 8],
+        "meta_info": {
+            "finish_reason": {"type": "stop", "matched": 8},
+            "output_token_logprobs": [[-1.0, 7, None], [-2.0, 8, None]],
+        },
+    }
+    assert parse_beams("generate", plain) == [Beam((7, 8), -1.5, "ab")]
+    del plain["meta_info"]["output_token_logprobs"]
+    with pytest.raises(ValueError, match="output_token_logprobs"):
+        parse_beams("generate", plain)
+    req = request_for([{"role": "user", "content": "x"}], "x", 1, 4)
+    path, body = body_for("generate", req)
+    assert path == "/generate" and body["return_logprob"] is True
+    assert (
+        "return_logprob" not in body_for("generate", replace(req, n=4))[1]
+    )  # upstream refuses it with beams
 
 
 def test_protocol_forced_by_env(monkeypatch):
@@ -148,7 +196,8 @@ def test_reference_app_protocols():
             )
             chat = await r.json()
             r = await client.post(
-                "/generate", json={"input_ids": [[1, 2], [3]], "sampling_params": {"beam_width": 2}}
+                "/generate",
+                json={"input_ids": [[1, 2], [3]], "sampling_params": {"beam_width": 2, "n": 2}},
             )
             gen = await r.json()
             r = await client.post(
@@ -170,7 +219,13 @@ def test_reference_app_protocols():
     assert chat["choices"][0]["sglext"] == {"sequence_score": -0.5, "token_ids": [5, 6, 7, 99]}
     assert chat["usage"]["completion_tokens"] == 7
     assert isinstance(gen, list) and len(gen) == 2
-    assert gen[0]["meta_info"]["beam_results"][1]["meta_info"]["sequence_score"] == -0.7
+    second = gen[0]["meta_info"]["beam_results"][1]
+    assert second["meta_info"] == {
+        "finish_reason": {"type": "length", "length": 3},
+        "sequence_score": -0.7,
+    }
+    assert gen[0]["output_ids"] == [5, 6, 7, 99] and second["output_ids"] == [5, 6, 8]
+    assert gen[0]["meta_info"]["finish_reason"] == {"type": "stop", "matched": 99}
     assert hot[0] == 400 and hot[1]["error"]["param"] == "temperature"
     assert boom[0] == 400 and "bad template" in boom[1]["error"]["message"]
     assert info["engine"] == "hf-reference" and protocols == ["chat", "generate"]
