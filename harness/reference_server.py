@@ -362,6 +362,9 @@ def run_reference_server(args: argparse.Namespace) -> int:
             stream=sys.stderr,
             format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         )
+    from flashrec.server.parentwatch import watch_from_env
+
+    watch_from_env()  # launched by the harness: dies with it (loading included)
     ref = HFReference(
         args.model_path,
         args.sid_vocab_file,

@@ -2,7 +2,10 @@
 
 No server outlives the run: every launched group is registered until it is stopped, and an
 ``atexit`` hook (also reached on Ctrl-C and SIGTERM, see :func:`install_signal_handlers`) kills
-what is left. Stopping sends SIGTERM to the group, waits, then SIGKILLs the group.
+what is left. Stopping sends SIGTERM to the group, waits, then SIGKILLs the group. Where the
+harness cannot clean up (``kill -9``), a watchdog pipe does: each server gets the read end
+(``$FLASHREC_PARENT_WATCH_FD``, ``flashrec.server.parentwatch``) and a FlashRec or reference
+server stops itself once the harness's end closes.
 
 External servers (``kind: external``) have no lifecycle: the harness only talks to their URL.
 """
@@ -203,6 +206,7 @@ class LaunchedServer(Server):
         self.log_path = log_path
         self.proc: Any = None
         self.started_at = 0.0
+        self._link: Any = None  # the watchdog pipe's launcher end while the server runs
 
     def command(self) -> list[str]:
         """The argv that launches this server."""
@@ -242,8 +246,12 @@ class LaunchedServer(Server):
         """Start the process group (does not wait for readiness)."""
         import subprocess
 
+        from flashrec.server.parentwatch import ParentLink
+
         argv = self.command()
+        link = ParentLink()
         env = {**os.environ, **self.extra_env, **self.engine.env, "PYTHONUNBUFFERED": "1"}
+        env.update(link.env)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")
         log.write(f"# harness: {' '.join(argv)}\n".encode())
@@ -257,11 +265,15 @@ class LaunchedServer(Server):
                 env=env,
                 cwd=self.engine.cwd or None,
                 start_new_session=True,
+                pass_fds=link.pass_fds,
             )
         except OSError as exc:
+            link.close()
             raise ServerError(f"cannot launch {argv[0]}: {exc}") from None
         finally:
             log.close()
+        link.launched()
+        self._link = link
         _LIVE.add(self.proc.pid)
         self.started_at = time.monotonic()
 
@@ -316,6 +328,9 @@ class LaunchedServer(Server):
                 break
             time.sleep(0.05)
         _LIVE.discard(pgid)
+        if self._link is not None:
+            self._link.close()
+            self._link = None
 
 
 async def fetch_info(session: aiohttp.ClientSession, base_url: str) -> dict:

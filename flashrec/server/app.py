@@ -353,6 +353,9 @@ def serve_main(args: argparse.Namespace) -> int:
             stream=sys.stderr,
             format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         )
+    from flashrec.server.parentwatch import watch_from_env
+
+    watch_from_env()  # a launcher that passed a watch fd: this server dies with it
     config = config_from_args(ServerConfig, args)
     if not config.model_path:
         print("flashrec serve: --model-path is required", file=sys.stderr)

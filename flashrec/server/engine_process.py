@@ -155,6 +155,7 @@ def child_main(conn: Any, config: Any, log_level: int) -> None:
     # process that dies closes the pipe, and this process then stops by itself.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    _exit_with_parent()  # also while the engine loads, before the pipe is read
     # the reader thread must get the GIL soon after a request arrives (see the server's own)
     sys.setswitchinterval(config.gil_switch_interval_ms / 1000.0)
     try:
@@ -184,6 +185,23 @@ def child_main(conn: Any, config: Any, log_level: int) -> None:
     loop.start()
     conn.send(("ready", info))
     _Child(conn, loop, profiler, gcw).serve()
+
+
+def _exit_with_parent(grace_s: float = 2.0) -> None:
+    """End this process ``grace_s`` after the server process is gone, however it went (its
+    multiprocessing sentinel reads end-of-file), so an engine never outlives its server."""
+    parent = mp.parent_process()
+    if parent is None:
+        return
+
+    def watch() -> None:
+        from multiprocessing.connection import wait
+
+        wait([parent.sentinel])
+        time.sleep(grace_s)  # a server that stopped this engine: it is ending already
+        os._exit(1)
+
+    threading.Thread(target=watch, name="flashrec-parent-watch", daemon=True).start()
 
 
 class _Child:

@@ -18,6 +18,7 @@ from server_fakes import FakeEngine  # noqa: E402
 from flashrec.config import ServerConfig, config_from_args  # noqa: E402
 from flashrec.engine.loop import EngineLoop  # noqa: E402
 from flashrec.server import add_serve_args, serve  # noqa: E402
+from flashrec.server.parentwatch import watch_from_env  # noqa: E402
 
 
 def main() -> int:
@@ -26,6 +27,7 @@ def main() -> int:
     parser.add_argument("--step-delay-s", type=float, default=0.0)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    watch_from_env()  # as ``flashrec serve``: dies with the test that launched it
     config = config_from_args(ServerConfig, args)
     engine = FakeEngine(config, step_delay_s=args.step_delay_s)
     return serve(engine, EngineLoop(engine), config)

@@ -20,6 +20,7 @@ import requests
 from server_helpers import fake_server
 
 import flashrec.server.app as app_mod
+from flashrec.server.parentwatch import ParentLink
 
 ROOT = Path(__file__).resolve().parents[2]
 FAKE_MAIN = str(Path(__file__).with_name("server_fake_main.py"))
@@ -27,10 +28,12 @@ URL_RE = re.compile(r"^FlashRec serving on (http://\S+:(\d+))$")
 
 
 class Proc:
-    """A server subprocess in its own process group; killed on exit whatever happens."""
+    """A server subprocess in its own process group; killed on exit whatever happens (and,
+    through the watchdog pipe, when pytest itself is killed)."""
 
     def __init__(self, argv: list[str], env: dict[str, str] | None = None) -> None:
-        full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+        self.link = ParentLink()
+        full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {}), **self.link.env}
         self.p = subprocess.Popen(
             argv,
             cwd=ROOT,
@@ -39,7 +42,9 @@ class Proc:
             stderr=subprocess.STDOUT,
             text=True,
             start_new_session=True,
+            pass_fds=self.link.pass_fds,
         )
+        self.link.launched()
         self.lines: queue.Queue[str] = queue.Queue()
         self.log: list[str] = []
         threading.Thread(target=self._pump, daemon=True).start()
@@ -83,6 +88,7 @@ class Proc:
         if self.p.poll() is None:
             os.killpg(self.p.pid, signal.SIGKILL)
         self.p.wait(timeout=30)
+        self.link.close()
 
 
 @pytest.fixture
