@@ -4,15 +4,20 @@ from __future__ import annotations
 
 import base64
 import html
-import json
 import sys
 from pathlib import Path
 
 from harness.client import Record
 from harness.environment import SOURCE_COMMIT_ENV
 from harness.plots import all_plots
-
-Table = tuple[list[str], list[list[str]]]
+from harness.render_stages import (
+    Table,
+    determinism_blocks,
+    parity_blocks,
+    stage_line,
+    trace_blocks,
+    trace_lines,
+)
 
 
 def _num(x, fmt: str = ".2f") -> str:
@@ -339,119 +344,6 @@ def quality_table(report: dict) -> Table | None:
     return ["cell", *names], rows
 
 
-def trace_lines(report: dict) -> list[str]:
-    out = []
-    for c in report["cells"]:
-        t = c.get("trace")
-        if not t:
-            continue
-        out.append(
-            f"**{c['id']}**: {t.get('status')} after {t.get('waited_s', '-')} s "
-            f"(num_steps {t.get('num_steps')}, dir `{t.get('dir')}`)"
-        )
-        for f in t.get("files", []):
-            out.append(
-                f"- `{Path(f['path']).name}`: {f['size_bytes']:,} bytes, "
-                f"{f.get('steps', '-')} steps, {f.get('events', '-')} events"
-            )
-            if "error" in f:
-                out.append(f"  - unreadable: {f['error']}")
-                continue
-            gemm = f.get("gemm")
-            fp8 = (
-                gemm
-                if isinstance(gemm, str)
-                else (f"{gemm['is_fp8']} (FP8 share of GEMM time {gemm['fp8_fraction']})")
-            )
-            out.append(
-                f"  - device {f['device']}; GPU busy {f['gpu_busy_fraction']}; "
-                f"CUDA-graph decode {f['decode_graph_replay']} "
-                f"({f.get('decode_graph_launches', 'n/a')} of {f['cuda_graph_launches']} graph "
-                f"launches inside decode spans); FP8 GEMMs: {fp8}"
-            )
-            tops = f["top_kernels"] if isinstance(f["top_kernels"], list) else f["top_cpu_ops"]
-            label = "kernels" if isinstance(f["top_kernels"], list) else "CPU ops"
-            out.append(
-                f"  - top {label}: "
-                + ", ".join(f"{k['name'][:60]} {k['total_us'] / 1000:.1f} ms" for k in tops[:5])
-            )
-            if f.get("annotations"):
-                spans = ", ".join(
-                    f"{k['name']} x{k['count']} {k['total_us'] / 1000:.1f} ms"
-                    for k in f["annotations"][:6]
-                )
-                out.append(f"  - spans: {spans}")
-            if isinstance(f["largest_gaps_us"], list) and f["largest_gaps_us"]:
-                out.append(
-                    "  - largest gaps: "
-                    + ", ".join(
-                        f"{g['gap_us']:.0f} us after {g['before'][:40]}"
-                        for g in f["largest_gaps_us"][:3]
-                    )
-                )
-            over = f.get("gaps_over")
-            if isinstance(over, dict) and over["count"]:
-                out.append(
-                    f"  - GPU gaps over {over['threshold_us'] / 1000:.1f} ms: {over['count']}, "
-                    f"{over['total_us'] / 1000:.1f} ms together ({over['fraction']:.1%} of the "
-                    "window)"
-                )
-            if isinstance(f.get("gpu_time_by_span"), list) and f["gpu_time_by_span"]:
-                out.append("  - GPU time by span (its top kernels: launches x mean, longest):")
-                for r in f["gpu_time_by_span"]:
-                    kernels = "; ".join(
-                        f"{k['name'][:50]} {k['total_us'] / 1000:.1f} ms ({k['count']} x "
-                        f"{k['mean_us']:.0f} us, max {k['max_us']:.0f}"
-                        + (f", {k['registers']} regs" if k.get("registers") else "")
-                        + ")"
-                        for k in r["top"]
-                    )
-                    out.append(
-                        f"    - {r['span']} {r['gpu_us'] / 1000:.1f} ms ({r['pct']:.1f}% of GPU "
-                        f"time, {r['ops']} ops): {kernels}"
-                    )
-            stalls = f.get("host_stalls")
-            if isinstance(stalls, dict):
-                calls = ", ".join(
-                    f"{k} x{v['count']} {v['total_us'] / 1000:.1f} ms" for k, v in stalls.items()
-                )
-                out.append(f"  - allocator calls and syncs: {calls or 'none'}")
-            if f.get("decode_steps"):
-                out.append(
-                    f"  - decode: {f['decode_steps']} steps, {f['decode_span_us_mean'] / 1000:.2f}"
-                    f" ms each on the host, one every "
-                    + (
-                        f"{f['decode_interval_us_mean'] / 1000:.2f} ms"
-                        if isinstance(f.get("decode_interval_us_mean"), float)
-                        else "n/a"
-                    )
-                    + (
-                        f" (duty cycle {f['decode_duty']:.0%})"
-                        if isinstance(f.get("decode_duty"), float)
-                        else ""
-                    )
-                )
-            if f.get("limit"):
-                out.append(f"  - **limit: {f['limit']}**")
-                if f.get("gpu_idle_by_host"):
-                    out.append(
-                        "  - GPU idle while the host is in: "
-                        + ", ".join(
-                            f"{r['span']} {r['idle_us'] / 1000:.1f} ms ({r['pct_of_window']:.1f}%)"
-                            for r in f["gpu_idle_by_host"]
-                        )
-                    )
-                if isinstance(f.get("gpu_idle_by_python"), list) and f["gpu_idle_by_python"]:
-                    out.append(
-                        "  - GPU idle by Python frame: "
-                        + ", ".join(
-                            f"{r['frame'][:70]} {r['idle_us'] / 1000:.1f} ms"
-                            for r in f["gpu_idle_by_python"][:5]
-                        )
-                    )
-    return out
-
-
 def gates_table(report: dict) -> Table:
     rows = [
         [
@@ -549,8 +441,13 @@ def _extra_tables(report: dict) -> list[tuple[str, Table, str]]:
     return out
 
 
-def _stage(report: dict, name: str) -> str:
-    return json.dumps(report.get(name), indent=1, default=str)[:4000]
+STAGE_BLOCKS = {"parity": parity_blocks, "determinism": determinism_blocks}
+
+
+def _stage_blocks(report: dict, name: str) -> tuple[str, list[tuple[str, Table]]]:
+    """A stage section's outcome line and its tables (none when it did not run)."""
+    stage = report.get(name) or {}
+    return stage_line(stage), STAGE_BLOCKS[name](stage)
 
 
 # --------------------------------------------------------------------------- markdown
@@ -593,7 +490,10 @@ def write_markdown(report: dict, path: Path) -> None:
                 "",
             ]
     for stage in ("parity", "determinism"):
-        lines += [f"## {stage.title()}", "", "```json", _stage(report, stage), "```", ""]
+        line, blocks = _stage_blocks(report, stage)
+        lines += [f"## {stage.title()}", "", line, ""]
+        for title, table in blocks:
+            lines += [f"### {title}", ""] + _md_table(table)
     lines += [f"## Gates: {report['gates']['status']}", ""]
     if report["gates"]["results"]:
         lines += _md_table(gates_table(report))
@@ -646,11 +546,11 @@ def write_html(report: dict, records: list[Record], path: Path) -> None:
     for title, png in plots:
         b64 = base64.b64encode(png).decode()
         parts.append(f"<h3>{html.escape(title)}</h3><img src='data:image/png;base64,{b64}'/>")
-    parts += [
-        "<h2>Traces</h2><pre>",
-        html.escape("\n".join(trace_lines(report)) or "none"),
-        "</pre>",
-    ]
+    parts.append("<h2>Traces</h2>")
+    traces = trace_blocks(report)
+    parts += [] if traces else ["<p>no traced cells</p>"]
+    for title, table in traces:
+        parts += [f"<h3>{html.escape(title)}</h3>", _html_table(table)]
     for c in report["cells"]:
         if c["status"] == "failed":
             parts += [
@@ -658,7 +558,10 @@ def write_html(report: dict, records: list[Record], path: Path) -> None:
                 f"<pre>{html.escape(c['log_tail'])}</pre>"
             ]
     for stage in ("parity", "determinism"):
-        parts += [f"<h2>{stage.title()}</h2><pre>{html.escape(_stage(report, stage))}</pre>"]
+        line, blocks = _stage_blocks(report, stage)
+        parts.append(f"<h2>{stage.title()}</h2><p>{html.escape(line)}</p>")
+        for title, table in blocks:
+            parts += [f"<h3>{html.escape(title)}</h3>", _html_table(table)]
     parts.append(f"<h2>Gates: {html.escape(report['gates']['status'])}</h2>")
     if report["gates"]["results"]:
         parts.append(_html_table(gates_table(report)))
