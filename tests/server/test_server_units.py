@@ -169,3 +169,28 @@ def test_gc_watch_times_collections_and_reports_slow_ones_once(caplog) -> None:
     before = watch.collections[2]
     gc.collect(2)
     assert watch.collections[2] == before  # uninstalled: no longer counting
+
+
+def test_parent_watch_fires_when_the_launcher_end_closes(monkeypatch) -> None:
+    import os
+    import threading
+
+    from flashrec.server.parentwatch import PARENT_WATCH_ENV, ParentLink, watch_from_env
+
+    read, write = os.pipe()  # as a launched server holds it: the read end named in the env
+    monkeypatch.setenv(PARENT_WATCH_ENV, str(read))
+    gone = threading.Event()
+    thread = watch_from_env(gone.set)
+    assert thread is not None and PARENT_WATCH_ENV not in os.environ  # not for our children
+    assert not os.get_inheritable(read)
+    assert not gone.wait(0.3)  # the launcher's end is open: nothing happens
+    os.close(write)  # the launcher exits
+    assert gone.wait(10)
+    thread.join(10)
+    monkeypatch.setenv(PARENT_WATCH_ENV, "not-a-number")
+    assert watch_from_env(gone.set) is None
+    link = ParentLink()  # the launcher's side hands over exactly one fd, named in its env
+    assert link.env == {PARENT_WATCH_ENV: str(link.pass_fds[0])}
+    link.launched()
+    assert link.pass_fds == ()
+    link.close()
