@@ -36,11 +36,23 @@ def _server_arg(text: str) -> tuple[str, Any]:
     return key.strip().lstrip("-").replace("-", "_"), yaml.safe_load(value)
 
 
+class _Defaults(argparse.HelpFormatter):
+    """Help that shows each flag's default (the prompt length above all: a default that
+    surprises makes a number ten times off), except where there is none."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if action.default in (None, False, [], argparse.SUPPRESS) or "%(default)" in text:
+            return text
+        return text + " (default: %(default)s)"
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="flashrec-bench quick",
         description="One benchmark from flags: beam widths x concurrencies against a server. "
         "Writes the equivalent matrix to OUT/matrix.yaml, then runs it (docs/harness.md).",
+        formatter_class=_Defaults,
     )
     where = p.add_mutually_exclusive_group(required=True)
     where.add_argument("--url", help="a running server (kind external), e.g. http://127.0.0.1:8000")
@@ -58,9 +70,14 @@ def parser() -> argparse.ArgumentParser:
         "--model-path it is also the server's --sid-vocab-file (default: MODEL/catalog.json "
         "when present)",
     )
-    p.add_argument("--beam-width", type=_ints, default=[50], help="n, comma-separated (50,100)")
-    p.add_argument("--concurrency", type=_ints, default=[1], help="clients, comma-separated")
-    p.add_argument("--protocol", choices=["chat", "generate"], default="chat")
+    p.add_argument("--beam-width", type=_ints, default="50", help="n, comma-separated (50,100)")
+    p.add_argument("--concurrency", type=_ints, default="1", help="clients, comma-separated")
+    p.add_argument(
+        "--protocol",
+        choices=["chat", "generate"],
+        default="chat",
+        help="the API the requests use: /v1/chat/completions or /generate",
+    )
     p.add_argument(
         "--prompt-tokens",
         type=int,
@@ -87,7 +104,7 @@ def parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="--model-path: a server flag, e.g. quantization=fp8 (repeatable)",
     )
-    p.add_argument("--timeout-s", type=float, default=300.0, help="per-request timeout")
+    p.add_argument("--timeout-s", type=float, default=300.0, help="per-request timeout, seconds")
     p.add_argument("--out", type=Path, help="report directory (default reports/<run-id>/)")
     p.add_argument("--name", default="quick", help="the matrix's name")
     p.add_argument("--print-matrix", action="store_true", help="print the matrix and exit")

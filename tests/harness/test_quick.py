@@ -88,3 +88,20 @@ def test_quick_launches_flashrec_on_a_model_path(tmp_path, tiny_model, marker):
     assert cell["status"] == "ok" and cell["metrics"]["invalid_rate"]["median"] == 0
     assert cell["server"]["info"]["config"]["batch_slots"] == 8
     assert processes_with(marker) == []
+
+
+def test_help_shows_the_defaults(capsys):
+    """--help states what an unset flag means (a 2,465-token prompt is not a guess a new user
+    makes), and the defaults shown are the ones the matrix gets."""
+    from harness.quick import build_matrix, parser
+
+    with pytest.raises(SystemExit):
+        run_cli("quick", "--help")
+    text = " ".join(capsys.readouterr().out.split())
+    for shown in ("(default: 2465)", "(default: 50)", "(default: 1)", "(default: 64)",
+                  "(default: cold)", "(default: chat)", "(default: 4)"):  # fmt: skip
+        assert shown in text, shown
+    assert "(default: None)" not in text and "(default: False)" not in text
+    m = build_matrix(parser().parse_args(["--url", "http://h:1"]))
+    assert m["workload"]["median_tokens"] == 2465 and m["workload"]["requests"] == 64
+    assert m["axes"] == {"beam_width": [50], "concurrency": [1]} and m["load"]["radix"] == "cold"
