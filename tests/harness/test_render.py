@@ -106,3 +106,18 @@ def test_sections_that_did_not_run_say_so():
     odd = {"status": "fail", "diff_tables": ["case 1\nheader\nsomething else"]}
     ((title, (head, rows)),) = parity_blocks(odd)
     assert title == "case 1" and rows == [["header"], ["something else"]]
+
+
+def test_readme_excerpt_is_the_reports_own_table():
+    """README's report excerpt copies REPORT.md's cells table as the report writes it: every
+    column (the notes included) and every row, so no noisy cell is left out."""
+    from bench_helpers import REPO
+
+    readme = (REPO / "README.md").read_text()
+    source = re.search(r"From `(reports/[^`]+/REPORT\.md)`", readme).group(1)
+    excerpt = [
+        ln for ln in readme.split("## A real report", 1)[1].splitlines() if ln.startswith("|")
+    ]
+    report = (REPO / source).read_text().split("## Cells", 1)[1].split("\n## ", 1)[0]
+    table = [ln for ln in report.splitlines() if ln.startswith("|")]
+    assert excerpt == table and excerpt[0].endswith("| notes |")
