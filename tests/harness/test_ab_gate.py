@@ -277,7 +277,8 @@ def test_gate_aa_passes_and_slowed_candidate_fails(tmp_path, monkeypatch, marker
         assert logs == ["fake-1.log", "fake-2.log", "fake-3.log"], "fresh servers per session"
     assert (out / "compare.md").read_text().count("## A/B gate: pass") == 1
 
-    _write_server(repo, 8.0)  # the working tree (candidate) is now twice as slow
+    _write_server(repo, 24.0)  # the working tree (candidate) is now 6x as slow: far beyond
+    # what other load on the machine adds to a request, so the verdict holds on a busy machine
     code, res = _gate(repo, monkeypatch, "--baseline-ref", "HEAD")
     assert code == 1 and res["gate"]["status"] == "fail"
     regressed = {(r["cell"], r["metric"]) for r in res["regressions"]}
@@ -326,26 +327,31 @@ def test_gate_usage_errors(tmp_path, monkeypatch, marker):
     reason="needs the FlashRec server in a git checkout",
 )
 def test_planted_step_delay_fails_the_gate_on_flashrec(tmp_path, monkeypatch):
-    """The real engine, baseline = HEAD (a worktree); only the candidate sleeps after steps."""
+    """The real engine, baseline = HEAD (a worktree); only the candidate sleeps after steps.
+
+    The planted delay (25 ms a step, ~100 ms a request) is large against what a loaded 2-core
+    machine adds to a tiny-model request, so it stays far beyond the gate's 10% and the band
+    however busy the machine is; the assertions are on the verdict, not on its size."""
     m = {
         "name": "planted",
         "engine": {"kind": "flashrec", "device": "cpu", "env": {"OMP_NUM_THREADS": "1"}},
         "model": {"preset": "tiny", "seed": 0, "dtype": "float32", "catalog_size": 2000},
         "workload": {"requests": 8, "warmup_requests": 2, "median_tokens": 48},
         "axes": {"beam_width": [8]},
-        "load": {"rounds": 5, "radix": "warm", "max_tokens": 4},
+        "load": {"rounds": 8, "radix": "warm", "max_tokens": 4},
         "gates": [{"metric": "latency_p50_ms", "max_regression_pct": 10}],
     }
     matrix = write_matrix(tmp_path, m)
     monkeypatch.chdir(REPO)
     out = tmp_path / "out"
     argv = ["gate", str(matrix), "--baseline-ref", "HEAD", "--out", str(out)]
-    code = run_cli(*argv, "--candidate-env", "FLASHREC_TEST_STEP_DELAY_MS=4")
+    code = run_cli(*argv, "--candidate-env", "FLASHREC_TEST_STEP_DELAY_MS=25")
     res = json.loads((out / "compare.json").read_text())
     assert code == 1, res.get("gate")
     r = res["cells"][0]["metrics"]["latency_p50_ms"]
-    assert r["verdict"] == "regressed" and r["delta_pct"] > 30
-    assert res["ab"]["candidate_env"] == ["FLASHREC_TEST_STEP_DELAY_MS=4"]
+    assert r["verdict"] == "regressed" and r["delta_pct"] > 10, r
+    assert res["gates"]["status"] == "fail"
+    assert res["ab"]["candidate_env"] == ["FLASHREC_TEST_STEP_DELAY_MS=25"]
 
 
 WIDE = ["qps", "latency_mean_ms", "latency_p50_ms", "latency_p90_ms", "latency_p99_ms",
