@@ -67,7 +67,7 @@ def run_generate(args: argparse.Namespace) -> int:
                 {
                     "index": i,
                     "text": b.text,
-                    "token_ids": b.token_ids,
+                    "output_ids": b.token_ids,  # the name SGLang's /generate uses
                     "sequence_score": b.sequence_score,
                     "cum_logprob": b.cum_logprob,
                     "finish_reason": b.finish_reason,

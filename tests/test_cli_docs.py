@@ -57,7 +57,7 @@ def test_generate_json_cli_and_aliases(tiny_model):
     assert set(res["choices"][0]) == {
         "index",
         "text",
-        "token_ids",
+        "output_ids",
         "sequence_score",
         "cum_logprob",
         "finish_reason",
@@ -65,7 +65,7 @@ def test_generate_json_cli_and_aliases(tiny_model):
     assert res["choices"][0]["finish_reason"] == "stop"
     scores = [c["sequence_score"] for c in res["choices"]]
     assert scores == sorted(scores, reverse=True)
-    assert res["usage"]["completion_tokens"] == sum(len(c["token_ids"]) for c in res["choices"])
+    assert res["usage"]["completion_tokens"] == sum(len(c["output_ids"]) for c in res["choices"])
 
 
 def test_check_env_reports_and_fails_for_missing_gpu():
