@@ -12,8 +12,8 @@ Routes (see ``docs/api.md``)::
     POST /v1/chat/completions  /generate  /start_profile  /stop_profile
     POST|GET /flush_cache
 
-On SIGTERM or SIGINT: idle connections close, new generation requests get 503 (every answer
-then closes its connection), in-flight requests get up to ``--shutdown-timeout-s`` to finish
+On SIGTERM or SIGINT: new generation requests get 503 (every answer then closes its
+connection), in-flight requests get up to ``--shutdown-timeout-s`` to finish
 (``loop.drain``); those still held at the deadline are cancelled and answered 503. Then a
 running profile is written, the listener closes, the loop stops, and the process exits 0.
 
@@ -30,9 +30,11 @@ import gc
 import ipaddress
 import logging
 import signal
+import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
@@ -107,33 +109,65 @@ def _url_host(host: str) -> str:
 
 
 class Site:
-    """``app`` listening on HOST:PORT through ``wire.Connection`` (not aiohttp's ``TCPSite``,
-    whose connections cannot be chosen); ``close`` stops listening, ``cleanup`` also ends the
-    connections."""
+    """``app`` listening on one socket through ``wire.Connection`` (not aiohttp's ``TCPSite``,
+    whose connections cannot be chosen). The site accepts connections itself, so that at
+    shutdown it can take every connection the kernel has queued before closing the socket
+    (closing resets them; ``asyncio.Server.close`` also leaks ones it has accepted but not
+    yet attached)."""
 
-    def __init__(self, runner: web.AppRunner, listener: asyncio.Server) -> None:
-        self.runner, self.listener = runner, listener
-        self.port = int(listener.sockets[0].getsockname()[1])
+    def __init__(
+        self,
+        runner: web.AppRunner,
+        sock: socket.socket,
+        connection: Callable[[], Connection],
+    ) -> None:
+        self.runner, self.sock, self.connection = runner, sock, connection
+        self.port = int(sock.getsockname()[1])
+        self._aloop = asyncio.get_running_loop()
+        self._taking: set[asyncio.Future] = set()  # connections being set up
+
+    def start(self) -> None:
+        self.sock.setblocking(False)
+        self._aloop.add_reader(self.sock.fileno(), self._accept)
 
     @property
     def connections(self) -> list[Connection]:
         server = self.runner.server
         return [c for c in server.connections if isinstance(c, Connection)] if server else []
 
-    def close_idle(self) -> None:
-        """Close every connection that holds no request (shutting down: no new keep-alive)."""
-        for conn in self.connections:
-            if conn.idle:
-                conn.close()
+    def _accept(self) -> None:
+        """Take every connection the kernel has queued."""
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except (BlockingIOError, InterruptedError, ConnectionAbortedError):
+                return
+            except OSError as exc:  # e.g. out of file descriptors: retried at the next ready
+                _log.warning("accept failed: %s", exc)
+                return
+            conn.setblocking(False)
+            task = asyncio.ensure_future(self._aloop.connect_accepted_socket(self.connection, conn))
+            self._taking.add(task)  # a reference until it is done (the loop keeps weak ones)
+            task.add_done_callback(self._taking.discard)
 
     async def cleanup(self) -> None:
         """Stop listening; connections accepted until then get ``CLOSE_GRACE_S`` to send their
         request and be answered (503 while shutting down) before any is closed unanswered."""
-        self.listener.close()
+        if self.sock.fileno() >= 0:
+            self._aloop.remove_reader(self.sock.fileno())
+            self._accept()
+            self.sock.close()
         deadline = time.monotonic() + CLOSE_GRACE_S
-        while self.connections and time.monotonic() < deadline:
+        while (self.connections or self._taking) and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
         await self.runner.cleanup()
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    family, _, _, _, addr = socket.getaddrinfo(
+        host.strip("[]"), port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )[0]
+    return socket.create_server(addr, family=family)
 
 
 async def start_site(app: web.Application, host: str, port: int) -> Site:
@@ -143,6 +177,7 @@ async def start_site(app: web.Application, host: str, port: int) -> Site:
     cfg = app[STATE].config
     server = runner.server
     assert server is not None
+    aloop = asyncio.get_running_loop()
 
     def connection() -> Connection:
         return Connection(
@@ -155,13 +190,13 @@ async def start_site(app: web.Application, host: str, port: int) -> Site:
             auto_decompress=False,  # bodies are decoded, with a size cap, in wire.read_body
         )
 
-    aloop = asyncio.get_running_loop()
     try:
-        listener = await aloop.create_server(connection, host, port, reuse_address=True)
+        site = Site(runner, _listen(host, port), connection)
+        site.start()
     except BaseException:
         await runner.cleanup()
         raise
-    return Site(runner, listener)
+    return site
 
 
 async def start_engine(st: ServerState, warmup: bool) -> None:
@@ -281,8 +316,8 @@ class Server:
         st = self.state
         be = st.backend
         _log.info("shutting down: draining for up to %.1f s", self.config.shutdown_timeout_s)
+        # not closed here: a kept-alive client may be sending on it; it gets 503 and a close
         be.draining = True
-        site.close_idle()  # from now on every answer closes its connection too
         if not await drain(st, self.config.shutdown_timeout_s):
             held = list(st.held)
             _log.warning("shutdown timeout: %d request(s) did not finish; cancelling", len(held))

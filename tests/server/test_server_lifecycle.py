@@ -204,6 +204,66 @@ def test_sigterm_timeout_still_exits_0(procs: list[Proc]) -> None:
     assert any("did not finish" in line for line in p.log)
 
 
+def test_sigterm_past_the_deadline_answers_every_request(procs: list[Proc]) -> None:
+    """Requests held at the deadline and requests sent during the drain all get 503 with
+    Retry-After (on kept-alive and on new connections), until the listener closes and a
+    connection is refused; none is dropped without an answer or reset."""
+    p = start(
+        procs,
+        [
+            sys.executable,
+            FAKE_MAIN,
+            *FAKE_ARGS,
+            "--step-delay-s",
+            "0.5",
+            "--shutdown-timeout-s",
+            "1",
+        ],
+    )
+    body = {"messages": [{"role": "user", "content": "held"}], "n": 2}  # 4 steps: 2 s
+    outcomes: list[str] = []
+    lock = threading.Lock()
+
+    def call(session: requests.Session | None) -> None:
+        try:
+            r = (session or requests).post(p.url + "/v1/chat/completions", json=body, timeout=30)
+            out = f"{r.status_code} {r.headers.get('Retry-After')}"
+        except requests.ConnectionError as exc:
+            out = "refused" if "refused" in str(exc).lower() else f"dropped: {exc}"
+        with lock:
+            outcomes.append(out)
+
+    held = [threading.Thread(target=call, args=(None,)) for _ in range(6)]
+    for t in held:
+        t.start()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        text = requests.get(p.url + "/metrics", timeout=5).text
+        if re.search(r"^flashrec_http_inflight_requests 6$", text, re.M):
+            break
+        time.sleep(0.02)
+    sessions = [requests.Session() for _ in range(12)]
+    for s in sessions:  # a kept-alive connection each
+        assert s.get(p.url + "/health", timeout=5).status_code == 200
+    p.p.send_signal(signal.SIGTERM)
+    stop = time.monotonic() + 4  # past the 1 s deadline and the listener's close
+
+    def late(session: requests.Session | None) -> None:
+        while time.monotonic() < stop:
+            call(session)
+            time.sleep(0.01)
+
+    clients = [threading.Thread(target=late, args=(s,)) for s in [*sessions, *[None] * 12]]
+    for t in clients:
+        t.start()
+    for t in [*held, *clients]:
+        t.join(timeout=60)
+    assert p.p.wait(timeout=30) == 0
+    assert outcomes.count("503 1") >= 6 + 24, outcomes  # the held ones, each client's first
+    assert "refused" in outcomes  # the clients ran on past the listener's close
+    assert set(outcomes) == {"503 1", "refused"}, [o for o in outcomes if "dropped" in o]
+
+
 def test_port_in_use_exits_1() -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
