@@ -105,3 +105,20 @@ def test_help_shows_the_defaults(capsys):
     m = build_matrix(parser().parse_args(["--url", "http://h:1"]))
     assert m["workload"]["median_tokens"] == 2465 and m["workload"]["requests"] == 64
     assert m["axes"] == {"beam_width": [50], "concurrency": [1]} and m["load"]["radix"] == "cold"
+
+
+def test_quick_whose_every_cell_failed_never_says_gates_pass(tmp_path, capsys):
+    """Nothing listens on the URL: the one cell fails, the gates had nothing to check
+    (``no_data``), and the run exits 3 saying so, not "gates pass"."""
+    from harness.server import free_port
+
+    out = tmp_path / "q"
+    argv = ["--url", f"http://127.0.0.1:{free_port()}", "--beam-width", "4", "--requests", "2",
+            "--warmup", "1", "--rounds", "1", "--prompt-tokens", "20", "--timeout-s", "2",
+            "--out", str(out)]  # fmt: skip
+    assert run_cli("quick", *argv) == 3
+    err = capsys.readouterr().err
+    assert "gates no_data" in err and "gates pass" not in err
+    rep = json.loads((out / "report.json").read_text())
+    assert rep["summary"]["failed"] == 1 and rep["gates"]["status"] == "no_data"
+    assert {g["status"] for g in rep["gates"]["results"]} == {"no_data"}
