@@ -220,8 +220,9 @@ class LaunchedServer(Server):
         }
         if e.kind == "flashrec":
             argv = [sys.executable, "-m", "flashrec", "serve"]
-        else:
-            argv = [_python(a).format(**values) for a in e.command or []]
+        else:  # a command that does not watch the pipe: the guard stops it for the launcher
+            argv = [sys.executable, "-m", "harness.guard", "--"]
+            argv += [_python(a).format(**values) for a in e.command or []]
         if e.kind == "flashrec" or e.standard_args:
             if m and m.path:
                 argv += ["--model-path", m.path]

@@ -154,3 +154,60 @@ def test_engine_process_dies_with_its_server(tmp_path: Path, tiny_model: Path) -
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+GUARDED_SERVER = """
+import http.server, os, sys
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers(); self.wfile.write(b"{}")
+    def log_message(self, *a):
+        pass
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+"""
+
+LAUNCHER = """
+import asyncio, sys, time
+import aiohttp
+from harness.server import LaunchedServer
+from harness.spec import EngineSpec
+engine = EngineSpec(name="x", kind="command", port=int(sys.argv[1]), startup_timeout_s=60,
+                    command=["{python}", sys.argv[2], "{port}"])
+srv = LaunchedServer(engine, {}, None, __import__("pathlib").Path(sys.argv[3]))
+async def main():
+    srv.launch()
+    async with aiohttp.ClientSession() as s:
+        await srv.wait_healthy(s)
+asyncio.run(main())
+print("ready", flush=True)
+time.sleep(600)
+"""
+
+
+def test_kill_9_of_the_launcher_stops_a_custom_command_server(tmp_path: Path) -> None:
+    """A ``kind: command`` server (one that knows nothing of the pipe) runs under
+    ``harness.guard``, which stops it once the launcher is gone."""
+    marker = uuid.uuid4().hex
+    (tmp_path / "srv.py").write_text(GUARDED_SERVER)
+    (tmp_path / "launch.py").write_text(LAUNCHER)
+    env = {**os.environ, MARKER_ENV: marker, "PYTHONPATH": str(REPO)}
+    launcher = subprocess.Popen(
+        [sys.executable, str(tmp_path / "launch.py"), str(free_port()), str(tmp_path / "srv.py"),
+         str(tmp_path / "srv.log")],
+        env=env, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert launcher.stdout.readline().strip() == "ready"
+        pids = processes_with_env(marker)
+        cmdlines = [_cmdline(p) for p in pids if p != launcher.pid]
+        assert any("srv.py" in c and "harness.guard" not in c for c in cmdlines), cmdlines
+        assert any("harness.guard" in c for c in cmdlines), cmdlines
+        launcher.send_signal(signal.SIGKILL)
+        launcher.wait(10)
+        left = _wait_gone(marker, GONE_WITHIN_S)
+        assert not left, [(p, _cmdline(p)) for p in left]
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+        for pid in processes_with_env(marker):
+            os.kill(pid, signal.SIGKILL)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 from pathlib import Path
 
@@ -81,7 +82,8 @@ def test_command_for_flashrec_and_custom():
         model,
         Path("x.log"),
     )
-    assert custom.command() == ["srv", "--p=9001"]
+    # a custom command runs under the guard, which stops it if the harness dies
+    assert custom.command() == [sys.executable, "-m", "harness.guard", "--", "srv", "--p=9001"]
 
 
 def test_start_stop_leaves_no_process(tmp_path, marker):
@@ -90,7 +92,7 @@ def test_start_stop_leaves_no_process(tmp_path, marker):
     )
     asyncio.run(start(s))
     pgid = s.proc.pid
-    assert len(group_members(pgid)) == 2  # the server and its child
+    assert len(group_members(pgid)) == 3  # the guard, the server and its child
     assert s.info["extra_args"] == ["--marker", marker, "--beam-width", "4"]
     s.stop()
     assert group_members(pgid) == [] and processes_with(marker) == []
