@@ -37,12 +37,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from aiohttp import web
+from aiohttp import HttpVersion11, web
 
 from flashrec.config import ServerConfig, add_config_args, config_from_args
 from flashrec.profiler import ProfileController
 from flashrec.server import handlers
 from flashrec.server.backend import Backend
+from flashrec.server.errors import APIError
 from flashrec.server.gcwatch import GcWatch, freeze_startup_objects
 from flashrec.server.handlers import STATE, ServerState
 from flashrec.server.metrics import ServerMetrics
@@ -80,18 +81,35 @@ def create_app(engine: Any, loop: Any, config: ServerConfig) -> web.Application:
         profiler=getattr(loop, "profiler", None) or ProfileController(loop),
         model_name=h.model_name(config),
     )
-    r = app.router
-    r.add_get("/health", h.health)
-    r.add_get("/v1/models", h.models)
-    r.add_get("/get_server_info", h.server_info)
-    r.add_get("/metrics", h.metrics)
-    r.add_post("/v1/chat/completions", h.chat_completions)
-    r.add_post("/generate", h.generate)
-    r.add_post("/flush_cache", h.flush_cache)
-    r.add_get("/flush_cache", h.flush_cache)
-    r.add_post("/start_profile", h.start_profile)
-    r.add_post("/stop_profile", h.stop_profile)
+    routes = (
+        ("GET", "/health", h.health),
+        ("GET", "/v1/models", h.models),
+        ("GET", "/get_server_info", h.server_info),
+        ("GET", "/metrics", h.metrics),
+        ("POST", "/v1/chat/completions", h.chat_completions),
+        ("POST", "/generate", h.generate),
+        ("POST", "/flush_cache", h.flush_cache),
+        ("GET", "/flush_cache", h.flush_cache),
+        ("POST", "/start_profile", h.start_profile),
+        ("POST", "/stop_profile", h.stop_profile),
+    )
+    for method, path, handler in routes:
+        app.router.add_route(method, path, handler, expect_handler=expect_continue)
     return app
+
+
+async def expect_continue(request: web.Request) -> web.StreamResponse | None:
+    """``Expect: 100-continue`` gets its interim answer (as aiohttp's default handler sends
+    it); any other expectation a 417 with the JSON error body (aiohttp's default answers in
+    plain text, outside the error middleware)."""
+    expect = request.headers.get("Expect", "").strip().lower()
+    if expect == "100-continue":
+        if request.version == HttpVersion11:
+            await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            request.writer.output_size = 0  # the answer proper has not begun
+        return None
+    request.app[STATE].metrics.count_error(417)
+    return APIError(f"Expect {expect!r} is not supported (100-continue is)", 417).response()
 
 
 def is_loopback(host: str) -> bool:

@@ -28,20 +28,29 @@ class Answer:
 
 
 def request_bytes(
-    path: str, body: bytes = b"", headers: dict[str, str] | None = None, method: str = "POST"
+    path: str,
+    body: bytes = b"",
+    headers: dict[str, str] | None = None,
+    method: str = "POST",
+    length: bool = True,
 ) -> bytes:
-    """One request; ``Content-Length`` is added unless ``headers`` name it (or
-    ``Transfer-Encoding``); ``Connection: close`` always."""
+    """One request; ``Content-Length`` is added (when ``length``) unless ``headers`` name it
+    (or ``Transfer-Encoding``); ``Connection: close`` always."""
     hdrs = {"Host": "127.0.0.1", "Connection": "close", **(headers or {})}
     names = {k.lower() for k in hdrs}
-    if "content-length" not in names and "transfer-encoding" not in names:
+    if length and "content-length" not in names and "transfer-encoding" not in names:
         hdrs["Content-Length"] = str(len(body))
     head = f"{method} {path} HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in hdrs.items())
     return head.encode("latin-1") + b"\r\n" + body
 
 
 def parse(raw: bytes) -> Answer:
-    """The first response in ``raw`` (status line, headers, the body as far as it came)."""
+    """The first final response in ``raw`` (status line, headers, the body as far as it
+    came); interim ``1xx`` answers (``100 Continue``) are skipped."""
+    while raw.startswith(b"HTTP/1.1 1") or raw.startswith(b"HTTP/1.0 1"):
+        _, sep, raw = raw.partition(b"\r\n\r\n")
+        if not sep:
+            return Answer(0)
     head, sep, body = raw.partition(b"\r\n\r\n")
     if not sep or not head.startswith(b"HTTP/"):
         return Answer(0, body=raw)

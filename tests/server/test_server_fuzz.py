@@ -1,21 +1,37 @@
-"""Hypothesis-built request bodies against the real server: never a 5xx, always healthy after.
+"""Hypothesis-built requests against the real server: never a 5xx, always healthy after.
 
 Bodies are drawn from four families: valid requests with small beams, valid requests with
 one field replaced by an arbitrary JSON value, arbitrary JSON documents, and raw bytes. Each
 body goes to one of the two generation endpoints (or the profiler's start endpoint).
+
+``test_fuzz_wire`` sends them from raw sockets with the headers around them drawn too
+(``Content-Encoding`` true, false or unknown, ``Content-Type``, ``Transfer-Encoding``,
+``Content-Length``, sizes around ``--max-body-bytes``, compression bombs) and asserts every
+request an answer, no 5xx, the same answer to a fixed request before and after, and no slot
+or KV token held after. ``FLASHREC_FUZZ_REQUESTS=5000`` makes it a long run (default 600).
 """
 
 from __future__ import annotations
 
+import collections
+import gzip
 import json
+import os
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
+import pytest
 import requests
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from server_helpers import ServerThread
+from raw_http import exchange, request_bytes
+from server_helpers import ServerThread, real_server
 
 EXAMPLES = 1000
+WIRE_EXAMPLES = int(os.environ.get("FLASHREC_FUZZ_REQUESTS", "600"))
+WIRE_LIMIT = 1 << 16  # --max-body-bytes of the wire fuzz's server: oversized bodies stay cheap
 TOKEN_LIMIT = 600  # the tiny model's vocabulary is ~455 ids
 
 leaf = (
@@ -188,3 +204,149 @@ def test_fuzz_no_5xx_and_healthy_after(real: ServerThread) -> None:
     assert m["flashrec_slots_used"] == 0 and m["flashrec_kv_tokens_used"] == 0
     ok = real.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]})
     assert ok.status_code == 200
+
+
+# -- the wire: headers and framing around the bodies ----------------------------------------
+
+FIXED = {
+    "/v1/chat/completions": {"messages": [{"role": "user", "content": "fixed"}], "n": 4},
+    "/generate": {"text": "fixed", "sampling_params": {"n": 4}},
+}
+VOLATILE = {"id", "created", "e2e_latency", "cached_tokens", "prompt_tokens_details"}
+header_text = st.text(st.characters(min_codepoint=0x20, max_codepoint=0x7E), max_size=24)
+
+
+def stable(value: Any) -> Any:
+    """``value`` without the fields that change between two equal requests."""
+    if isinstance(value, dict):
+        return {k: stable(v) for k, v in value.items() if k not in VOLATILE}
+    if isinstance(value, list):
+        return [stable(v) for v in value]
+    return value
+
+
+def encode(data: bytes, chain: list[str]) -> bytes:
+    for coding in chain:
+        data = gzip.compress(data) if coding == "gzip" else zlib.compress(data)
+    return data
+
+
+@st.composite
+def wire_case(draw: st.DrawFn) -> tuple[str, bytes, dict[str, str], bool]:
+    """(path, the bytes of the body as sent, headers, whether to add Content-Length)."""
+    path = draw(st.sampled_from(sorted(FIXED)))
+    body = draw(
+        st.one_of(
+            (chat_body if path == "/v1/chat/completions" else generate_body).map(json.dumps),
+            st.just(json.dumps(FIXED[path])),
+        ).map(str.encode)
+        | raw
+    )
+    size = draw(
+        st.sampled_from([None, None, None, WIRE_LIMIT - 64, WIRE_LIMIT + 1, 3 * WIRE_LIMIT])
+    )
+    if size is not None and size > len(body):
+        body += b" " * (size - len(body))  # trailing spaces keep JSON valid
+    headers: dict[str, str] = {}
+    chain = draw(
+        st.sampled_from([[], [], ["gzip"], ["deflate"], ["deflate", "gzip"], ["gzip"] * 5])
+    )
+    how = draw(st.sampled_from(["true", "true", "plain", "truncated", "bomb", "unknown"]))
+    if how == "bomb":
+        body, chain = gzip.compress(b" " * (4 * WIRE_LIMIT)), ["gzip"]
+    elif chain and how != "plain":
+        body = encode(body, chain)
+        if how == "truncated":
+            body = body[: len(body) // 2]
+    if how == "unknown":
+        chain = [draw(st.sampled_from(["br", "zstd", "compress", "identity", "*"]) | header_text)]
+    if chain:
+        headers["Content-Encoding"] = ", ".join(chain)
+    ctype = draw(
+        st.sampled_from(
+            [None, "application/json", "text/plain", "application/json; charset=utf-16"]
+        )
+        | header_text
+    )
+    if ctype is not None:
+        headers["Content-Type"] = ctype
+    framing = draw(st.sampled_from(["length", "length", "chunked", "te", "short", "none", "empty"]))
+    if framing == "chunked":
+        headers["Transfer-Encoding"] = "chunked"
+        body = b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body) if body else b"0\r\n\r\n"
+    elif framing == "te":
+        headers["Transfer-Encoding"] = draw(
+            st.sampled_from(["gzip", "chunked, gzip", "identity", "foo, chunked", "gzip, chunked"])
+            | header_text
+        )
+    elif framing == "short":
+        headers["Content-Length"] = str(len(body) // 2)
+    elif framing == "empty":
+        headers["Content-Length"] = ""
+    if draw(st.booleans()):
+        headers[draw(st.sampled_from(["Expect", "X-Fuzz", "Accept-Encoding", "Host"]))] = draw(
+            st.sampled_from(["100-continue", "gzip"]) | header_text
+        )
+    return path, body, headers, framing != "none"
+
+
+@pytest.fixture(scope="module")
+def wire_server(tiny_checkpoint: Path) -> Iterator[ServerThread]:
+    """The real engine behind a small body limit and read timeouts of a few seconds."""
+    with real_server(
+        tiny_checkpoint, max_body_bytes=WIRE_LIMIT, header_timeout_s=5.0, body_timeout_s=3.0
+    ) as srv:
+        yield srv
+
+
+def test_fuzz_wire(wire_server: ServerThread) -> None:
+    srv = wire_server
+    port = srv.server.port
+    fixed_before = {p: stable(srv.post(p, b).json()) for p, b in FIXED.items()}
+    statuses: collections.Counter[int] = collections.Counter()
+    drops: list[tuple] = []
+
+    @settings(
+        max_examples=WIRE_EXAMPLES,
+        deadline=None,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(case=wire_case())
+    def run(case: tuple[str, bytes, dict[str, str], bool]) -> None:
+        path, body, headers, length = case
+        ans = exchange(port, request_bytes(path, body, headers, length=length), timeout=60)
+        statuses[ans.status] += 1
+        if ans.dropped:
+            drops.append((path, headers, len(body), ans.error))
+        assert not ans.dropped, (path, headers, body[:200], ans.error)
+        assert ans.status < 500, (path, headers, body[:200], ans.body)
+        if ans.status >= 400:
+            err = ans.json()["error"]
+            assert set(err) == {"message", "type", "param", "code"} and err["code"] == ans.status
+
+    run()
+    m = srv.wait_engine_idle()
+    fixed_after = {p: stable(srv.post(p, b).json()) for p, b in FIXED.items()}
+    five = {k: v for k, v in m.items() if k.startswith("flashrec_http_errors_total") and '"5' in k}
+    errors = sum(
+        v for k, v in m.items() if k.startswith("flashrec_requests_total") and "error" in k
+    )
+    summary = {
+        "requests": sum(statuses.values()),
+        "statuses": dict(sorted(statuses.items())),
+        "5xx": sum(n for s, n in statuses.items() if s >= 500),
+        "drops": len(drops),
+        "answers_unchanged": fixed_after == fixed_before,
+        "slots_used": m["flashrec_slots_used"],
+        "kv_tokens_used": m["flashrec_kv_tokens_used"],
+        "metrics_5xx": five,
+        "metrics_outcome_error": errors,
+    }
+    print("FUZZ_SUMMARY " + json.dumps(summary))
+    assert summary["requests"] >= WIRE_EXAMPLES
+    assert fixed_after == fixed_before
+    assert m["flashrec_slots_used"] == 0 and m["flashrec_kv_tokens_used"] == 0
+    assert not five and errors == 0
+    # every family was reached: answers, bad input, coding and size refusals
+    assert statuses[200] and statuses[400] and statuses[413] and statuses[415], statuses

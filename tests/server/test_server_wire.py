@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import socket
 import threading
 import time
 import zlib
@@ -12,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 import requests
-from raw_http import Answer, exchange, request_bytes, trickle
+from raw_http import Answer, exchange, parse, request_bytes, trickle
 from server_helpers import ServerThread, fake_server
 
 from flashrec.server import wire
@@ -237,8 +238,6 @@ def test_slow_headers_get_408_while_others_are_served(srv: ServerThread) -> None
 
 
 def test_silent_connection_is_closed(srv: ServerThread) -> None:
-    import socket
-
     with socket.create_connection(("127.0.0.1", srv.server.port), timeout=30) as s:
         t0 = time.monotonic()
         assert s.recv(100) == b""  # closed without an answer: nothing was asked
@@ -246,8 +245,6 @@ def test_silent_connection_is_closed(srv: ServerThread) -> None:
 
 
 def test_stalled_body_gets_408(srv: ServerThread) -> None:
-    import socket
-
     body = json.dumps(CHAT).encode()
     head = request_bytes("/v1/chat/completions", b"", {"Content-Length": str(len(body))})
     with socket.create_connection(("127.0.0.1", srv.server.port), timeout=30) as s:
@@ -257,8 +254,25 @@ def test_stalled_body_gets_408(srv: ServerThread) -> None:
         while chunk := s.recv(4096):
             got += chunk
         waited = time.monotonic() - t0
-    from raw_http import parse
-
     err = assert_json_error(parse(got), 408)
     assert "body" in err["message"] and waited < 20  # closed, not held for good
     assert requests.post(srv.url + "/v1/chat/completions", json=CHAT, timeout=10).ok
+
+
+def test_expect_header(srv: ServerThread) -> None:
+    body = json.dumps(GEN).encode()
+    with socket.create_connection(("127.0.0.1", srv.server.port), timeout=30) as s:
+        s.sendall(
+            request_bytes(
+                "/generate", b"", {"Expect": "100-continue", "Content-Length": str(len(body))}
+            )
+        )
+        assert s.recv(100).startswith(b"HTTP/1.1 100 Continue")  # asked before the body
+        s.sendall(body)
+        got = b""
+        while chunk := s.recv(65536):
+            got += chunk
+    assert parse(got).status == 200
+    before = errors_total(srv, 417)
+    err = assert_json_error(send(srv, "/generate", body, Expect="gzip"), 417)
+    assert "100-continue" in err["message"] and errors_total(srv, 417) == before + 1
