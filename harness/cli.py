@@ -162,7 +162,8 @@ def run_main(argv: list[str]) -> int:
 def compare_main(argv: list[str]) -> int:
     """``flashrec-bench compare BASE NEW``: verdict per cell and metric (``inconclusive`` where
     the change cannot be told from drift between the two runs); gates with a baseline."""
-    from harness.gate import compare_reports, evaluate_gates, load_report, metrics_problem
+    from harness.compare import compare_reports, load_report, metrics_problem
+    from harness.gate import evaluate_gates
     from harness.render import print_regressions, write_compare_markdown
     from harness.spec import MatrixSpec
 

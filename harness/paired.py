@@ -16,7 +16,7 @@ session share that offset, so only sessions are independent units.
 
 A metric *regressed* (or *improved*) when ``p < alpha`` and ``|delta| > band``, in the metric's
 bad (good) direction, ``p`` Holm-adjusted over the comparison's tests unless
-``stats.correction: none`` (:func:`harness.gate.correct_verdicts`). The result has :func:`harness.gate.compare_reports`' shape, so
+``stats.correction: none`` (:func:`harness.compare.correct_verdicts`). The result has :func:`harness.compare.compare_reports`' shape, so
 :func:`harness.gate.evaluate_gates` and ``compare.md`` work on it unchanged.
 """
 
@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from harness.gate import compare_cell_metrics, correct_verdicts, report_side
+from harness.compare import compare_cell_metrics, correct_verdicts, report_side
 from harness.metrics import direction
 from harness.stats import t_two_sided_p
 
@@ -163,7 +163,7 @@ def compare_paired(
 ) -> dict:
     """Cell-by-cell paired comparison of two reports of one interleaved A/B run;
     ``sessions`` maps a round (pair) number to its session; ``correction`` (default: the
-    matrix's ``stats.correction``): see :func:`harness.gate.correct_verdicts`."""
+    matrix's ``stats.correction``): see :func:`harness.compare.correct_verdicts`."""
     stats = new.get("matrix", {}).get("stats", {})
     alpha = alpha if alpha is not None else stats.get("alpha", 0.05)
     test = test or PAIRED_TESTS.get(stats.get("test", "welch"), "paired_t")

@@ -1,4 +1,5 @@
-"""harness.gate: compare verdicts (A/A within noise, 20% slowdown regressed) and gates."""
+"""harness.compare and harness.gate: compare verdicts (A/A within noise, 20% slowdown regressed,
+separate runs judged against drift), gates, and references that match nothing."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import numpy as np
 import pytest
 from bench_helpers import REPO, base_matrix, fake_engine, processes_with, run_cli, write_matrix
 
-from harness.gate import compare_reports, evaluate_gates, resolve_path
+from harness.compare import compare_reports
+from harness.gate import evaluate_gates, resolve_path
 from harness.spec import GateSpec
 from harness.stats import summarize
 
