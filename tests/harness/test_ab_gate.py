@@ -230,7 +230,7 @@ def _matrix(tmp_path: Path, repo: Path, marker: str, pairs: int = 8) -> Path:
             "name": "fake",
             "kind": "command",
             "command": ["python", "server.py", "--marker", marker],
-            "startup_timeout_s": 20,
+            "startup_timeout_s": 120,  # a fake server's start on a saturated 2-core machine
             "stop_timeout_s": 5,
         },
         "workload": {"kind": "lorem", "requests": 10, "warmup_requests": 2, "median_tokens": 20},
