@@ -15,6 +15,8 @@
 # TAR=1 also writes $OUT/all.tgz: everything this run wrote under $OUT, in one file (and
 # $OUT/matrix.tgz, the report directory alone). The lent H200's transfer returns only a few
 # files and no deep paths: session 11 lost a sweep's output that way.
+# STAGES=witness runs `flashrec-bench witness` (GuideLLM beside flashrec-bench) on the n=50 c=32
+# FP8 cell into $OUT/witness (carry .whl/witness, from scripts/witness_wheels.sh).
 # STAGES=probes runs the side-by-side probe scripts into $OUT: scripts/reorder_probe.py (GPU)
 # scripts/respond_probe.py (the host's cores: answer bodies on the loop vs worker processes),
 # the qk_norm_rope_store and silu_mul launch-settings sweeps (tests/kernels/bench_kernels.py
@@ -67,7 +69,7 @@ fi
 python -m flashrec.check_env --require gpu,fp8,triton | tee "$OUT/check_env.txt"
 python -c "import flashinfer" 2>/dev/null && python scripts/flashinfer_warmup.py --head-dims 128 64 | tee "$OUT/flashinfer_warmup.txt"
 [ "${SAVE_JIT:-0}" = 1 ] && tar czf "$OUT/fi.tgz" -C "$(dirname "$FLASHINFER_WORKSPACE_BASE")" "$(basename "$FLASHINFER_WORKSPACE_BASE")"
-case $STAGES in *" cells "*|*" ab "*|*" matrix "*)  # the tests make their own tiny models
+case $STAGES in *" cells "*|*" ab "*|*" matrix "*|*" witness "*)  # the tests make their own tiny models
   [ -f "$MODEL/synth_info.json" ] || python -m flashrec synth --preset onerec-1.7b --out "$MODEL" --catalog-size 1500000 > "$OUT/synth.log" 2>&1;; esac
 case $STAGES in *" tests "*)  # -v: one line per test as it ends, so a run cut short (a call's
   # time limit) still names what passed and failed; -rf: the failures' one-line summaries.
@@ -86,6 +88,17 @@ case $STAGES in *" probes "*)  # kernel-level A/Bs, both forms side by side in o
   python tests/kernels/bench_kernels.py --silu-sweep | tee "$OUT/silu_sweep.txt"
   python tests/kernels/bench_kernels.py --attn-sweep | tee "$OUT/attn_sweep.txt";; esac
 case $STAGES in *" cells "*) OUT=$OUT bash scripts/h200_bench.sh "$MODEL";; esac
+case $STAGES in *" witness "*)  # flashrec-bench and GuideLLM on the n=50 c=32 FP8 cell, one run
+  # (.whl/witness from scripts/witness_wheels.sh; WITNESS_ARGS adds or overrides flags)
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/witness-site .whl/witness/*.whl \
+    > "$OUT/witness_install.log" 2>&1
+  PYTHONPATH=$PYTHONPATH:/tmp/witness-site PATH=$PATH:/tmp/witness-site/bin python -m harness witness \
+    --model-path "$MODEL" --device cuda --beam-width 50 --concurrency 32 --requests 320 --warmup 32 \
+    --rounds 3 --prompt-tokens 2465 --server-arg quantization=fp8 --server-arg kv_cache_dtype=fp8_e4m3 \
+    --server-arg cuda_graph_max_bs=1600 --server-arg batch_slots=1600 \
+    --server-arg max_prefill_tokens=16384 --server-arg kv_pool_tokens=600000 \
+    --server-arg engine_process=on ${WITNESS_ARGS:-} --out "$OUT/witness" > "$OUT/witness.log" 2>&1
+  echo "witness rc=$?"; tail -12 "$OUT/witness.log";; esac
 case $STAGES in *" ab "*)
   for cells in ${AB_CELLS:-p1000_n256_c1_bf16 n50_c32_fp8}; do
     OUT=$OUT CELLS=$cells EXTRA="--hf-requests 0" bash scripts/h200_bench.sh "$MODEL"
