@@ -47,6 +47,10 @@ class Connection(RequestHandler):
 
     ``on_error(status)`` is told of every error this class answers itself (parse errors, 408)
     so that ``/metrics`` counts them like the application's own.
+
+    NOTE: it reads two private fields of aiohttp's handler, ``_request_in_progress`` and
+    ``_messages`` (the parsed requests not yet handled), as of aiohttp 3.14;
+    ``tests/server/test_server_wire.py`` fails if they change meaning.
     """
 
     def __init__(
