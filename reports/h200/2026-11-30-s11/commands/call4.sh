@@ -1,9 +1,0 @@
-R=$OUT; W=$R/w; mkdir -p $W; export PYTHONPATH=$PWD FLASHINFER_WORKSPACE_BASE=$PWD/.cache/fi
-(python -m flashrec synth --preset onerec-1.7b --out /dev/shm/onerec --catalog-size 1500000 > $W/synth.log 2>&1; touch $W/synth.done) &
-OUT=$W STAGES=none bash scripts/gpu_bench.sh > $W/setup.log 2>&1
-export PYTHONPATH=$PWD:/tmp/flashrec-site
-while [ ! -f $W/synth.done ]; do sleep 1; done; echo "setup+synth done at $SECONDS s" >> $W/steps.log
-MODEL_PATH=/dev/shm/onerec SID_VOCAB_FILE=/dev/shm/onerec/catalog.json timeout $((255-SECONDS)) python -m harness tmpcall/n512.yaml --only beam_width=512 --out $W/n512 > $W/n512.log 2>&1
-echo "n512 done at $SECONDS s rc=$?" >> $W/steps.log
-tar czf $R/call4.tgz -C $R w
-cat $W/steps.log; tail -4 $W/n512.log
