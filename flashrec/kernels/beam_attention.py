@@ -278,23 +278,20 @@ def _kernel():
 
 def launch_settings(kv_dtype: torch.dtype, q_dtype: torch.dtype, head_dim: int = 128) -> dict:
     """The engine's launch of the beam-decode kernel (64-row blocks, runner.BLOCK_M) per KV
-    cache dtype, from ``bench_kernels.py --attn-sweep`` on an H200 (session 9,
-    ``reports/h200/2026-11-30-s9``; one layer, 16 q / 8 kv heads of 128):
+    cache dtype, the fastest in ``bench_kernels.py --attn-sweep`` (docs/baselines.md):
 
     - FP8 KV with bf16 / f16 queries: 128-key blocks and float16 products (e4m3 -> f16 is a
-      single conversion; e4m3 -> bf16 is not). 8 x 512 beams over 2,465 tokens: 627 -> 369 us
-      against the earlier 64-key bf16-product launch; 32 x 50: 338 -> 202 us.
-    - BF16 KV: 64-key blocks, 3 pipeline stages (128-key blocks spill: 1.6x slower there);
-      8 x 512: 410 -> 394 us.
+      single conversion; e4m3 -> bf16 is not).
+    - BF16 KV: 64-key blocks, 3 pipeline stages (128-key blocks spill registers).
     - anything else (float32 models): the plain 64 x 64 launch.
 
     float16 products round q to f16 (exact for |q| < 65,504; q is RMS-normed per head, so far
-    below that) and the probabilities to f16 (more mantissa than bf16). Against a float64
-    reference they land at the output's own bf16 rounding (0.0046 at 16 / 8 heads of 128),
-    where the bf16 products do not (0.0078). 128-key blocks with FP8 KV at head_dim 16 made an
-    illegal memory access on the H200 (Triton 3.6), so heads under 64 keep 64-key blocks."""
+    below that) and the probabilities to f16 (more mantissa than bf16), so they stay within
+    the output's own bf16 rounding of a float64 reference, where bf16 products do not.
+    128-key blocks with FP8 KV fault (illegal memory access, Triton 3.6) at head_dim 16, so
+    heads under 64 keep 64-key blocks."""
     fp8 = kv_dtype == torch.float8_e4m3fn and q_dtype in (torch.bfloat16, torch.float16)
-    if fp8:  # 128-key blocks only where measured: at head_dim 16 they fault on the H200
+    if fp8:  # 128-key blocks only from head_dim 64: at head_dim 16 they fault
         return {"block_n": 128 if head_dim >= 64 else 64, "num_warps": 4, "num_stages": 2,
                 "f16_dot": True}  # fmt: skip
     if kv_dtype == torch.bfloat16 and q_dtype == torch.bfloat16:
@@ -353,18 +350,8 @@ def beam_decode_attention_triton(
     branch around the per-beam decode-key blocks that hold no key this forward (False
     computes them masked; ``bench_kernels.py --attn-sweep`` times both).
 
-    Measured on the H200 (session 11, ``reports/h200/2026-11-30-s11``):
-    - Kernel sweep (same process, one layer): the BF16 launch 1.07x / 1.08x faster at steps
-      0 / 1 for 1 x 256 beams over 1,000 tokens (45.3 -> 42.4 us, 44.5 -> 41.2 us; prompt
-      splits > 0 skip all three blocks), 1.00-1.03x at the wide shapes; FP8's launch
-      0.97-1.00x (no gain there).
-    - Served, FP8 at n=512, c=8: with the masked blocks (live_only off) the engine died in 2 of
-      2 runs (a segfault in cuGraphLaunch, then "illegal instruction" in round 1); with
-      live_only it ran 4 of 4 (call 1's three cells and call 4). The cause is not found: the
-      masked form compiles (Triton 3.6, sm_90) to the same TTGIR as the kernel before
-      session 11, which had run these cells, so the fault is intermittent or elsewhere. The
-      engine launches live_only for every KV dtype; the masked form stays as the sweep's
-      comparison."""
+    The engine launches live_only for every KV dtype: the masked form crashed served FP8
+    runs at n=512 (cause not found; docs/baselines.md) and stays as the sweep's comparison."""
     auto = launch_settings(k_pool.dtype, q.dtype, q.shape[-1])
     block_n = auto["block_n"] if block_n is None else block_n
     num_warps = auto["num_warps"] if num_warps is None else num_warps

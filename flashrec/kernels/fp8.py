@@ -117,7 +117,7 @@ def to_fp8_triton(x: torch.Tensor, emulate: bool = True, hw: bool = False) -> to
     """``x`` (fp32) clamped to +-448 and converted to e4m3 elementwise by the kernels' shared
     ``to_fp8``: ``emulate`` rounds in integer arithmetic (what the CPU interpreter needs and
     the q/k RoPE kernel's emulated form uses), ``hw`` (GPU) takes the hardware conversion even
-    so. For checks against PyTorch's conversion (tests/kernels, scripts/fp8_convert_probe.py)."""
+    so. For checks against PyTorch's conversion (tests/kernels and the e4m3 conversion probe)."""
     from flashrec.kernels.tl.quant import to_fp8_kernel
 
     if x.dtype != torch.float32:

@@ -150,20 +150,15 @@ def qk_norm_rope_store_triton(
     at most 2,048 elements) and ``num_warps`` are launch settings, for tuning sweeps
     (``tests/kernels/bench_kernels.py --qk-sweep``). Every setting computes the reference's
     values within rounding, but the per-head reductions run in a different order, so the last
-    bit can differ between settings (the H200 sweep of session 9 showed it at 16 / 8 heads of
-    128). The default, 2 warps, was the fastest there: 1.13x the earlier 4 at 15k-35k tokens.
+    bit can differ between settings. The default, 2 warps, was the fastest in that sweep.
 
     ``hw_round`` (GPU only; ``--qk-rope-rounding hardware``, the default): each bf16 rounding
     through the hardware conversion in inline PTX (``rn_bf16``) instead of ~5 integer
-    instructions. It rounds to nearest even at every step HF rounds, so the bits are the same
-    (``tests/kernels`` checks it on a GPU). The e4m3 cache codes keep the integer rounding:
-    with the hardware e4m3 conversion in this kernel, the H200 bit-equality test failed
-    (session 14, after the emulation's -0 fix), although the two conversions alone agree on
-    40M values (``scripts/fp8_convert_probe.py``); not yet explained. Compiled for sm_90
-    (``scripts/kernel_sass.py``), a program is 2,104 SASS instructions emulated and 1,624 with
-    ``hw_round`` (1,344 with hardware e4m3 too); on the H200 (session 14, ``bench_kernels.py
-    --qk-sweep``) the kernel ran 1.36-1.37x faster with ``hw_round``, the same as with both
-    conversions in hardware.
+    instructions, which makes the kernel faster (docs/baselines.md). It rounds to nearest even
+    at every step HF rounds, so the bits are the same (``tests/kernels`` checks it on a GPU).
+    The e4m3 cache codes keep the integer rounding: with the hardware e4m3 conversion in this
+    kernel the GPU bit-equality test fails, although the two conversions agree on their own;
+    not yet explained.
     """
     from flashrec.kernels.tl.qk_rope import qk_norm_rope_store_kernel
 
@@ -210,9 +205,9 @@ def qk_norm_rope_store_triton(
         HEAD_DIM=head_dim, HALF=half, HALF_P2=next_pow2(half), BLOCK_H=block_h,
         HAS_Q_NORM=q_norm_weight is not None, HAS_K_NORM=k_norm_weight is not None,
         # NOTE: on the GPU the compiler folds x.to(bf16).to(fp32) round trips and contracts the
-        # products into FMAs (one rounding instead of HF's three; measured on the H200: ~18% of
-        # bf16 outputs 1 ulp off). The integer-rounding path (EMULATE) and the inline-PTX
-        # hardware rounding (HW, ``hw_round``) both keep every rounding HF does.
+        # products into FMAs (one rounding instead of HF's three: some bf16 outputs 1 ulp off). The
+        # integer-rounding path (EMULATE) and the inline-PTX hardware rounding (HW,
+        # ``hw_round``) both keep every rounding HF does.
         STORE=store, ROUND_BACK=store and round_kv and kc.dtype == torch.float8_e4m3fn,
         EMULATE=True, HW=bool(hw_round), num_warps=num_warps,
     )  # fmt: skip

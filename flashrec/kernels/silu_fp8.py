@@ -47,20 +47,9 @@ def silu_mul_quant_fp8_ref(gate_up: torch.Tensor) -> tuple[torch.Tensor, torch.T
 
 def quant_row_warps(rows: int) -> int:
     """Warps of the quantizing launch when a whole row is one 8,192-lane tile (OneRec-1.7B's
-    6,144 columns; other widths keep ``launch_warps``), by rows. ``bench_kernels.py --silu-sweep`` on the H200
-    (session 11, call 2, same process; codes and scales identical for every warp count):
-
-    =======  ========  ========  ========  ========
-    rows     4 warps   8 warps   16 warps  32 warps
-    =======  ========  ========  ========  ========
-    4,096    46.1 us   55.6 us   58.8 us   62.0 us
-    15,000   131.5 us  129.7 us  137.4 us  142.8 us
-    35,000   292.6 us  289.4 us  307.0 us  322.2 us
-    =======  ========  ========  ========  ========
-
-    16 warps (``launch_warps(8192)``, the launch before) was 1.28x slower than 4 at 4,096 rows
-    and 1.06x slower than 8 at 15,000 and 35,000. The split at 8,192 rows lies between the
-    measured sizes."""
+    6,144 columns; other widths keep ``launch_warps``), by rows: 4 below 8,192 rows, 8 from
+    there, the fastest of 4-32 in ``bench_kernels.py --silu-sweep`` (docs/baselines.md). The
+    warp count changes only the launch, never the codes or scales written."""
     return 4 if rows < 8192 else 8
 
 
@@ -91,7 +80,7 @@ def _launch(
             raise ValueError(f"block must be a power of two, got {block}")
         tiles = -(-inter // block)
         if num_warps is None:
-            row_tile = quant and tiles == 1 and block == 8192  # the measured launch
+            row_tile = quant and tiles == 1 and block == 8192  # the launch quant_row_warps tunes
             num_warps = quant_row_warps(m) if row_tile else launch_warps(block)
         silu_mul_kernel[(m,)](
             gu, gu.stride(0), y, y if scale is None else scale, inter,

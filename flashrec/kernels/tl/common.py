@@ -70,8 +70,7 @@ def to_fp8(x, EMULATE: tl.constexpr, HW: tl.constexpr = False):
 
     NOTE (sign of zero): a negative value that rounds to zero must give -0 (code 0x80), as
     PyTorch's conversion and the hardware's do. The subnormal branch takes the sign from ``x``'s
-    bits: Triton lowers ``-y`` to ``0 - y``, +0 (not -0) for y = +0, and that gave +0 for 4.9% of
-    the H200 probe's values (``scripts/fp8_convert_probe.py``, session 14)."""
+    bits: Triton lowers ``-y`` to ``0 - y``, which is +0 (not -0) for y = +0."""
     x = tl.minimum(tl.maximum(x, -FP8_MAX), FP8_MAX)
     if EMULATE and not HW:
         # Normal e4m3 range: keep 3 of fp32's 23 mantissa bits, rounding half to even.
