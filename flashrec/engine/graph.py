@@ -35,8 +35,7 @@ def capture_graph(body, pool):
     collects before one only under ``torch.compiler.config.force_cudagraph_gc``): a
     collection triggered mid-capture runs finalizers, and a finalizer that releases CUDA
     objects (a graph or buffers of an engine no longer referenced) can make a CUDA call that
-    invalidates the capture. A capture failed once in a test process holding many engines
-    (docs/baselines.md, session 4); this rules out that cause, it does not prove it was it."""
+    invalidates the capture."""
     with torch.inference_mode():
         body()
         torch.cuda.synchronize()

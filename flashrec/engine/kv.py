@@ -19,8 +19,8 @@ from flashrec.config import ModelConfig
 class TokenAllocator:
     """Free list of integer slots. Deterministic (the same sequence of calls hands out the same
     slots) and O(k) per call of k slots: freed slots go back on top of the stack and are reused
-    first, lowest first within one free. (It used to re-sort the whole free list on every free:
-    ~7 ms per finished request with a 600k-token pool, which left the GPU idle.)"""
+    first, lowest first within one free (never a sort of the whole free list: with a large
+    pool that would stall the engine on every finished request)."""
 
     def __init__(self, size: int) -> None:
         self.size = size
@@ -88,8 +88,7 @@ class KVCache:
         self.reorder_positions: int | None = None
         # the same bytes as 8-byte words where a head's row allows it: the index kernels of a
         # reorder move one element per thread, so an FP8 (BF16) buffer moved as words takes 8x
-        # (4x) fewer threads; the H200 traces of session 8 show the 1-byte form at up to 2.9 ms
-        # per n=512 step (docs/baselines.md)
+        # (4x) fewer threads (the 1-byte form costs milliseconds per step at n=512)
         row_bytes = cfg.head_dim * self.dkv.element_size()
         self._words = self.dkv.view(torch.int64) if row_bytes % 8 == 0 else self.dkv
 

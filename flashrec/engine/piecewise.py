@@ -1,9 +1,8 @@
 """Piecewise CUDA-graph prefill of a batch (``--piecewise-prefill-max-tokens``).
 
-Under load every prefill batch ran eagerly: ~10 launches per layer, some of them Triton
-kernels whose Python launch path costs 50-100 us, and ``_scaled_mm`` ~70 us of host time per
-call. The H200 traces of session 5 show the GPU waiting for that host work for 18-28% of the
-n=50 and n=512 runs. Attention is the only part of a layer whose launch depends on the batch's
+An eager prefill makes ~10 launches per layer, several with tens of microseconds of host
+time each (Triton's Python launch path, ``_scaled_mm``), and under load the GPU waits for
+that host work. Attention is the only part of a layer whose launch depends on the batch's
 composition (how many prompts, their lengths, cached prefixes); everything else is row-wise
 over the batch's tokens. So the forward is cut at attention:
 
@@ -22,10 +21,9 @@ slots reserved for the prefill graphs, and are never attended to or read back.
 
 Per layer this is one graph replay and one attention call instead of ~10 launches. The price:
 three copies per layer (q/k/v into the static buffer, the residual, the attention output) and
-the padding, a few percent of GPU time on large batches, so the largest bucket is a knob.
-Served on the H200 (session 6, docs/baselines.md): n=512 c=8 +8-21%, p=5,000 c=8 +2-4%; the
-~14.8k-token batches of n=50 c=32 are GPU-bound and lost 2.9% when covered (16,384), hence
-the default of 8,192.
+the padding, a few percent of GPU time on large batches, so the largest bucket is a knob:
+large batches are GPU-bound and lose more to the copies than they gain, hence the default
+of 8,192 (docs/configuration.md).
 
 On CPU the same padded pieces run eagerly (the tests compare them with the plain forward).
 """

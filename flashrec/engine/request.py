@@ -33,8 +33,8 @@ class BeamResult:
 
     A plain class with ``__slots__``, not a frozen dataclass: the engine thread makes one per
     returned beam (4,096 for eight n=512 requests retiring together) and a frozen dataclass's
-    ``__init__`` costs ~1.6 us each against ~0.5 us here (CPU machine), time in which the GPU
-    waits. Treat instances as read-only; equality compares the four data fields."""
+    ``__init__`` costs several times as much, time in which the GPU waits. Treat instances as
+    read-only; equality compares the four data fields."""
 
     __slots__ = (
         "token_ids",
@@ -89,10 +89,9 @@ class BeamColumns(Sequence):
     is written from, without one Python object per beam on the way.
 
     It reads as the list of ``BeamResult`` it stands for (``len``, indexing, iteration,
-    equality with such a list), making each object on first access. Session 14 measured the
-    per-beam objects on the CPU machine: ~0.9 ms per 256-beam request between the engine and
-    the server process, made three times (engine objects, wire tuples, objects again).
-    Treat as read-only."""
+    equality with such a list), making each object on first access: per-beam objects would
+    otherwise be made three times between the engine and the server process (engine objects,
+    wire tuples, objects again), costing host time per wide request. Treat as read-only."""
 
     __slots__ = ("token_ids", "cum_logprobs", "sequence_scores", "finish_reasons", "text_source",
                  "_objs")  # fmt: skip

@@ -103,8 +103,7 @@ class AttentionBackend:
     def takes_strided_q(self, meta) -> bool:
         """Whether this forward takes q as the row-strided view into the QKV output (no copy).
         The SDPA prefill does: SDPA reads q head-major through a view of those rows
-        (``_sdpa``), so a contiguous copy before it would be a copy for nothing (28 of the 140
-        copy kernels per p=1,000 prefill in session 9's H200 trace)."""
+        (``_sdpa``), so a contiguous copy before it would be a copy for nothing."""
         return meta.mode == "prefill"
 
     def prefill(self, q, k, v, layer_id, meta: PrefillMeta):
@@ -179,12 +178,10 @@ class AttentionBackend:
         """q [B, Lq, Hq, D], k/v [B, Lk, Hkv, D] -> [B, Hq, Lq, D]; causal (lower right).
 
         The inputs go in as head-major views of their token rows (strided, no copies) and the
-        kv heads are shared by their q heads inside the kernel (``enable_gqa``), not repeated:
-        on the H200 (session 11, ``scripts/prefill_layout_probe.py``) cuDNN, flash and
-        efficient all take these views and return the output token-major, so
-        ``o.transpose(1, 2)`` is contiguous and the caller reads it without a copy. Before,
-        q was copied head-major, k/v repeated to the q heads and the output copied back: four
-        copy kernels per layer (112 of the copies in a p=1,000 prefill's trace)."""
+        kv heads are shared by their q heads inside the kernel (``enable_gqa``), not repeated.
+        cuDNN, flash and efficient all take these views and return the output token-major, so
+        ``o.transpose(1, 2)`` is contiguous and the caller reads it without a copy: no copy
+        kernel per layer for q, k/v or the output."""
         g = self.hq // self.hkv
         qh, kh, vh = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         kw = {"is_causal": True} if mask is None else {"attn_mask": mask}
@@ -204,11 +201,11 @@ def _write_heads(dst: torch.Tensor, o: torch.Tensor) -> None:
     dst.view(n, h, d).copy_(o.transpose(0, 1))
 
 
-# SDPA without cuDNN: cuDNN builds an execution plan for every new sequence length (~40 ms
-# each on the H200, ~700 ms for the first masked call; scripts/sdpa_length_probe.py), which an
-# eager prefill of arbitrary prompt lengths pays per length. Flash / efficient have no such cost.
-# The prefill graphs' buckets (one fixed shape each, warmed up eagerly and then captured) keep
-# cuDNN, ~2x faster than flash there: they run inside ``fixed_shape_sdpa()``. Both the warm-up
+# SDPA without cuDNN: cuDNN builds an execution plan (tens of milliseconds) for every new
+# sequence length, which an eager prefill of arbitrary prompt lengths pays per length. Flash /
+# efficient have no such cost. The prefill graphs' buckets (one fixed shape each, warmed up
+# eagerly and then captured) keep cuDNN, faster than flash there: they run inside
+# ``fixed_shape_sdpa()``. Both the warm-up
 # and the capture must run inside it: cuDNN cannot build its plan during a capture.
 _EAGER_SDPA = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 _fixed_shape = threading.local()

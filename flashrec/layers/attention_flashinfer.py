@@ -3,13 +3,12 @@ kernel (``BatchPrefillWithRaggedKVCacheWrapper``; the ``fa3`` kernels on Hopper,
 elsewhere), decode through FlashRec's shared-prompt Triton beam kernel (inherited from
 ``TritonAttention``).
 
-Why this split (measured, ``../shared/gpu/README.md`` and ``docs/baselines.md``):
+Why this split (measured: ``docs/baselines.md``):
 - prefill: the ragged kernel takes every prompt of a batch in ONE call without padding,
-  handles GQA natively (no repeated K/V copies) and, on the H200, runs at the cuDNN SDPA rate
-  (0.37 ms for 8 x 2,465 tokens per layer); the SDPA path of the base class needs one call per
-  distinct prompt length plus the GQA copies.
+  handles GQA natively (no repeated K/V copies) and runs at the cuDNN SDPA rate; the SDPA
+  path of the base class needs one call per distinct prompt length.
 - decode: the prompt part of beam decode is a dense (beams x prompt) product per request;
-  FlashInfer's cascade wrapper measured 4.5x slower than the dense form there, which the
+  FlashInfer's cascade wrapper is several times slower than the dense form there, which the
   Triton kernel implements with the per-beam suffix merged in the same online softmax.
 
 Prompts with a cached prefix (radix hits) attend to the prefix + their new tokens: the K/V of
@@ -49,11 +48,10 @@ class PlanRing:
     the stream reaches it, not when it is queued. The engine's host runs ahead of the GPU
     (results are overlapped, nothing syncs per step), so a second ``plan()`` on the same wrapper
     can rewrite the buffer before the first forward's copy has run: that forward then runs with
-    the next forward's lengths and offsets, reading and writing out of bounds. (The H200's
-    n=512 FP8 cell, whose requests arrive a few at a time and so prefill in consecutive steps,
-    died in 5 of 12 served runs of sessions 11-12 with a segfault in ``cuGraphLaunch`` or an
-    illegal instruction; the same race is described for other engines that plan FlashInfer
-    ahead of the GPU. Suspected there, not yet confirmed.)
+    the next forward's lengths and offsets, reading and writing out of bounds (the suspected
+    cause of the served n=512 FP8 crashes in docs/baselines.md, where requests prefill in
+    consecutive steps; the same race is described for other engines that plan FlashInfer
+    ahead of the GPU).
 
     Here each wrapper's ``plan()`` is followed by an event on the stream, and a wrapper is
     planned again only after its event has passed: a host wait that costs nothing unless the

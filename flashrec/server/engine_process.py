@@ -3,8 +3,7 @@
 In one process the engine thread and the HTTP side (event loop, request parsing, chat
 templates, response text) take turns holding one GIL: every response built or request parsed
 is time in which the engine thread cannot launch the next kernel, and the engine's launches in
-turn delay the answers (the H200's n=512 cell spent ~27 ms per request in ``respond``,
-``docs/baselines.md``). Here the engine, its scheduler, the profiler and the engine's GC watch
+turn delay the answers. Here the engine, its scheduler, the profiler and the engine's GC watch
 live in a child process; the server process keeps HTTP, tokenization and response text::
 
     server process                          engine process (spawned)

@@ -3,11 +3,10 @@
 A full (generation-2) collection walks every object the collector tracks and holds the GIL
 all the while, so the engine thread stops with it: for that time the GPU gets no launches.
 After start-up a serving process tracks a few hundred thousand objects or more (torch,
-transformers, the tokenizer, aiohttp): a full collection of the tiny-model CPU server took
-~160 ms on the 2-core CI machine. The collector triggers one by itself, now and then, as
-requests allocate. ``--gc-freeze`` (on by default) moves everything alive after warm-up to
-the permanent generation (``gc.freeze``), so collections walk only what requests allocated:
-~2 ms there.
+transformers, the tokenizer, aiohttp), so a full collection is a long pause, and the collector
+triggers one by itself, now and then, as requests allocate. ``--gc-freeze`` (on by default)
+moves everything alive after warm-up to the permanent generation (``gc.freeze``), so
+collections walk only what requests allocated.
 
 :class:`GcWatch` times every collection through ``gc.callbacks`` and feeds ``/metrics``. The
 callback only counts (a collection can start in any thread at any allocation, so it must not

@@ -1,11 +1,11 @@
 """Answer bodies built in worker processes (``--respond-workers N``).
 
-At wide beams the server process spends ~1.5 ms per 512-beam answer on its text and JSON
-(CPU machine), on the event loop. Under continuous batching the requests of one step retire
-together, so their answers are built one after another: the H200 n=512, c=8 cell measured a
-13 ms mean ``respond`` phase (docs/baselines.md, session 8). Workers build the bodies of
-wide answers in parallel, each in its own process (its own GIL), from the result's wire form
-(the columns that cross the engine-process pipe); the event loop only awaits the text.
+At wide beams the text and JSON of an answer cost the server process milliseconds, on the
+event loop. Under continuous batching the requests of one step retire together, so their
+answers are built one after another and the last waits for all the others. Workers build
+the bodies of wide answers in parallel, each in its own process (its own GIL), from the
+result's wire form (the columns that cross the engine-process pipe); the event loop only
+awaits the text.
 
 - Only non-streamed bodies of at least ``MIN_BEAMS`` beams go to a worker: a narrow answer
   costs less to build than to ship.
