@@ -169,7 +169,9 @@ class EngineConfig:
     )
     quantization: str | None = _opt(
         None,
-        "fp8 = W8A8 per-channel FP8 (a BF16 checkpoint is quantized at load); any other value = unquantized weights in --dtype (an FP8 checkpoint is dequantized); default: FP8 only for a checkpoint whose quantization_config says FP8, on any device (a directory name containing fp8 does not count)",
+        "fp8 = W8A8 per-channel FP8 (BF16 weights quantized at load); any other value = "
+        "unquantized weights in --dtype; default: FP8 only for a checkpoint whose "
+        "quantization_config says FP8",
     )
     kv_cache_dtype: str = _opt(
         "auto", "KV cache dtype: auto (= --dtype) or fp8_e4m3", ("auto", "fp8_e4m3")
@@ -188,7 +190,8 @@ class EngineConfig:
     )
     cuda_graph_max_bs: int = _opt(
         800,
-        "largest decode batch (beam rows) captured as a CUDA graph; wider decode batches run as several replays of whole requests, and only a request with n above it decodes eagerly (logged, counted in /metrics)",
+        "largest decode batch (beam rows) captured as a CUDA graph; wider batches replay it per "
+        "whole request, and a request with n above it decodes eagerly",
     )
     decode_max_splits: int = _opt(
         8,
@@ -199,23 +202,31 @@ class EngineConfig:
     )
     enable_step_graph: bool | None = _opt(
         None,
-        "one CUDA graph per decode step: model forward + restricted LM head + trie mask + top-n + beam expansion + KV reorder, for batches whose requests all have n = --beam-width and temperature 0 (others run the model graph and expand eagerly); on CPU the same static step runs eagerly. Default: on where decode CUDA graphs are captured (GPU without --disable-cuda-graph), off on CPU; --no-enable-step-graph captures the model forward only (docs/baselines.md, session 8)",
+        "capture each decode step whole (forward, LM head, trie mask, top-n, beam expansion, KV "
+        "reorder) as one CUDA graph; default: on where decode CUDA graphs are captured",
     )
     overlap_results: bool | None = _opt(
         None,
-        "hand a step's finished requests back at the end of the NEXT step, after that step's GPU work is launched, whenever other requests wait or run: the device-to-host copy of the results starts at once and the host waits for it only once the GPU has more work queued, so the GPU is not left idle while the host builds answers and schedules. Nothing waits longer than the next step's launches; with nothing else to run, results come back at once (one request at a time is unaffected). Default: on with CUDA (the served A/B on the H200, matrices/h200_overlap_ab.yaml: n=50 c=32 FP8 1.10x QPS, GPU busy 79% -> 97%; docs/baselines.md, session 10), off on CPU; --no-overlap-results hands every result back in its own step",
+        "hand a step's finished requests back after the next step's GPU work is launched, so the "
+        "GPU does not idle while the host answers; default: on with CUDA",
     )
     prefill_graph_max_tokens: int | None = _opt(
         None,
-        "a prefill of ONE prompt with no cached prefix and at most this many tokens, while no other request is running, replays a CUDA graph of the whole forward, captured per 128-token bucket (padding tokens write to reserved scratch slots; attention through SDPA; radix matches shorter than one bucket are then recomputed, raising --prefix-cache-min-match to 128); 0 = off; default: 2048 where CUDA graphs are captured (GPU without --disable-cuda-graph), 0 on CPU. For one-request-at-a-time latency, where eager launches dominate. On CPU a non-zero value runs the same padded forward eagerly",
+        "a lone prompt of at most this many tokens with no cached prefix replays a whole-forward "
+        "CUDA graph (128-token buckets); 0 = off; default: 2048 where CUDA graphs are captured, "
+        "else 0",
     )
     piecewise_prefill_max_tokens: int | None = _opt(
         None,
-        "a prefill batch of at most this many new tokens (any number of prompts up to 256, cached prefixes included) that does not replay the whole-forward prefill graph replays piecewise CUDA graphs: one graph per layer for everything but attention, captured per token bucket (steps of 256 / 512 / 1,024 tokens), with attention run eagerly on the real tokens between them (padding tokens write to reserved scratch slots). Cuts the ~10 launches per layer of the eager prefill to one replay plus the attention call; costs three copies per layer and the padding. 0 = off; capped at --max-prefill-tokens; default: 8192 where CUDA graphs are captured (GPU without --disable-cuda-graph), 0 on CPU. On CPU a non-zero value runs the same padded pieces eagerly",
+        "a prefill batch of at most this many new tokens replays per-layer CUDA graphs around "
+        "eager attention; 0 = off; capped at --max-prefill-tokens; default: 8192 where CUDA "
+        "graphs are captured, else 0",
     )
     attention_backend: str | None = _opt(
         None,
-        "attention backend: torch (reference, CPU), triton (GPU: SDPA prefill + shared-prompt Triton beam decode) or flashinfer (GPU: FlashInfer ragged prefill + the Triton beam decode); default: flashinfer on a GPU where it is installed and supports the model (bf16/fp16, head_dim 64/128/256), else triton; torch on CPU",
+        "attention backend: torch (reference, CPU), triton (GPU: SDPA prefill + Triton beam "
+        "decode) or flashinfer (GPU: FlashInfer ragged prefill + Triton beam decode); default: "
+        "flashinfer where it supports the model, else triton; torch on CPU",
         ("torch", "triton", "flashinfer"),
     )
     max_seq_len: int = _opt(
@@ -231,7 +242,8 @@ class EngineConfig:
     enable_prefix_cache: bool = _opt(True, "radix prefix cache over prompt tokens")
     prefix_cache_min_match: int = _opt(
         32,
-        "a radix match shorter than this many tokens is not used: the prompt prefills whole (a short shared prefix such as the chat template's first tokens costs more to gather from the pool, per layer and for the whole batch, than to recompute)",
+        "a radix match shorter than this many tokens is not used and the prompt prefills whole "
+        "(gathering a short prefix from the pool costs more than recomputing it)",
     )
     schedule_policy: str = _opt(
         "lpm",
@@ -254,12 +266,14 @@ class EngineConfig:
     enable_fused_qk_rope_kv: bool = _opt(True, "fused q/k RMSNorm + RoPE + KV write kernel (GPU)")
     qk_rope_rounding: str = _opt(
         "hardware",
-        "how the fused q/k norm + RoPE + KV write kernel rounds to bf16 (GPU): hardware (the conversion instruction, in inline PTX the compiler cannot fold) or emulated (integer arithmetic, ~5 instructions per rounding); both round to nearest even wherever HF rounds and give the same bits. e4m3 cache codes are rounded in integer arithmetic either way. H200, session 14: the kernel 1.36-1.37x, n=50 c=32 FP8 1.015x served",
+        "how the fused q/k norm + RoPE + KV write kernel rounds to bf16 (GPU): hardware (an "
+        "inline-PTX conversion, faster) or emulated (integer arithmetic); both give HF's bits",
         ("emulated", "hardware"),
     )
     enable_prefill_last_rows: bool = _opt(
         True,
-        "prefill: the last layer's o_proj, post-attention norm and MLP run on each prompt's last token only, the one row the level-0 logits read (every token still writes its K/V and every layer before runs whole); ~1/L of a prefill's GEMM work saved. --no-enable-prefill-last-rows runs every token through the whole last layer (same results within rounding: the GEMMs see fewer rows)",
+        "prefill runs the last layer's o_proj, post-attention norm and MLP on each prompt's last "
+        "token only (the row the level-0 logits read): ~1/L of the GEMM work saved",
     )
 
     def __post_init__(self) -> None:
@@ -329,8 +343,8 @@ class EngineConfig:
         is queued (``--overlap-results``)."""
         if self.overlap_results is not None:
             return self.overlap_results
-        # on with CUDA: measured on the H200 (docs/baselines.md, session 10); on CPU the
-        # host and the device are the same cores, so there is nothing to overlap
+        # on with CUDA, where the GPU runs while the host answers; on CPU the host and the
+        # device are the same cores, so there is nothing to overlap
         return self.resolved_device == "cuda"
 
     @property
@@ -380,9 +394,9 @@ class ServerConfig(EngineConfig):
     warmup: bool = _opt(True, "run warm-up requests before /health reports ok")
     gc_freeze: bool = _opt(
         True,
-        "after warm-up, move every object alive (model, tokenizer, libraries) to Python's "
-        "permanent GC generation (gc.freeze): a full collection then walks only what requests "
-        "allocated (it stops every thread, the engine's included)",
+        "after warm-up, move every live object to Python's permanent GC generation (gc.freeze): "
+        "full collections, which stop the engine thread too, then walk only what requests "
+        "allocated",
     )
     tokenizer_workers: int = _opt(
         4,
@@ -392,31 +406,23 @@ class ServerConfig(EngineConfig):
     respond_workers: int = _opt(
         0,
         "processes that build the JSON bodies of wide answers (at least 64 beams, not streamed) "
-        "in parallel, off the event loop: the answers of requests that retire in one step are "
-        "otherwise built one after another (n=512, c=8 on an H200: 13 ms mean respond phase, "
-        "docs/baselines.md session 8); 0 = on the event loop. Off by default until measured on "
-        "a GPU",
+        "in parallel, off the event loop; 0 = on the event loop",
     )
     gil_switch_interval_ms: float = _opt(
         0.2,
         "sys.setswitchinterval of the server process, in ms: how long the HTTP / tokenizer "
-        "threads may hold the GIL while the engine thread waits for it (Python's default is 5; "
-        "0.2 measured +4.8% QPS at n=50, c=32 on an H200, docs/baselines.md)",
+        "threads may hold the GIL while the engine thread waits for it (Python's default is 5)",
     )
     engine_process: str = _opt(
         "auto",
         "run the engine (scheduler, model, profiler) in a process of its own, so that HTTP, "
-        "tokenization and response text never hold the engine thread's GIL: on, off, or auto "
-        "(on when the device is CUDA)",
+        "tokenization and response text never hold its GIL: on, off, or auto (on with CUDA)",
         ("auto", "on", "off"),
     )
     event_loop: str = _opt(
         "asyncio",
-        "the server's event loop: asyncio (the standard library's), uvloop (libuv: less host "
-        "time for HTTP and hand-offs; pip install 'flashrec[fast]'), or auto (uvloop where "
-        "installed). CPU, paired A/B of 24 rounds, n=256 c=1 with the engine process: p50 "
-        "-1.7%, within the noise band (docs/baselines.md session 12); asyncio stays the default "
-        "until measured on a GPU host",
+        "the server's event loop: asyncio (the standard library's), uvloop (less host time for "
+        "HTTP and hand-offs; pip install 'flashrec[fast]'), or auto (uvloop where installed)",
         ("auto", "uvloop", "asyncio"),
     )
 

@@ -63,21 +63,21 @@ ZH = {
     "sid": "覆盖 SID 布局：START:END/SIZE[,begin=ID][,end=ID]（token id START..END-1 为每级 SIZE 个 code 的 codebook）",
     "device": "cpu 或 cuda（默认：有 GPU 时 cuda）",
     "dtype": "激活 / 非量化权重的 dtype（默认 cuda 上 bfloat16，cpu 上 float32）",
-    "quantization": "fp8 = W8A8 per-channel FP8（BF16 checkpoint 在加载时量化）；其它任何值 = --dtype 的非量化权重（FP8 checkpoint 会被反量化）；默认：仅当 checkpoint 的 quantization_config 声明 FP8 时启用 FP8，与设备无关（目录名含 fp8 不算）",
+    "quantization": "fp8 = W8A8 per-channel FP8（BF16 权重在加载时量化）；其它任何值 = --dtype 的非量化权重；默认：仅当 checkpoint 的 quantization_config 声明 FP8 时启用 FP8",
     "kv_cache_dtype": "KV cache dtype：auto（= --dtype）或 fp8_e4m3",
     "logprob_scope": "log_softmax 的范围：当前层 code（level，默认最快）/ 整个 SID 区间（sid）/ 全词表（full，HF 语义）",
     "length_penalty": "sequence_score = cum_logprob / gen_len ** length_penalty",
     "beam_width": "默认 beam 宽度 n（请求中的 n 覆盖它）；也是 CUDA graph 捕获的单位",
     "batch_slots": "所有运行中请求共享的 beam 行槽位预算（默认 = --cuda-graph-max-bs）",
-    "cuda_graph_max_bs": "以 CUDA graph 捕获的最大 decode 批（beam 行数）；更宽的 decode 批拆成若干次整请求的 graph replay，只有 n 超过它的请求才 eager decode（有日志，并计入 /metrics）",
+    "cuda_graph_max_bs": "以 CUDA graph 捕获的最大 decode 批（beam 行数）；更宽的批按整请求多次重放，n 超过它的请求 eager decode",
     "disable_cuda_graph": "decode 走 eager（从不静默回退）",
-    "prefix_cache_min_match": "radix 匹配短于该 token 数时不使用：prompt 整段 prefill（如 chat template 开头这类很短的共享前缀，从 pool 按层、按整个 batch gather 的代价高于重算）",
-    "piecewise_prefill_max_tokens": "不走整段 prefill graph、新 token 数不超过该值的 prefill 批（任意条 prompt，至多 256 条，含缓存前缀）重放分段 CUDA graph：每层除 attention 以外的部分各一张 graph，按 token 桶（步长 256 / 512 / 1,024）捕获，attention 在两段之间以 eager 方式只在真实 token 上运行（padding token 写入预留的 scratch 槽位）。把 eager prefill 每层约 10 次 launch 降为一次重放加一次 attention 调用；代价是每层三次拷贝和 padding。0 = 关闭；不超过 --max-prefill-tokens；默认：捕获 CUDA graph 时（GPU 且未 --disable-cuda-graph）为 8192，CPU 上为 0。CPU 上设非零值时同一组 padding 分段以 eager 运行",
-    "prefill_graph_max_tokens": "单个 prompt（无缓存前缀、不超过该 token 数，且没有其他请求在运行）的 prefill 重放整段前向的 CUDA graph，按 128 token 分桶捕获（padding token 写入预留的 scratch 槽位；attention 走 SDPA；短于一个桶的 radix 匹配随之重算，即 --prefix-cache-min-match 提到 128）；0 = 关闭；默认：捕获 CUDA graph 时（GPU 且未 --disable-cuda-graph）为 2048，CPU 上为 0。面向逐请求延迟（eager launch 开销占主导时）。CPU 上设非零值时同一 padding 前向以 eager 运行",
-    "enable_step_graph": "每个 decode step 一次 CUDA graph 重放：模型前向 + 受限 LM head + trie 掩码 + top-n + beam 扩展 + KV 重排（仅当批内请求都满足 n = --beam-width 且 temperature 0；否则模型 graph + eager 扩展）；CPU 上同一静态 step 以 eager 运行。默认：捕获 decode CUDA graph 时（GPU 且未设 --disable-cuda-graph）开启，CPU 上关闭；--no-enable-step-graph 只捕获模型前向（见 docs/baselines.md 第 8 次会话）",
-    "overlap_results": "一个 step 中完成的请求，其结果在下一个 step 把 GPU 工作排入队列之后才交回（仅当还有其他请求在等待或运行时）：结果的 device-to-host 拷贝立即开始，host 只在 GPU 已有后续工作时才等待它，这样 host 构建回答和调度时 GPU 不会空闲。没有其他工作时结果立即交回（逐个请求时不受影响）。默认：使用 CUDA 时开启（H200 上同一次运行内的 A/B，matrices/h200_overlap_ab.yaml：n=50 c=32 FP8 QPS 1.10x，GPU 忙碌 79% -> 97%；见 docs/baselines.md 第 10 次会话），CPU 上关闭；--no-overlap-results 让每个结果在本 step 交回",
+    "prefix_cache_min_match": "短于该 token 数的 radix 匹配不使用，prompt 整段 prefill（从 pool gather 很短的前缀比重算更贵）",
+    "piecewise_prefill_max_tokens": "新 token 数不超过该值的 prefill 批重放逐层 CUDA graph，attention 在其间 eager 运行；0 = 关闭；不超过 --max-prefill-tokens；默认：捕获 CUDA graph 时为 8192，否则为 0",
+    "prefill_graph_max_tokens": "单独一个、无缓存前缀且不超过该 token 数的 prompt 重放整段前向的 CUDA graph（按 128 token 分桶）；0 = 关闭；默认：捕获 CUDA graph 时为 2048，否则为 0",
+    "enable_step_graph": "把每个 decode step 整体（前向、LM head、trie 掩码、top-n、beam 扩展、KV 重排）捕获为一个 CUDA graph；默认：捕获 decode CUDA graph 时开启",
+    "overlap_results": "一个 step 完成的请求在下一个 step 的 GPU 工作发出之后才交回，使 host 构建回答时 GPU 不空闲；默认：使用 CUDA 时开启",
     "decode_max_splits": "GPU beam-decode attention 在窄 batch 上对 prompt 的最大切分数（split-K，1-8；1 = 不切分）",
-    "attention_backend": "attention 后端：torch（参考实现，CPU）、triton（GPU：SDPA prefill + 共享 prompt 的 Triton beam decode）或 flashinfer（GPU：FlashInfer ragged prefill + 同一 Triton beam decode）；默认：GPU 上已安装 flashinfer 且模型受支持（bf16/fp16，head_dim 64/128/256）时用 flashinfer，否则 triton；CPU 上用 torch",
+    "attention_backend": "attention 后端：torch（参考实现，CPU）、triton（GPU：SDPA prefill + Triton beam decode）或 flashinfer（GPU：FlashInfer ragged prefill + Triton beam decode）；默认：flashinfer 支持该模型时用 flashinfer，否则 triton；CPU 上用 torch",
     "max_seq_len": "最长可接受 prompt（token）；更长返回 400",
     "max_prefill_tokens": "一次前向中一起 prefill 的 token 数",
     "mem_fraction_static": "分给权重 + KV pool 的空闲显存比例",
@@ -89,8 +89,8 @@ ZH = {
     "enable_fused_rms_fp8": "融合 RMSNorm(+residual) -> per-token FP8 量化 kernel（GPU，FP8）；bf16/fp16 层使用同一 kernel（不量化）",
     "enable_fused_silu_fp8": "融合 SiLU(gate)*up -> per-token FP8 量化 kernel（GPU，FP8）；bf16/fp16 层使用同一 kernel（不量化）",
     "enable_fused_qk_rope_kv": "融合 q/k RMSNorm + RoPE + KV 写入 kernel（GPU）",
-    "qk_rope_rounding": "融合 q/k norm + RoPE + KV 写入 kernel 舍入到 bf16 的方式（GPU）：hardware（转换指令，写在编译器无法折叠的内联 PTX 中）或 emulated（整数运算模拟，每次舍入约 5 条指令）；两者都在 HF 舍入之处按最近偶数舍入，结果逐位相同。e4m3 缓存码两种方式都用整数运算舍入。H200（session 14）：kernel 1.36-1.37x，n=50 c=32 FP8 经 HTTP 1.015x",
-    "enable_prefill_last_rows": "prefill 时最后一层的 o_proj、注意力后 norm 与 MLP 只算每个 prompt 的最后一个 token（level-0 logits 只读这一行；每个 token 仍写入各层 K/V，之前各层照常全算），约省 prefill GEMM 的 1/L。--no-enable-prefill-last-rows 让所有 token 走完整最后一层（结果在舍入误差内相同：GEMM 行数不同）",
+    "qk_rope_rounding": "融合 q/k norm + RoPE + KV 写入 kernel 舍入到 bf16 的方式（GPU）：hardware（内联 PTX 转换指令，更快）或 emulated（整数运算）；两者都与 HF 逐位相同",
+    "enable_prefill_last_rows": "prefill 时最后一层的 o_proj、注意力后 norm 与 MLP 只算每个 prompt 的最后一个 token（level-0 logits 只读这一行）：约省 GEMM 的 1/L",
     "host": "绑定地址（服务无鉴权：保持 loopback）",
     "port": "绑定端口（0 = 自动选择并打印）",
     "served_model_name": "/v1/models 报告的模型名（默认目录名）",
@@ -99,12 +99,12 @@ ZH = {
     "header_timeout_s": "请求头须在其第一个字节后（连接的首个请求：连接建立后）这么多秒内收全，否则返回 408 并关闭连接",
     "body_timeout_s": "请求体须在请求头收全后这么多秒内全部到达，否则返回 408 并关闭连接",
     "warmup": "/health 返回 ok 之前先跑预热请求",
-    "gc_freeze": "预热后把当时存活的全部对象（模型、tokenizer、各库）移入 Python GC 的永久代（gc.freeze）：此后的完整回收只遍历请求分配的对象（完整回收会暂停所有线程，包括引擎线程）",
-    "respond_workers": "并行构建宽回答（至少 64 个 beam、非流式）JSON 正文的进程数，不占事件循环：同一步结束的请求的回答否则只能逐个构建（H200 上 n=512、c=8 的 respond 阶段平均 13 ms，见 docs/baselines.md 第 8 次会话）；0 = 在事件循环上构建。在 GPU 机器上测量之前默认关闭",
+    "gc_freeze": "预热后把所有存活对象移入 Python GC 的永久代（gc.freeze）：完整回收（同样会暂停引擎线程）此后只遍历请求分配的对象",
+    "respond_workers": "并行构建宽回答（至少 64 个 beam、非流式）JSON 正文的进程数，不占事件循环；0 = 在事件循环上构建",
     "tokenizer_workers": "并行构建 prompt（chat template + 分词）的线程数，每个线程持有自己的 tokenizer 副本；1 = 单线程使用引擎自身的 tokenizer",
-    "gil_switch_interval_ms": "服务进程的 sys.setswitchinterval（毫秒）：引擎线程等待 GIL 时，HTTP / 分词线程最多可持有 GIL 的时长（Python 默认 5；在 H200 上 0.2 使 n=50、c=32 的 QPS 提高 4.8%，见 docs/baselines.md）",
-    "engine_process": "引擎（调度器、模型、profiler）运行在独立进程中，使 HTTP、分词和响应文本永远不占用引擎线程的 GIL：on、off 或 auto（设备为 CUDA 时开启）",
-    "event_loop": "server 的事件循环：asyncio（标准库）、uvloop（libuv：HTTP 与线程交接的 host 时间更少；pip install 'flashrec[fast]'），或 auto（已安装时用 uvloop）。CPU 上 n=256、c=1、独立引擎进程的 24 轮配对 A/B：p50 -1.7%，在噪声带内（docs/baselines.md 第 12 次会话）；在 GPU 机器上测量前默认仍为 asyncio",
+    "gil_switch_interval_ms": "服务进程的 sys.setswitchinterval（毫秒）：引擎线程等待 GIL 时，HTTP / 分词线程最多可持有 GIL 的时长（Python 默认 5）",
+    "engine_process": "引擎（调度器、模型、profiler）运行在独立进程中，使 HTTP、分词和响应文本永远不占用它的 GIL：on、off 或 auto（使用 CUDA 时开启）",
+    "event_loop": "server 的事件循环：asyncio（标准库）、uvloop（HTTP 与线程交接的 host 时间更少；pip install 'flashrec[fast]'），或 auto（已安装时用 uvloop）",
 }
 
 GENERATE_FLAGS = [
@@ -134,6 +134,118 @@ GENERATE_FLAGS = [
 ]
 
 
+# What a flag's one-line help leaves out: the details and the reason for its default.
+NOTES = [
+    (
+        "--quantization",
+        "An FP8 checkpoint served with any value other than fp8 is dequantized to --dtype. The "
+        "checkpoint's quantization_config decides on any device; a directory name containing "
+        "fp8 does not count.",
+        "FP8 checkpoint 配合 fp8 以外的任何值时反量化为 --dtype。由 checkpoint 的 "
+        "quantization_config 决定，与设备无关；目录名含 fp8 不算。",
+    ),
+    (
+        "--cuda-graph-max-bs",
+        "Eager decodes are logged and counted in /metrics "
+        "(`flashrec_decode_eager_forwards_total`).",
+        "eager decode 会打印日志并计入 /metrics（`flashrec_decode_eager_forwards_total`）。",
+    ),
+    (
+        "--enable-step-graph",
+        "Only for batches whose requests all have n = --beam-width and temperature 0; other "
+        "batches run the model graph and expand beams eagerly. On CPU (off by default) the same "
+        "static step runs eagerly. --no-enable-step-graph captures the model forward only.",
+        "仅用于批内请求都满足 n = --beam-width 且 temperature 0 的批；其它批走模型 graph 并 "
+        "eager 扩展 beam。CPU 上（默认关闭）同一静态 step 以 eager 运行。"
+        "--no-enable-step-graph 只捕获模型前向。",
+    ),
+    (
+        "--overlap-results",
+        "Only while other requests wait or run: the device-to-host copy of the results starts "
+        "at once and the host waits for it only once the GPU has more work queued. Nothing "
+        "waits longer than the next step's launches; with nothing else to run, results come "
+        "back at once, so one request at a time is unaffected. Off on CPU, where the host and "
+        "the device share the cores; --no-overlap-results hands every result back in its own "
+        "step.",
+        "仅当还有其他请求在等待或运行时：结果的 device-to-host 拷贝立即开始，host 只在 GPU "
+        "已有后续工作时才等待它。任何结果的等待都不超过下一个 step 的 launch；没有其他工作时"
+        "结果立即交回，逐个请求时不受影响。CPU 上关闭（host 与 device 共用 CPU 核）；"
+        "--no-overlap-results 让每个结果在本 step 交回。",
+    ),
+    (
+        "--prefill-graph-max-tokens",
+        "Replays only while no other request runs: a latency knob for one request at a time, "
+        "where eager launches dominate. Padding tokens write to reserved scratch slots; "
+        "attention goes through SDPA; radix matches shorter than one bucket are recomputed "
+        "(in effect --prefix-cache-min-match 128). On CPU a non-zero value runs the same "
+        "padded forward eagerly.",
+        "仅在没有其他请求运行时重放：面向逐请求延迟（eager launch 开销占主导时）。padding "
+        "token 写入预留的 scratch 槽位；attention 走 SDPA；短于一个桶的 radix 匹配随之重算"
+        "（相当于 --prefix-cache-min-match 提到 128）。CPU 上设非零值时同一 padding 前向以 eager 运行。",
+    ),
+    (
+        "--piecewise-prefill-max-tokens",
+        "Any number of prompts up to 256, cached prefixes included, where the whole-forward "
+        "prefill graph does not apply. One graph per layer for everything but attention, "
+        "captured per token bucket (steps of 256 / 512 / 1,024 tokens); attention runs eagerly "
+        "on the real tokens between them and padding tokens write to reserved scratch slots. "
+        "It cuts the ~10 launches per layer of an eager prefill to one replay plus the "
+        "attention call, for three copies per layer and the padding: large batches are "
+        "GPU-bound and lose, hence 8192 (see the tuning table). On CPU a non-zero value runs the "
+        "same padded pieces eagerly.",
+        "任意条 prompt（至多 256 条，含缓存前缀），用于不走整段 prefill graph 的批。每层除 "
+        "attention 以外的部分各一张 graph，按 token 桶（步长 256 / 512 / 1,024）捕获，"
+        "attention 在两段之间以 eager 方式只在真实 token 上运行，padding token 写入预留的 "
+        "scratch 槽位。把 eager prefill 每层约 10 次 launch 降为一次重放加一次 attention "
+        "调用，代价是每层三次拷贝和 padding：大批次受 GPU 限制反而变慢，因此默认 8192"
+        "（见调优表）。CPU 上设非零值时同一组 padding 分段以 eager 运行。",
+    ),
+    (
+        "--attention-backend",
+        "The default takes flashinfer where it is installed and the model is bf16 / fp16 with "
+        "head_dim 64, 128 or 256. Both GPU backends decode through FlashRec's shared-prompt "
+        "Triton beam kernel.",
+        "默认在已安装 flashinfer 且模型为 bf16 / fp16、head_dim 为 64、128 或 256 时用 "
+        "flashinfer。两个 GPU 后端都用 FlashRec 共享 prompt 的 Triton beam decode kernel。",
+    ),
+    (
+        "--prefix-cache-min-match",
+        "A short shared prefix such as the chat template's first tokens costs more to gather "
+        "from the pool, per layer and for the whole batch, than to recompute.",
+        "像 chat template 开头这类很短的共享前缀，从 pool 按层、按整个 batch gather 的代价高于重算。",
+    ),
+    (
+        "--qk-rope-rounding",
+        "hardware puts the conversion instruction in inline PTX, which the compiler cannot "
+        "fold; emulated takes ~5 integer instructions per rounding. Both round to nearest even "
+        "wherever HF rounds. The e4m3 cache codes are rounded in integer arithmetic either way.",
+        "hardware 把转换指令写在编译器无法折叠的内联 PTX 中；emulated 每次舍入约 5 条整数指令。"
+        "两者都在 HF 舍入之处按最近偶数舍入。e4m3 缓存码两种方式都用整数运算舍入。",
+    ),
+    (
+        "--enable-prefill-last-rows",
+        "Every token still writes its K/V and every earlier layer runs whole. "
+        "--no-enable-prefill-last-rows runs every token through the whole last layer (the same "
+        "results within rounding: the GEMMs see fewer rows).",
+        "每个 token 仍写入各层 K/V，之前各层照常全算。--no-enable-prefill-last-rows 让所有 "
+        "token 走完整最后一层（结果在舍入误差内相同：GEMM 行数不同）。",
+    ),
+    (
+        "--respond-workers",
+        "The answers of requests that retire in one step are otherwise built one after another "
+        "on the event loop. 0 by default: the workers pay off only where they have cores of "
+        "their own (the tuning table has both cases).",
+        "否则同一步结束的请求的回答只能在事件循环上逐个构建。默认 0：工作进程只有在拥有自己的 "
+        "CPU 核时才划算（两种情况见调优表）。",
+    ),
+    (
+        "--event-loop",
+        "asyncio stays the default until uvloop is measured on a GPU host (see the tuning table).",
+        "在 GPU 机器上测量 uvloop 之前默认仍为 asyncio（见调优表）。",
+    ),
+]
+
+
 def _flag(f) -> str:
     return "--" + f.name.replace("_", "-")
 
@@ -154,16 +266,19 @@ TUNING_EN = [
     "",
     "| situation | knob | measured |",
     "| --- | --- | --- |",
-    "| one request at a time, prompt <= 2,048 tokens | `--prefill-graph-max-tokens` (2048 on GPU by default; replays only while nothing else runs) | p=1,000, n=256, c=1, BF16: 35.3 -> 17.5 ms offline, session 4 |",
-    "| prefill batches under load of a few prompts | `--piecewise-prefill-max-tokens` (8192 on GPU by default) | served: n=512, c=8, FP8: 31.2 -> 37.7 QPS (session 6, call 4) and 32.0 -> 34.6 at 16384 (call 3); p=5,000, c=8, BF16: 22.6 -> 23.2; n=50, c=32: no change at 8192 (its ~14.8k-token batches stay eager), -2.9% at 16384 |",
-    "| many concurrent requests | `--gil-switch-interval-ms` (0.2 by default; Python's is 5) | n=50, c=32, FP8: 75.3 -> 78.9 QPS served, one pair, session 5; p=1,000, c=1: no difference (42.7 vs 43.2 QPS, session 6) |",
-    "| wide answers that retire together (n >= 64) | `--respond-workers` (0 by default) | CPU, 2 cores: 8 answers of 512 beams built in 24-26 ms by 1-2 worker processes against 18 ms on the event loop (`scripts/respond_probe.py`, session 8): slower where the workers have no cores of their own. H200, served, same run (session 11, `matrices/h200_overlap_ab2.yaml`): n=512, c=8, FP8: 48.67 -> 52.46 QPS with 4 workers; session 12 (`matrices/h200_host_ab2.yaml`): p=5,000, n=256, c=8, BF16: p50 312.3 -> 305.6 ms (`matrices/h200_targets.yaml` sets 4 for both cells) |",
+    "| one request at a time, prompt <= 2,048 tokens | `--prefill-graph-max-tokens` (2048 on GPU by default; replays only while nothing else runs) | p=1,000, n=256, c=1, BF16: 35.3 -> 17.5 ms offline |",
+    "| prefill batches under load of a few prompts | `--piecewise-prefill-max-tokens` (8192 on GPU by default) | served: n=512, c=8, FP8: 31.2 -> 37.7 QPS, and 32.0 -> 34.6 at 16384; p=5,000, c=8, BF16: 22.6 -> 23.2; n=50, c=32: no change at 8192 (its ~14.8k-token batches stay eager), -2.9% at 16384 |",
+    "| many concurrent requests | `--gil-switch-interval-ms` (0.2 by default; Python's is 5) | n=50, c=32, FP8: 75.3 -> 78.9 QPS served, one pair; p=1,000, c=1: no difference (42.7 vs 43.2 QPS) |",
+    "| wide answers that retire together (n >= 64) | `--respond-workers` (0 by default) | CPU, 2 cores: 8 answers of 512 beams built in 24-26 ms by 1-2 worker processes against 18 ms on the event loop (`scripts/probes/respond_probe.py`): slower where the workers have no cores of their own. H200, served, same run (`matrices/experiments/h200_overlap_ab2.yaml`): n=512, c=8, FP8: 48.67 -> 52.46 QPS with 4 workers; another run (`matrices/experiments/h200_host_ab2.yaml`): p=5,000, n=256, c=8, BF16: p50 312.3 -> 305.6 ms (`matrices/h200_targets.yaml` sets 4 for both cells) |",
     "| bursts of long prompts | `--tokenizer-workers` (4 by default) | CPU: mean tokenize 6.9-7.3 -> 4.8-5.4 ms at c=8, 2,000-token prompts, 2 workers; not yet on the H200 |",
     "| long-running servers | `--gc-freeze` (on by default) | CPU: a full garbage collection 164 -> 1.7 ms; GC pauses are in `/metrics` (`flashrec_gc_*`) |",
-    "| whole decode step as one graph | `--enable-step-graph` (on by default where decode CUDA graphs are captured; `--no-enable-step-graph` turns it off) | served, same call: n=50, c=32, FP8: 86.3 -> 88.0 QPS (+1.9%, session 8); p=1,000, c=1: same engine span (15.5 ms); full `pytest -m gpu` passed with it on (session 8) |",
+    "| whole decode step as one graph | `--enable-step-graph` (on by default where decode CUDA graphs are captured; `--no-enable-step-graph` turns it off) | served, same run: n=50, c=32, FP8: 86.3 -> 88.0 QPS (+1.9%); p=1,000, c=1: same engine span (15.5 ms); full `pytest -m gpu` passed with it on |",
     "| every beam of every request in flight | `--batch-slots` = `--cuda-graph-max-bs` >= n x concurrency | the H200 target matrices use max(512, n x c) |",
-    "| more slots than graph rows | `--batch-slots` > `--cuda-graph-max-bs`: wider decode batches run as several graph replays of whole requests | n=512, c=8, FP8, 4,096 slots, same call: 54.60 QPS with graphs up to 2,048 rows against 54.92 up to 4,096 (session 15); a request with n above the largest graph decodes eagerly (`flashrec_decode_eager_forwards_total`) |",
-    "| one request at a time (latency) | `--engine-process off` (on by default on CUDA) | p=1,000, n=256, c=1, BF16, same run: p50 19.5 -> 18.6 ms (session 15, call 5): the pipe costs more than the shared GIL at c=1; the wide cells keep it on |",
+    "| more slots than graph rows | `--batch-slots` > `--cuda-graph-max-bs`: wider decode batches run as several graph replays of whole requests | n=512, c=8, FP8, 4,096 slots, same run: 54.60 QPS with graphs up to 2,048 rows against 54.92 up to 4,096; a request with n above the largest graph decodes eagerly (`flashrec_decode_eager_forwards_total`) |",
+    "| one request at a time (latency) | `--engine-process off` (on by default on CUDA) | p=1,000, n=256, c=1, BF16, same run: p50 19.5 -> 18.6 ms: the pipe costs more than the shared GIL at c=1; the wide cells keep it on |",
+    "| the GPU idle while the host answers | `--overlap-results` (on with CUDA) | served, same run (`matrices/experiments/h200_overlap_ab.yaml`): n=50, c=32, FP8: 90.29 -> 98.52 QPS (1.09x), GPU busy 79% -> 97% |",
+    "| the fused q/k norm + RoPE + KV write kernel | `--qk-rope-rounding hardware` (the default) | `bench_kernels.py --qk-sweep`: 1.36-1.37x at 15k-35k tokens; served, same run: n=50, c=32, FP8: 99.12 -> 100.57 QPS (1.015x) |",
+    "| host time of HTTP and hand-offs | `--event-loop uvloop` (asyncio by default) | CPU, paired A/B of 24 rounds, n=256, c=1, engine process on: p50 -1.7%, within the noise band; not yet on a GPU host |",
     "| wide beams (n >= 512) | `--lpm-aging-ms 150`, 4,096 slots and graph rows | the deploy notes' settings (`matrices/wide_beam.yaml`) |",
 ]
 TUNING_ZH = [
@@ -172,16 +287,19 @@ TUNING_ZH = [
     "",
     "| 场景 | 参数 | 实测 |",
     "| --- | --- | --- |",
-    "| 一次一个请求，prompt <= 2,048 token | `--prefill-graph-max-tokens`（GPU 上默认 2048；仅在没有其他请求运行时重放） | p=1,000、n=256、c=1、BF16：离线 35.3 -> 17.5 ms（第 4 次会话） |",
-    "| 负载下只含少数 prompt 的 prefill 批 | `--piecewise-prefill-max-tokens`（GPU 上默认 8192） | 服务端：n=512、c=8、FP8：31.2 -> 37.7 QPS（第 6 次会话第 4 次调用），16384 时 32.0 -> 34.6（第 3 次调用）；p=5,000、c=8、BF16：22.6 -> 23.2；n=50、c=32：8192 时无变化（约 14.8k token 的批仍走 eager），16384 时 -2.9% |",
-    "| 大量并发请求 | `--gil-switch-interval-ms`（默认 0.2；Python 默认 5） | n=50、c=32、FP8：服务端 75.3 -> 78.9 QPS，一组对照（第 5 次会话）；p=1,000、c=1：无差别（42.7 对 43.2 QPS，第 6 次会话） |",
-    "| 同一步结束的宽回答（n >= 64） | `--respond-workers`（默认 0） | CPU，2 核：8 个 512 beam 的回答由 1-2 个工作进程构建需 24-26 ms，在事件循环上为 18 ms（`scripts/respond_probe.py`，第 8 次会话）：工作进程没有自己的核时更慢。H200 服务级、同一次运行（第 11 次会话，`matrices/h200_overlap_ab2.yaml`）：n=512、c=8、FP8 下 4 个工作进程使 QPS 48.67 -> 52.46；第 12 次会话（`matrices/h200_host_ab2.yaml`）：p=5,000、n=256、c=8、BF16 下 p50 312.3 -> 305.6 ms（`matrices/h200_targets.yaml` 为这两个 cell 设为 4） |",
+    "| 一次一个请求，prompt <= 2,048 token | `--prefill-graph-max-tokens`（GPU 上默认 2048；仅在没有其他请求运行时重放） | p=1,000、n=256、c=1、BF16：离线 35.3 -> 17.5 ms |",
+    "| 负载下只含少数 prompt 的 prefill 批 | `--piecewise-prefill-max-tokens`（GPU 上默认 8192） | 服务端：n=512、c=8、FP8：31.2 -> 37.7 QPS，16384 时 32.0 -> 34.6；p=5,000、c=8、BF16：22.6 -> 23.2；n=50、c=32：8192 时无变化（约 14.8k token 的批仍走 eager），16384 时 -2.9% |",
+    "| 大量并发请求 | `--gil-switch-interval-ms`（默认 0.2；Python 默认 5） | n=50、c=32、FP8：服务端 75.3 -> 78.9 QPS，一组对照；p=1,000、c=1：无差别（42.7 对 43.2 QPS） |",
+    "| 同一步结束的宽回答（n >= 64） | `--respond-workers`（默认 0） | CPU，2 核：8 个 512 beam 的回答由 1-2 个工作进程构建需 24-26 ms，在事件循环上为 18 ms（`scripts/probes/respond_probe.py`）：工作进程没有自己的核时更慢。H200 服务级、同一次运行（`matrices/experiments/h200_overlap_ab2.yaml`）：n=512、c=8、FP8 下 4 个工作进程使 QPS 48.67 -> 52.46；另一次运行（`matrices/experiments/h200_host_ab2.yaml`）：p=5,000、n=256、c=8、BF16 下 p50 312.3 -> 305.6 ms（`matrices/h200_targets.yaml` 为这两个 cell 设为 4） |",
     "| 长 prompt 突发 | `--tokenizer-workers`（默认 4） | CPU：c=8、2,000 token prompt、2 个线程时平均分词 6.9-7.3 -> 4.8-5.4 ms；尚未在 H200 上测 |",
     "| 长时间运行的服务 | `--gc-freeze`（默认开） | CPU：一次完整垃圾回收 164 -> 1.7 ms；GC 停顿见 `/metrics`（`flashrec_gc_*`） |",
-    "| 整个解码步作为一个 graph | `--enable-step-graph`（捕获 decode CUDA graph 时默认开；`--no-enable-step-graph` 关闭） | 服务端同一调用对照：n=50、c=32、FP8：86.3 -> 88.0 QPS（+1.9%，第 8 次会话）；p=1,000、c=1：engine 时段相同（15.5 ms）；开启时完整 `pytest -m gpu` 通过（第 8 次会话） |",
+    "| 整个解码步作为一个 graph | `--enable-step-graph`（捕获 decode CUDA graph 时默认开；`--no-enable-step-graph` 关闭） | 服务端同一次运行对照：n=50、c=32、FP8：86.3 -> 88.0 QPS（+1.9%）；p=1,000、c=1：engine 时段相同（15.5 ms）；开启时完整 `pytest -m gpu` 通过 |",
     "| 所有请求的所有 beam 同时在飞 | `--batch-slots` = `--cuda-graph-max-bs` >= n x 并发 | H200 目标矩阵用 max(512, n x c) |",
-    "| slot 多于 graph 行数 | `--batch-slots` > `--cuda-graph-max-bs`：更宽的 decode 批拆成若干次整请求的 graph replay | n=512、c=8、FP8、4,096 个 slot、同一次调用：graph 到 2,048 行 54.60 QPS，到 4,096 行 54.92（第 15 次会话）；n 超过最大 graph 的请求 eager decode（`flashrec_decode_eager_forwards_total`） |",
-    "| 一次一个请求（延迟） | `--engine-process off`（CUDA 上默认开） | p=1,000、n=256、c=1、BF16、同一次运行：p50 19.5 -> 18.6 ms（第 15 次会话 call 5）：c=1 时管道比共享 GIL 更贵；宽 cell 保持开启 |",
+    "| slot 多于 graph 行数 | `--batch-slots` > `--cuda-graph-max-bs`：更宽的 decode 批拆成若干次整请求的 graph replay | n=512、c=8、FP8、4,096 个 slot、同一次运行：graph 到 2,048 行 54.60 QPS，到 4,096 行 54.92；n 超过最大 graph 的请求 eager decode（`flashrec_decode_eager_forwards_total`） |",
+    "| 一次一个请求（延迟） | `--engine-process off`（CUDA 上默认开） | p=1,000、n=256、c=1、BF16、同一次运行：p50 19.5 -> 18.6 ms：c=1 时管道比共享 GIL 更贵；宽 cell 保持开启 |",
+    "| host 构建回答时 GPU 空闲 | `--overlap-results`（CUDA 上默认开） | 服务端同一次运行（`matrices/experiments/h200_overlap_ab.yaml`）：n=50、c=32、FP8：90.29 -> 98.52 QPS（1.09x），GPU 忙碌 79% -> 97% |",
+    "| 融合 q/k norm + RoPE + KV 写入 kernel | `--qk-rope-rounding hardware`（默认） | `bench_kernels.py --qk-sweep`：15k-35k token 时 1.36-1.37x；服务端同一次运行：n=50、c=32、FP8：99.12 -> 100.57 QPS（1.015x） |",
+    "| HTTP 与线程交接的 host 时间 | `--event-loop uvloop`（默认 asyncio） | CPU，24 轮配对 A/B，n=256、c=1、独立引擎进程：p50 -1.7%，在噪声带内；尚未在 GPU 机器上测 |",
     "| 宽 beam（n >= 512） | `--lpm-aging-ms 150`，4,096 个 slot 和 graph 行 | 部署笔记的设置（`matrices/wide_beam.yaml`） |",
 ]
 
@@ -233,6 +351,11 @@ def render(lang: str) -> str:
                     )
                 out.append(f"| `{_flag(f)}` | {_default(f)} | {text.replace('|', '/')} |")
         out.append("")
+    unknown = {n[0] for n in NOTES} - {_flag(f) for f in dataclasses.fields(ServerConfig)}
+    if unknown:
+        raise SystemExit(f"NOTES name unknown flags: {sorted(unknown)}")
+    out += ["## " + ("Flags in detail" if en else "参数详解"), ""]
+    out += [f"- `{flag}`: {e if en else z}" for flag, e, z in NOTES] + [""]
     out += ["## " + ("`flashrec generate` only" if en else "仅 `flashrec generate`"), ""] + hdr
     for flag, e, z in GENERATE_FLAGS:
         out.append(f"| `{flag}` | - | {e if en else z} |")
