@@ -168,8 +168,8 @@ def parse_server_timing(header: str) -> dict[str, float]:
 class Pending:
     """Response bodies read during a load, parsed and checked after it.
 
-    Parsing a wide-beam answer and checking its SIDs takes the client a few ms (512 beams:
-    ~4 ms of JSON and set look-ups). Done inline, that time delays every other in-flight
+    Parsing a wide-beam answer and checking its SIDs takes the client a few ms of JSON and set
+    look-ups. Done inline, that time delays every other in-flight
     request's read (its ``t_end``) and the next send of a closed loop: the client, not the
     server, would set the pace at wide beams. ``send`` therefore only reads the body and
     stamps ``t_end``; the load calls :meth:`finish` once it has sent everything. Bodies held

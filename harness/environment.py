@@ -51,7 +51,7 @@ SOURCE_COMMIT_ENV = "FLASHREC_SOURCE_COMMIT"
 def declared_commit() -> str | None:
     """The commit whose files this checkout holds, as declared by whoever laid them there
     (``FLASHREC_SOURCE_COMMIT``): a machine that receives a working tree over an older
-    ``.git`` (the lent H200) cannot name the commit itself, only the files' tree id. Recorded
+    ``.git`` (a lent GPU machine) cannot name the commit itself, only the files' tree id. Recorded
     as declared, never checked against the files (its objects are not in that ``.git``)."""
     import os
 
@@ -70,8 +70,8 @@ def working_tree(cwd: str | None = None) -> str | None:
     ignored), written through a temporary index: the checkout's own index is untouched. It
     equals ``git rev-parse <commit>^{tree}`` of any commit holding exactly these files,
     whatever this checkout's history, so a machine that lays a working tree over an older
-    ``.git`` (the lent H200 does; its reports read "<old commit> (dirty)") still names the
-    code it ran. Computed once per process."""
+    ``.git`` (its reports read "<old commit> (dirty)") still names the code it ran. Computed
+    once per process."""
     import os
     import tempfile
 
@@ -188,8 +188,8 @@ def host_probe() -> dict[str, Any]:
     (the first cell's ``measured`` stamp, or the report): the median time to JSON-encode a
     256-beam answer body (7 samples of 10 encodings, ~20 ms in all).
 
-    The served cells' host phases (tokenize, ipc, respond) move with the machine: the lent
-    H200s of session 12 were slower there than session 11's by 10-40% with the same code. A
+    The served cells' host phases (tokenize, ipc, respond) move with the machine: two lent
+    machines of the same kind can differ there by tens of percent with the same code. A
     report carries this figure (and each cell's ``measured`` stamp too), so that host phases
     of two runs can be compared knowing how their hosts compare."""
     import statistics

@@ -50,7 +50,7 @@ DIRECTIONS: dict[str, int] = {
     "server_queue_ms_mean": 0,
     "server_engine_ms_mean": 0,
     "server_ipc_ms_mean": 0,  # FlashRec --engine-process: engine process -> server process
-    "server_respond_ms_mean": 0,  # FlashRec >= session 5: beams on the host -> answer text
+    "server_respond_ms_mean": 0,  # FlashRec: beams on the host -> answer text
     "outside_server_ms_mean": 0,  # client latency - the phases above: HTTP, event loops
     # the server's own counters over the round (harness.server_metrics), informational
     "server_gc_pause_ms": 0,
@@ -117,8 +117,7 @@ def closed_extra(clients: int) -> Extra:
     (by arrival), i.e. while every client has a request in flight. A round's ``qps`` (first
     send -> last answer) also holds its start, when nothing has finished yet, and its drain,
     when fewer and fewer requests are left; with a few requests per client those take a large
-    share of the round (n=50, c=32, 96 requests on the H200: the first answer after 0.12-0.19 s
-    of a ~1 s round). Needs N >= 3 x clients (at least one client-wide wave inside the window);
+    share of the round. Needs N >= 3 x clients (at least one client-wide wave inside the window);
     absent otherwise."""
 
     def extra(ok: list[Record], out: dict[str, float]) -> dict[str, float]:

@@ -37,7 +37,7 @@ class Thresholds:
 
 
 # float32 is the CI contract (exact). bf16 and fp8 are provisional defaults, to be calibrated
-# from recorded H200 runs (docs/baselines.md); a stage's ``thresholds:`` overrides any field.
+# from recorded GPU runs (docs/baselines.md); a stage's ``thresholds:`` overrides any field.
 THRESHOLDS: dict[str, Thresholds] = {
     "float32": Thresholds(exact=True, max_score_diff=1e-4, min_top1=1.0, min_overlap=1.0),
     "bfloat16": Thresholds(
