@@ -355,7 +355,7 @@ def test_dry_run_refuses_references_that_match_nothing(tmp_path, capsys, section
 
 
 def test_references_that_match_something_load(tmp_path):
-    """The same sections spelled right load (and so does every matrix in matrices/)."""
+    """The same sections spelled right load (and so does every matrix under matrices/)."""
     from harness.cells import load_cells
 
     engine = {"name": "e", "kind": "external", "url": "http://127.0.0.1:9"}
@@ -374,7 +374,7 @@ def test_references_that_match_something_load(tmp_path):
     )
     spec, cells = load_cells(str(write_matrix(tmp_path, m)))
     assert len(spec.gates) == 5 and len(cells) == 2
-    for path in sorted((REPO / "matrices").glob("*.yaml")):
+    for path in sorted((REPO / "matrices").rglob("*.yaml")):
         load_cells(str(path))
 
 
