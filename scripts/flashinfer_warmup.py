@@ -1,6 +1,6 @@
 """Compile FlashInfer's JIT modules the engine uses (ragged prefill, bf16, head_dims given)
 once, before anything runs under a timeout. A process killed in the middle of a JIT build
-leaves the next process to start that build again (~80-200 s on a fresh H200 machine), so
+leaves the next process to start that build again (minutes on a fresh machine), so
 scripts/gpu_bench.sh runs this first, without a time limit.
 
     python scripts/flashinfer_warmup.py [--head-dims 128 64]

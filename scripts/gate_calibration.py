@@ -16,8 +16,8 @@ harness or docs files differ). A/A runs must pass. Two planted slowdowns, candid
   so its cost is proportional: the sweep that finds the smallest slowdown caught.
 
 Runs are interleaved round-robin so that every kind sees the same machine over time. Writes
-``DIR/calibration.json`` and prints a summary. About 90 s a run on 2 cores with the CI matrix;
-not a unit test.
+``DIR/calibration.json`` and prints a summary. Each run is a whole gate run (minutes with the CI
+matrix on 2 cores): not a unit test.
 """
 
 from __future__ import annotations

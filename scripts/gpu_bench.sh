@@ -10,29 +10,29 @@
 # ONLY (space-separated harness --only filters) narrows the matrix stage, e.g. one cell per call:
 #   STAGES=matrix ONLY="beam_width=256,concurrency=1" bash scripts/gpu_bench.sh matrices/h200_targets.yaml
 # MODEL (default /dev/shm/onerec where /dev/shm is writable, else .cache/onerec) and the FlashInfer
-# JIT cache stay between calls of a warm machine. On the lent H200 the synthetic 1.7B model took
-# 19 s to write into /dev/shm and 200-420 s into the checkout's disk (session 10).
+# JIT cache stay between calls of a warm machine; /dev/shm because writing the synthetic 1.7B
+# model into the checkout's disk takes minutes.
 # TAR=1 also writes $OUT/all.tgz: everything this run wrote under $OUT, in one file (and
-# $OUT/matrix.tgz, the report directory alone). The lent H200's transfer returns only a few
-# files and no deep paths: session 11 lost a sweep's output that way.
+# $OUT/matrix.tgz, the report directory alone), for transfers that return only a few files and
+# no deep paths.
 # STAGES=witness runs `flashrec-bench witness` (GuideLLM beside flashrec-bench) on the n=50 c=32
 # FP8 cell into $OUT/witness (carry .whl/witness, from scripts/witness_wheels.sh).
-# STAGES=probes runs the side-by-side probe scripts into $OUT: scripts/reorder_probe.py (GPU)
-# scripts/respond_probe.py (the host's cores: answer bodies on the loop vs worker processes),
-# the qk_norm_rope_store and silu_mul launch-settings sweeps (tests/kernels/bench_kernels.py
-# --qk-sweep, --silu-sweep) and the beam-decode attention tile sweep beside FlashInfer's paged
-# prefill and cuDNN (--attn-sweep).
+# STAGES=probes runs the side-by-side probe scripts into $OUT: scripts/probes/reorder_probe.py
+# (GPU), scripts/probes/respond_probe.py (the host's cores: answer bodies on the loop vs worker
+# processes), the qk_norm_rope_store and silu_mul launch-settings sweeps
+# (tests/kernels/bench_kernels.py --qk-sweep, --silu-sweep) and the beam-decode attention tile
+# sweep beside FlashInfer's paged prefill and cuDNN (--attn-sweep).
 # STAGES=qk runs only the qk_norm_rope_store sweep of the probes (rounding forms + launch
 # settings), e.g. with the kernel's GPU tests and the served A/B:
 #   STAGES="tests qk matrix" PYTEST_ARGS="tests/kernels/test_kernel_qk_rope_kv.py -k hardware" \
-#     bash scripts/gpu_bench.sh matrices/h200_qk_rounding_ab.yaml
+#     bash scripts/gpu_bench.sh matrices/experiments/h200_qk_rounding_ab.yaml
 # STAGES=ab runs A/B pairs, same machine, same call (see docs/baselines.md): the defaults
 # (step graph on) against the step graph off, at p=1000 and n=50, and at p=1000 also against
 # the prefill graph off (no HF baseline in these runs: the pairs compare FlashRec with itself).
 # STAGES=repeat runs the given matrix REPEAT times (default 5), each into $OUT/repeat_<i>, and
 # writes $OUT/repeat.txt: one line per run with its exit code, the report's summary line and,
 # for a run whose server died, the first fatal line of its server logs. For intermittent faults
-# (the n=512 FP8 crash of sessions 11-12: 5 of 12 runs):
+# (a server crash in some runs of a cell only):
 #   STAGES=repeat REPEAT=6 ONLY="beam_width=512" bash scripts/gpu_bench.sh matrices/h200_targets.yaml
 # FLASHREC_SOURCE_COMMIT=<commit>: where this checkout is a working tree copied over another
 # .git (the lent H200's is older), the commit its files came from; the reports print it as the
@@ -53,7 +53,7 @@ fi
 if [ -z "${MODEL:-}" ] && [ -w /dev/shm ]; then MODEL=/dev/shm/onerec; fi
 MODEL=${MODEL:-$PWD/.cache/onerec}
 STAGES=" ${STAGES:-tests cells matrix} "
-# FlashInfer JIT builds once per machine (~80-200 s); never under a timeout (a build killed
+# FlashInfer JIT builds once per machine (minutes); never under a timeout (a build killed
 # half-way restarts from scratch in the next process). Kept across calls of a warm machine.
 export FLASHINFER_WORKSPACE_BASE=${FLASHINFER_WORKSPACE_BASE:-$PWD/.cache/fi}
 # A JIT build carried from an earlier machine (.fijit/fi.tgz, written there by SAVE_JIT=1 into
@@ -73,17 +73,17 @@ case $STAGES in *" cells "*|*" ab "*|*" matrix "*|*" witness "*)  # the tests ma
   [ -f "$MODEL/synth_info.json" ] || python -m flashrec synth --preset onerec-1.7b --out "$MODEL" --catalog-size 1500000 > "$OUT/synth.log" 2>&1;; esac
 case $STAGES in *" tests "*)  # -v: one line per test as it ends, so a run cut short (a call's
   # time limit) still names what passed and failed; -rf: the failures' one-line summaries.
-  # TESTS_TIMEOUT_S (default none) bounds the stage; the full suite took 150-230 s on the H200.
+  # TESTS_TIMEOUT_S (default none) bounds the stage, e.g. a call's limit minus the setup.
   ${TESTS_TIMEOUT_S:+timeout $TESTS_TIMEOUT_S} python -m pytest -v -rf -p no:cacheprovider \
     -m gpu ${PYTEST_ARGS:-tests} > "$OUT/gpu_tests.log" 2>&1
   echo "gpu tests rc=$?"; grep -E "^FAILED|^ERROR" "$OUT/gpu_tests.log" | head -20
   tail -1 "$OUT/gpu_tests.log";; esac
 case $STAGES in *" qk "*)  # the fused q/k norm + RoPE kernel alone: its rounding forms and launch
-  # settings timed side by side (--qk-rope-rounding emulated / hardware, session 13)
+  # settings timed side by side (--qk-rope-rounding emulated / hardware)
   python tests/kernels/bench_kernels.py --qk-sweep | tee "$OUT/qk_sweep.txt";; esac
 case $STAGES in *" probes "*)  # kernel-level A/Bs, both forms side by side in one process
-  python scripts/reorder_probe.py | tee "$OUT/reorder_probe.jsonl"
-  python scripts/respond_probe.py --workers 2 4 8 | tee "$OUT/respond_probe.jsonl"
+  python scripts/probes/reorder_probe.py | tee "$OUT/reorder_probe.jsonl"
+  python scripts/probes/respond_probe.py --workers 2 4 8 | tee "$OUT/respond_probe.jsonl"
   python tests/kernels/bench_kernels.py --qk-sweep | tee "$OUT/qk_sweep.txt"
   python tests/kernels/bench_kernels.py --silu-sweep | tee "$OUT/silu_sweep.txt"
   python tests/kernels/bench_kernels.py --attn-sweep | tee "$OUT/attn_sweep.txt";; esac

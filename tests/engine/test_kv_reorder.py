@@ -74,7 +74,7 @@ def test_engine_reorders_what_the_next_forward_reads(tiny_model, scope, expected
 
 
 def test_reorder_probe_script_runs_both_forms(tmp_path):
-    """scripts/reorder_probe.py (the device A/B of the two reorder forms) on a CPU smoke size."""
+    """scripts/probes/reorder_probe.py (the device A/B of both reorder forms), CPU smoke size."""
     import json
     import os
     import subprocess
@@ -83,7 +83,7 @@ def test_reorder_probe_script_runs_both_forms(tmp_path):
 
     root = Path(__file__).resolve().parents[2]
     out = subprocess.run(
-        [sys.executable, "scripts/reorder_probe.py", "--device", "cpu", "--repeats", "1",
+        [sys.executable, "scripts/probes/reorder_probe.py", "--device", "cpu", "--repeats", "1",
          "--layers", "1", "--scale", "8"],
         cwd=root, capture_output=True, text=True, timeout=120,
         env={**os.environ, "PYTHONPATH": str(root)},

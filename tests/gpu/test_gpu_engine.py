@@ -533,7 +533,7 @@ def test_eager_prefill_compiles_no_kernel_variant_per_batch_size(synth_model):
 def test_eager_sdpa_prefill_launches_no_cudnn_kernel(synth_model):
     """The triton backend's eager prefill is SDPA over whatever prompt lengths arrive. cuDNN
     builds an execution plan per new length (~40 ms each on the H200,
-    ``scripts/sdpa_length_probe.py``), so eager SDPA leaves cuDNN out; only the captured
+    ``scripts/probes/sdpa_length_probe.py``), so eager SDPA leaves cuDNN out; only the captured
     prefill-graph buckets, one fixed shape each, may use it."""
     from torch.profiler import ProfilerActivity, profile
 

@@ -14,8 +14,8 @@ Then a phase breakdown of the server-side non-engine work on one captured engine
 (``--profile``) a cProfile of the event-loop thread over the timed requests. The server is
 always torn down.
 
-    PYTHONPATH=. python scripts/served_overhead.py                 # builds the tiny model
-    PYTHONPATH=. python scripts/served_overhead.py --model-path DIR --n 256 50 --profile
+    PYTHONPATH=. python scripts/probes/served_overhead.py                 # builds the tiny model
+    PYTHONPATH=. python scripts/probes/served_overhead.py --model-path DIR --n 256 50 --profile
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ the FP8 inputs cost in accuracy against a float64 reference:
   exceed, so nothing clips);
 - k / v: the e4m3 codes an FP8 KV cache already holds (scale 1).
 
-    python scripts/fp8_prefill_probe.py [--shapes 6x2465 8x2465 1x1000 8x5000] [--rep 50]
+    python scripts/probes/fp8_prefill_probe.py [--shapes 6x2465 8x2465 1x1000 8x5000] [--rep 50]
 
 One JSON line per shape: BF16 and FP8 medians (us), their ratio, TFLOP/s, and the max / mean
 absolute error of each against the reference (on up to 4,096 query rows).

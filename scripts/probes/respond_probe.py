@@ -2,7 +2,7 @@
 one after another on an event loop (``--respond-workers 0``) against a ``RespondPool`` of
 ``--workers`` processes (``--respond-workers N``).
 
-    python scripts/respond_probe.py [--answers 8] [--beams 512] [--workers 2 4] [--repeats 20]
+    python scripts/probes/respond_probe.py [--answers 8] [--beams 512] [--workers 2 4] [--repeats 20]
 
 Each answer has ``--beams`` beams of 5 SID tokens with lazily made text, as the engine
 returns them. Prints one JSON line per pool size: the mean ms until every body of a burst is

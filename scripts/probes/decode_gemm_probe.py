@@ -1,9 +1,8 @@
 """Time the decode step's BF16 GEMMs at beam-row counts, in a few forms side by side.
 
-At p=1,000, n=256 (session 15's trace) one decode step's GEMMs take ~1.45 ms on the H200
-against a ~0.6 ms weight-read floor; cuBLAS picks 64x64 tiles for qkv / o_proj at M=256
-(~10 us each). This probe measures, in one process, per OneRec-1.7B projection shape and row
-count M:
+At a few hundred beam rows the decode step's GEMMs read the weights once per step, and
+cuBLAS's tile choice decides how close they come to the weight-read floor. This probe
+measures, in one process, per OneRec-1.7B projection shape and row count M:
 
 - ``linear``: ``F.linear(x, W)`` with ``W [N, K]`` (what the engine runs);
 - ``mm_t``: ``x @ Wt`` with ``Wt [K, N]`` contiguous (the other operand layout);
@@ -14,7 +13,7 @@ launches when ``--graph``, as the decode graph replays them), with the achieved 
 the weight read and the ratio to ``linear``. On CPU it runs tiny shapes once, to check the
 script itself.
 
-    python scripts/decode_gemm_probe.py [--rows 256 512 1024] [--graph] [--iters 200]
+    python scripts/probes/decode_gemm_probe.py [--rows 256 512 1024] [--graph] [--iters 200]
 """
 
 from __future__ import annotations

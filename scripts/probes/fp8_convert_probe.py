@@ -3,12 +3,12 @@ reference), PyTorch's CUDA conversion, Triton's plain ``x.to(tl.float8e4nv)`` (t
 ``cvt.rn.satfinite.e4m3x2.f32`` on sm_90) and the integer rounding of the kernels' shared
 ``to_fp8(x, EMULATE=True)`` (flashrec/kernels/tl/common.py).
 
-    python scripts/fp8_convert_probe.py [--n 20000000]
+    python scripts/probes/fp8_convert_probe.py [--n 20000000]
 
 Inputs: ``flashrec.kernels.fp8.e4m3_probe_values`` (random bit patterns over the subnormal,
 normal and saturating ranges, every tie and its neighbours, both signs). Prints one line per
-conversion: how many codes differ from the CPU's, and the first few that do. Session 14 found
-the emulation's -0 bug this way (+0 for negative values that round to zero).
+conversion: how many codes differ from the CPU's, and the first few that do (a sign error
+shows up here: +0 for negative values that round to zero).
 """
 
 from __future__ import annotations

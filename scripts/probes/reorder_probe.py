@@ -1,8 +1,8 @@
 """Time the decode-KV beam reorder side by side: every position in the buffer's own dtype (the
-form before session 8) against the live positions only, moved as 8-byte words
+older form) against the live positions only, moved as 8-byte words
 (``KVCache.reorder``). Both run in one process on the same buffer.
 
-    python scripts/reorder_probe.py [--device cuda] [--repeats 50]
+    python scripts/probes/reorder_probe.py [--device cuda] [--repeats 50]
 
 Shapes follow the onerec-1.7b preset: 28 layers, 8 KV heads of 128, 3 decode positions.
 Cells: FP8 KV at 4,096 rows (n=512 x 8 requests) and 1,600 rows (n=50 x 32), and BF16 KV at

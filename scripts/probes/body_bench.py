@@ -3,11 +3,11 @@
 ref (``flashrec/server/responses.py`` at that ref), on beams shaped like the engine's (3 SID
 tokens + the end token, text from a SID table, float scores). Checks both write the same text.
 
-    python scripts/body_bench.py [--ref HEAD~1] [--beams 50 256 512] [--reps 300] [--columns]
+    python scripts/probes/body_bench.py [--ref HEAD~1] [--beams 50 256 512] [--reps 300] [--columns]
 
---columns: this checkout's encoders get the beams as the engine has retired them since
-session 14 (``BeamColumns``), the ref's as a list of ``BeamResult`` (before): the served
-respond path of the two versions, not the encoders on one input.
+--columns: this checkout's encoders get the beams as the engine retires them
+(``BeamColumns``), the ref's as a list of ``BeamResult`` (a ref from before the columns): the
+served respond path of the two versions, not the encoders on one input.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # the repository (this file is scripts/probes/)
 sys.path.insert(0, str(ROOT))
 
 from flashrec.engine.request import BeamColumns, BeamResult, GenResult  # noqa: E402

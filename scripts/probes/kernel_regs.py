@@ -2,18 +2,18 @@
 Triton's bundled ptxas. Needs no GPU, so kernel changes can be checked for spills before a
 device run.
 
-    python scripts/kernel_regs.py [--file flashrec/kernels/beam_attention.py]
+    python scripts/probes/kernel_regs.py [--file flashrec/kernels/beam_attention.py]
         [--kv bf16 fp8e4nv] [--tiles 64x64x4 32x64x4 ...]   (BLOCK_M x BLOCK_N x num_warps)
         [--f16-dot]   (float16 products, as the engine launches it with FP8 KV)
         [--stages N]  (software pipeline stages, default 2)
-        [--masked]    (decode-key blocks computed masked, ``live_only=False``; files from
-                       before session 11 have only that form)
+        [--masked]    (decode-key blocks computed masked, ``live_only=False``; older
+                       versions of the kernel have only that form)
 
 Prints one line per (kv dtype, tile): ``REG:<registers per thread> STACK:<bytes>``; a STACK
 above a few hundred bytes means the kernel spills to local memory in its inner loops. The
 compile carries the alignment hints the JIT adds at the engine's launch (16-byte pointers,
-strides that are multiples of 16); without them (before session 12) the loads did not
-vectorise and the FP8 launch showed a 1.7 KB stack it does not have.
+strides that are multiples of 16); without them the loads do not vectorise and the FP8
+launch shows a spill stack it does not have.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 copies per layer) and straight from the QKV projection's rows (strided views, ``enable_gqa``,
 the output read in place when SDPA returns it token-major).
 
-    python scripts/prefill_layout_probe.py [--lengths 1000 2465 5000]
+    python scripts/probes/prefill_layout_probe.py [--lengths 1000 2465 5000]
 
 Prints, per (backend, length, layout): ms per call (CUDA events, median of 50), the copy
 kernels launched, whether the output is a view of SDPA's result, and max |diff| against the

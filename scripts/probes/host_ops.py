@@ -2,7 +2,7 @@
 least one kernel launch on a GPU, or host work around one). Runs on CPU in seconds:
 
     python -m flashrec synth --preset tiny --out /tmp/tiny --catalog-size 20000
-    PYTHONPATH=. python scripts/host_ops.py --model-path /tmp/tiny [--requests 32 --n 50]
+    PYTHONPATH=. python scripts/probes/host_ops.py --model-path /tmp/tiny [--requests 32 --n 50]
 
 Step 1 prefills every request and decodes level 1; the script counts step 2 (the level-2
 decode) and step 3 (``<|sid_end|>`` and the results of every request).

@@ -3,7 +3,7 @@ with Triton's bundled ptxas: no GPU needed. Compares the bf16 / e4m3 rounding fo
 (``--qk-rope-rounding``) as the engine launches the kernel at OneRec-1.7B's shapes (16 q / 8 kv
 heads of 128, 8 heads per program, 2 warps, e4m3 cache written back into the row).
 
-    python scripts/kernel_sass.py [--cache fp8e4nv|bf16] [--no-round-back]
+    python scripts/probes/kernel_sass.py [--cache fp8e4nv|bf16] [--no-round-back]
 
 Prints one line per form: instructions per program (both branches: q heads and k heads) and
 the most frequent opcodes. Counts are static (the code, not what a warp executes).
@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import collections
 
-from kernel_regs import cuobjdump_sm90  # scripts/ (this script's directory)
+from kernel_regs import cuobjdump_sm90  # scripts/probes/ (this script's directory)
 
 from flashrec.kernels.tl.qk_rope import qk_norm_rope_store_kernel as KERNEL
 

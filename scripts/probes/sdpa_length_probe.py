@@ -3,7 +3,7 @@
 Checks whether a sequence length seen for the first time costs extra (an execution plan built
 per shape) on the eager SDPA prefill path (``--attention-backend triton``):
 
-    python scripts/sdpa_length_probe.py [--heads 16] [--head-dim 128] [--lengths 1001 1003 ...]
+    python scripts/probes/sdpa_length_probe.py [--heads 16] [--head-dim 128] [--lengths 1001 1003 ...]
 
 Prints one line per (backend, length): first-call ms and repeat ms (CUDA-synchronised).
 """
