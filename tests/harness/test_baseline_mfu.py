@@ -50,7 +50,7 @@ def test_flops_per_request():
     assert decode_forwards(4, 3) == 2  # levels 1 and 2; the <|sid_end|> step is free
     assert decode_forwards(2, 3) == 1 and decode_forwards(1, 3) == 0
     p = 1_409_286_144
-    # n=50, 2,491 prompt tokens: 7.02 TFLOP prefill + 0.28 TFLOP decode (docs/baselines.md)
+    # n=50, 2,491 prompt tokens: 2 * params * tokens of prefill, two decode forwards of 50 rows
     assert request_flops(p, 2491, 50, 0) / 1e12 == pytest.approx(7.021, abs=1e-3)
     assert request_flops(p, 0, 50, 2) / 1e12 == pytest.approx(0.2819, abs=1e-4)
 
