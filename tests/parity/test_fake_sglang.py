@@ -100,9 +100,12 @@ def test_fake_speaks_upstream_and_the_harness_reads_it():
     assert "SGLANG_BEAM_PROTOCOL=generate" in CHAT_NOT_BEAMS
 
 
+GENERATE_PASSED = re.compile(r"^PASSED tests/parity/test_parity_servers\.py::test_parity\[generate\]", re.M)
+
+
 def _parity_run(env: dict[str, str], log: Path) -> str:
     """``pytest -m parity tests/parity`` in a subprocess (this file left out); its output."""
-    cmd = [sys.executable, "-m", "pytest", "-q", "-rs", "-m", "parity", "tests/parity",
+    cmd = [sys.executable, "-m", "pytest", "-q", "-rA", "-m", "parity", "tests/parity",
            "-p", "no:cacheprovider", "--ignore", "tests/parity/test_fake_sglang.py"]  # fmt: skip
     p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     log.write_text(p.stdout + p.stderr)
@@ -128,9 +131,11 @@ def test_parity_through_an_upstream_shaped_server(synth_model, tmp_path):
             )
             detected = _parity_run(env, tmp_path / "detected.log")
             bodies = list(fake.requests)
-    # test_parity[generate] passes; chat, the both-protocols check and the reference's shapes skip
-    assert re.search(r"\b1 passed, 3 skipped\b", forced), forced[-2000:]
-    assert re.search(r"\b1 passed, 3 skipped\b", detected), detected[-2000:]
+    # test_parity[generate] passes, the only test that passes; the rest skip (how many depends
+    # on the environment: the optional sglang contract check skips where sglang is absent)
+    for out in (forced, detected):
+        assert GENERATE_PASSED.search(out) and re.search(r"\b1 passed\b", out), out[-2000:]
+        assert not re.search(r"\b(failed|error)", out), out[-2000:]
     assert "no chat beams" in detected and "n samples" in detected
     # every /generate the harness sent was one upstream accepts
     assert bodies and all(contract_error(b["sampling_params"]) is None for b in bodies)
