@@ -108,3 +108,18 @@ def test_serve_help_prints_every_field_help_verbatim():
     for f in dataclasses.fields(ServerConfig):
         want = "".join(f.metadata["help"].split())
         assert want in text, f.name
+
+
+def test_a_literal_percent_in_help_comes_out_as_is():
+    """add_config_args escapes % for argparse: a help with '4%' prints '4%', not an error."""
+    import argparse
+
+    from flashrec.config import add_config_args
+
+    @dataclasses.dataclass(frozen=True)
+    class Knobs:
+        share: float = dataclasses.field(default=0.5, metadata={"help": "at most 4% of rows"})
+
+    parser = argparse.ArgumentParser()
+    add_config_args(parser, Knobs)
+    assert "at most 4% of rows" in " ".join(parser.format_help().split())
