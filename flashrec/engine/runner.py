@@ -13,8 +13,8 @@ import torch
 
 from flashrec.beam.step import StaticStep, StaticStepOut, reorder_rows
 from flashrec.config import EngineConfig, ModelConfig
-from flashrec.engine.kv import KVCache
 from flashrec.kernels.beam_attention import choose_splits
+from flashrec.kvcache.pool import KVCache
 from flashrec.layers.attention import (
     DecodeGroup,
     DecodeMeta,

@@ -20,10 +20,10 @@ import torch
 from flashrec.beam.search import expand, sequence_scores, unconstrained_candidates
 from flashrec.config import env_flag
 from flashrec.engine.prefill_graph import BUCKET
-from flashrec.engine.radix import Node, RadixCache
 from flashrec.engine.request import BeamColumns, EngineError, GenRequest, GenResult, SidText
 from flashrec.engine.runner import ModelRunner, host_to_device, make_prefill_meta
 from flashrec.engine.stephash import StepHasher, hash_tensors
+from flashrec.kvcache.radix import Node, RadixCache
 from flashrec.profiler import trace_range
 from flashrec.sid.layout import SidLayout
 

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.bias import causal_lower_right
 
-from flashrec.engine.kv import KVCache
+from flashrec.kvcache.pool import KVCache
 
 
 @dataclass

@@ -19,7 +19,7 @@ import time
 import torch
 
 from flashrec.config import ModelConfig
-from flashrec.engine.kv import KVCache
+from flashrec.kvcache.pool import KVCache
 
 CELLS = [  # (label, KV dtype, requests, beams)
     ("n512_c8_fp8", torch.float8_e4m3fn, 8, 512),

@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 
 from flashrec.config import ModelConfig
-from flashrec.engine.kv import KVCache
 from flashrec.engine.runner import make_prefill_meta
+from flashrec.kvcache.pool import KVCache
 from flashrec.layers.attention import TorchAttention, prefill_reference
 
 # (prefix_len, new_len): equal-length plain prompts are batched, prefixed ones go alone

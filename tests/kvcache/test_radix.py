@@ -7,7 +7,7 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flashrec.engine.radix import RadixCache
+from flashrec.kvcache.radix import RadixCache
 
 
 def _walk_unreferenced(c: RadixCache) -> int:

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from flashrec.config import ModelConfig
-from flashrec.engine.kv import KVCache
+from flashrec.kvcache.pool import KVCache
 
 
 def _kv(dtype: torch.dtype, head_dim: int, depth: int = 3) -> KVCache:
