@@ -38,7 +38,7 @@ from harness.environment import git_info
 from harness.gate import evaluate_gates
 from harness.model import ModelError, ResolvedModel, resolve_model
 from harness.paired import compare_paired
-from harness.render import print_regressions, write_compare_markdown
+from harness.render_compare import print_regressions, write_compare_markdown
 from harness.report import build_report, write_report
 from harness.server import install_signal_handlers
 from harness.spec import SpecError

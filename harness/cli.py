@@ -164,7 +164,7 @@ def compare_main(argv: list[str]) -> int:
     the change cannot be told from drift between the two runs); gates with a baseline."""
     from harness.compare import compare_reports, load_report, metrics_problem
     from harness.gate import evaluate_gates
-    from harness.render import print_regressions, write_compare_markdown
+    from harness.render_compare import print_regressions, write_compare_markdown
     from harness.spec import MatrixSpec
 
     p = argparse.ArgumentParser(

@@ -30,7 +30,8 @@ from harness.metrics import (
     round_metrics,
 )
 from harness.model import ResolvedModel
-from harness.render import write_html, write_markdown
+from harness.render_html import write_html
+from harness.render_md import write_markdown
 from harness.server_metrics import chain, round_extra
 from harness.spec import MatrixSpec
 

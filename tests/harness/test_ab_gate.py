@@ -396,7 +396,7 @@ def test_holm_keeps_the_table_free_of_false_verdicts_and_keeps_real_ones():
 def test_holm_reason_markdown_and_matrix_setting(tmp_path):
     """A verdict only the correction removes says why; compare.md shows both p columns and
     the number of tests; ``stats.correction: none`` in the matrix turns the correction off."""
-    from harness.render import write_compare_markdown
+    from harness.render_compare import write_compare_markdown
 
     rng = np.random.default_rng(11)
     for _ in range(300):  # an A/A pair where a metric is significant alone, not after Holm

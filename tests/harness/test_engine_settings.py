@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from harness.render import _extra_tables, engine_settings_table
+from harness.render_sections import engine_settings_table, extra_tables
 
 
 def _cell(cid: str, engine: dict | None) -> dict:
@@ -63,7 +63,7 @@ def test_rows_say_what_each_server_ran_with():
         ["cpu", "cpu, float32", "no", "float32", "torch", "eager", "on (eager)", "0", "0", "-",
          "off"],
     ]  # fmt: skip
-    titles = [t for t, _, _ in _extra_tables({**report, "targets": {}})]
+    titles = [t for t, _, _ in extra_tables({**report, "targets": {}})]
     assert "Engine settings (from /get_server_info)" in titles
 
 

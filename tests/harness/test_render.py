@@ -1,12 +1,13 @@
-"""harness.render / render_stages: the parity, determinism and trace sections of report.html
-and REPORT.md are tables, not JSON or Markdown pasted into <pre> blocks."""
+"""harness.render_md / render_html / render_stages: the parity, determinism and trace sections
+of report.html and REPORT.md are tables, not JSON or Markdown pasted into <pre> blocks."""
 
 from __future__ import annotations
 
 import re
 
 from harness.parity.compare import Beam, Case, Thresholds, compare_beams, parity_result
-from harness.render import write_html, write_markdown
+from harness.render_html import write_html
+from harness.render_md import write_markdown
 from harness.render_stages import determinism_blocks, parity_blocks, trace_blocks
 
 

@@ -55,7 +55,7 @@ def test_round_metrics_break_the_latency_down():
 def test_ipc_phase_is_its_own_column():
     """An engine process's pipe time (FlashRec --engine-process) is a phase of its own: its
     mean is a round metric, it leaves "outside", and the report table gets an ipc column."""
-    from harness.render import server_timing_table
+    from harness.render_sections import server_timing_table
 
     recs = [
         _rec(0, 0.040, {"tokenize": 1.0, "queue": 2.0, "engine": 30.0, "ipc": 1.5, "respond": 2.0}),

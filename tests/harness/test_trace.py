@@ -149,7 +149,7 @@ def _kernel(name: str, ts: float, dur: float, regs: int | None = None) -> dict:
 
 def _report_lines(tmp_path: Path, events: list[dict]) -> list[str]:
     """REPORT.md's trace lines for ``events`` written as a gzipped trace and summarized."""
-    from harness.render import trace_lines
+    from harness.render_stages import trace_lines
 
     p = tmp_path / f"t{len(list(tmp_path.iterdir()))}.trace.json.gz"
     for e in events:
