@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from flashrec.config import ModelConfig
-from flashrec.engine.prompt import build_prompt_ids
+from flashrec.prompt import build_prompt_ids
 from flashrec.sid.catalog import load_catalog
 from flashrec.sid.layout import SidLayout, resolve_sid_layout
 

@@ -18,21 +18,15 @@ import torch
 
 from flashrec import __version__
 from flashrec.config import EngineConfig, ModelConfig, env_flag
-from flashrec.engine.prompt import build_prompt_ids
 from flashrec.engine.request import GenRequest, GenResult
 from flashrec.engine.runner import ModelRunner
 from flashrec.engine.scheduler import Scheduler
+from flashrec.prompt import build_prompt_ids, load_tokenizer
 from flashrec.sid.catalog import load_catalog
 from flashrec.sid.layout import resolve_sid_layout
 from flashrec.sid.trie import SidTrie
 
 log = logging.getLogger("flashrec")
-
-
-def load_tokenizer(model_path: str):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(model_path)
 
 
 def private_prompt_builder(
@@ -99,7 +93,7 @@ class Engine:
         input_ids=None,
         chat_template_kwargs: dict | None = None,
     ) -> list[int]:
-        """See ``flashrec.engine.prompt.build_prompt_ids``."""
+        """See ``flashrec.prompt.build_prompt_ids``."""
         return build_prompt_ids(
             self.tokenizer,
             self.layout,

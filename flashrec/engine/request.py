@@ -6,6 +6,8 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
+from flashrec.prompt import load_tokenizer
+
 
 @dataclass
 class GenRequest:
@@ -234,8 +236,6 @@ class SidText:
             return "".join(map(self.table.__getitem__, tokens))
         except KeyError:  # a token outside the SID range
             if self.tokenizer is None and self._model_path is not None:
-                from flashrec.engine.engine import load_tokenizer
-
                 self.tokenizer = load_tokenizer(self._model_path)
             if self.tokenizer is None:
                 return ""

@@ -34,8 +34,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from flashrec.engine.prompt import PromptTooLong, build_prompt_ids, length_guard
 from flashrec.engine.request import EngineError, GenRequest, GenResult, QueueFullError
+from flashrec.prompt import PromptTooLong, build_prompt_ids, length_guard
 from flashrec.server import responses
 from flashrec.server.errors import bad_request, busy, internal
 from flashrec.server.protocol import Limits, check_prompt

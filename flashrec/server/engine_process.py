@@ -354,8 +354,8 @@ class EngineProcess:
             self.proc.join(timeout=STOP_TIMEOUT_S)
             raise EngineProcessError(f"the engine failed to start: {message}")
         self.info = msg[1]
-        from flashrec.engine.engine import load_tokenizer
         from flashrec.engine.request import SidText
+        from flashrec.prompt import load_tokenizer
 
         # the SID text of the beams, over a tokenizer of this process (loaded here, before
         # the reader thread exists: two threads importing transformers at once can fail)
@@ -493,7 +493,7 @@ class RemoteEngine:
     here (the server process's tokenizers), the request checks use the engine's limits."""
 
     def __init__(self, proc: EngineProcess) -> None:
-        from flashrec.engine.engine import load_tokenizer
+        from flashrec.prompt import load_tokenizer
 
         self.proc = proc
         self.config = proc.config
@@ -509,7 +509,7 @@ class RemoteEngine:
         return self.proc.text.table
 
     def build_prompt(self, **kwargs: Any) -> list[int]:
-        from flashrec.engine.prompt import build_prompt_ids
+        from flashrec.prompt import build_prompt_ids
 
         return build_prompt_ids(self.tokenizer, self.layout, self.vocab_size, **kwargs)
 

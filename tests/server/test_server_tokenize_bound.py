@@ -17,7 +17,7 @@ from server_helpers import ServerThread, real_server
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from flashrec.engine.prompt import LengthGuard, PromptTooLong, length_guard
+from flashrec.prompt import LengthGuard, PromptTooLong, length_guard
 from flashrec.server.backend import LARGE_PROMPT_CHARS, Backend
 from flashrec.server.protocol import Limits
 

@@ -1,4 +1,5 @@
-"""Prompt construction shared by the engine, the HF reference and the harness."""
+"""Prompt construction shared by the engine, the server's prompt-building threads and the
+HF reference: the tokenizer, the chat template with thinking off, the length guard."""
 
 from __future__ import annotations
 
@@ -13,6 +14,13 @@ from flashrec.sid.layout import SidLayout
 # pre-tokenizers that split or re-spell text but never drop any of it (Split / Punctuation
 # only without behavior "Removed")
 _KEEPING_PRE_TOKENIZERS = {"ByteLevel", "Metaspace", "Split", "Digits", "Punctuation"}
+
+
+def load_tokenizer(model_path: str):
+    """The HF tokenizer of a checkpoint directory (``transformers`` imported on first use)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_path)
 
 
 class PromptTooLong(ValueError):
