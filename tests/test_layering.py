@@ -1,0 +1,205 @@
+"""The import layering of ``flashrec/`` and ``harness/``, read from the source with ``ast``
+(nothing is imported).
+
+Counted as a module's imports for the cycle check: its module-level imports, those inside
+module-level ``if`` / ``try`` / ``with`` blocks and class bodies included (they run when the
+module is imported). Not counted: imports inside functions (they run on call, after every
+module has loaded) and imports under ``if TYPE_CHECKING:`` (they never run). ``from a import
+b`` counts as importing the module ``a.b`` where that is a module, else ``a``; a package's
+``__init__`` is not counted as imported along with its submodules. A second check counts the
+in-function imports too: a circle closed by one (as ``engine.request`` importing
+``engine.engine.load_tokenizer`` did) is a tangle of responsibilities even when it loads.
+
+The layer rules (layers and the KV cache know nothing of the engine or the server; kernels
+nothing of those or the layers) are checked on every import in a file, function-level and
+``TYPE_CHECKING`` ones included.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("flashrec", "harness")
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {
+        _module_name(p): p
+        for pkg in PACKAGES
+        for p in sorted((ROOT / pkg).rglob("*.py"))
+        if "__pycache__" not in p.parts
+    }
+
+
+MODULES = _modules()
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _import_nodes(body: list[ast.stmt], *, load_time_only: bool):
+    """The Import / ImportFrom statements of ``body``, recursively; with ``load_time_only``
+    those in function bodies and ``if TYPE_CHECKING:`` blocks are skipped."""
+    for node in body:
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            yield node
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            if not load_time_only:
+                yield from _import_nodes(node.body, load_time_only=False)
+        elif isinstance(node, ast.If) and load_time_only and _is_type_checking(node.test):
+            yield from _import_nodes(node.orelse, load_time_only=True)
+        else:
+            for field in ("body", "orelse", "finalbody", "handlers", "cases"):
+                for sub in getattr(node, field, ()):
+                    inner = (
+                        sub.body if isinstance(sub, ast.excepthandler | ast.match_case) else [sub]
+                    )
+                    yield from _import_nodes(inner, load_time_only=load_time_only)
+
+
+def _targets(module: str, node: ast.Import | ast.ImportFrom) -> list[str]:
+    """The absolute module names one import statement names."""
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    base = node.module or ""
+    if node.level:
+        package = module if MODULES[module].name == "__init__.py" else module.rpartition(".")[0]
+        for _ in range(node.level - 1):
+            package = package.rpartition(".")[0]
+        base = f"{package}.{base}" if base else package
+    out = []
+    for alias in node.names:
+        sub = f"{base}.{alias.name}"
+        out.append(sub if sub in MODULES else base)
+    return out
+
+
+def imports(module: str, *, load_time_only: bool) -> set[str]:
+    """The names ``module`` imports (any package, not only ours)."""
+    tree = ast.parse(MODULES[module].read_text(encoding="utf-8"), str(MODULES[module]))
+    return {
+        target
+        for node in _import_nodes(tree.body, load_time_only=load_time_only)
+        for target in _targets(module, node)
+    }
+
+
+def _within(name: str, package: str) -> bool:
+    return name == package or name.startswith(package + ".")
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every strongly connected component with more than one module (or a self-import), as a
+    sorted list: Tarjan's algorithm, iterative."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found = []
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    top = stack.pop()
+                    on_stack.discard(top)
+                    component.append(top)
+                    if top == node:
+                        break
+                if len(component) > 1 or node in graph[node]:
+                    found.append(sorted(component))
+    return found
+
+
+def _graph(package: str, *, load_time_only: bool = True) -> dict[str, set[str]]:
+    """Module -> the modules of ``package`` it imports."""
+    return {
+        m: {t for t in imports(m, load_time_only=load_time_only) if _within(t, package)}
+        & MODULES.keys()
+        for m in MODULES
+        if _within(m, package)
+    }
+
+
+def test_every_module_parses_and_the_walk_sees_known_imports():
+    # the walker itself: a module-level import, an in-function one, relative ones
+    rel = ast.parse("from ..kvcache import pool\nfrom . import scheduler, nothing_such").body
+    assert _targets("flashrec.engine.runner", rel[0]) == ["flashrec.kvcache.pool"]
+    assert _targets("flashrec.engine.runner", rel[1]) == [
+        "flashrec.engine.scheduler",
+        "flashrec.engine",
+    ]
+    assert "flashrec.kvcache.pool" in imports("flashrec.layers.attention", load_time_only=True)
+    assert "flashrec.config" in imports("flashrec.kvcache.pool", load_time_only=True)
+    assert "transformers" not in imports("flashrec.prompt", load_time_only=True)
+    assert "transformers" in imports("flashrec.prompt", load_time_only=False)
+    for m in MODULES:
+        imports(m, load_time_only=False)
+
+
+def test_cycle_finder_finds_a_planted_circle():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": {"e"}}
+    assert _cycles(graph) == [["a", "b", "c"], ["e"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_cycle_in_flashrec():
+    assert _cycles(_graph("flashrec")) == []
+
+
+def test_no_import_cycle_in_flashrec_counting_in_function_imports():
+    assert _cycles(_graph("flashrec", load_time_only=False)) == []
+
+
+def _upward(package: str, forbidden: tuple[str, ...]) -> dict[str, list[str]]:
+    bad = {}
+    for m in MODULES:
+        if _within(m, package):
+            hits = sorted(t for t in imports(m, load_time_only=False)
+                          if any(_within(t, f) for f in forbidden))  # fmt: skip
+            if hits:
+                bad[m] = hits
+    return bad
+
+
+def test_layers_and_kvcache_import_nothing_of_the_engine_or_server():
+    for package in ("flashrec.layers", "flashrec.kvcache"):
+        assert any(_within(m, package) for m in MODULES), package
+        assert _upward(package, ("flashrec.engine", "flashrec.server")) == {}
+
+
+def test_kernels_import_nothing_of_the_engine_server_or_layers():
+    forbidden = ("flashrec.engine", "flashrec.server", "flashrec.layers")
+    assert _upward("flashrec.kernels", forbidden) == {}
