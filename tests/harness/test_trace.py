@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 
 from harness.trace import is_complete, wait_until_stable
-from harness.trace_summary import NO_SPAN, main, span_breakdown, summarize_events, summarize_trace
+from harness.trace_gpu import NO_SPAN
+from harness.trace_host import span_breakdown
+from harness.trace_summary import main, summarize_events, summarize_trace
 
 
 class SlowWriter(threading.Thread):
@@ -224,7 +226,7 @@ def test_gpu_idle_is_charged_to_the_outermost_host_span():
     """Gaps between GPU work (merged intervals) go to the outermost host span running at the
     gap's midpoint, never to a span nested in it, else to "(no host span)"; the limit line
     names the span the GPU waited on most, or says GPU-bound from 80% busy on."""
-    from harness.trace_summary import NO_SPAN, idle_by_host
+    from harness.trace_gpu import NO_SPAN, idle_by_host
 
     k = lambda ts, dur: {"ph": "X", "cat": "kernel", "name": "k", "ts": ts, "dur": dur}  # noqa: E731
 
