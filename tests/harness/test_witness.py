@@ -10,7 +10,8 @@ import pytest
 import requests
 from bench_helpers import run_cli
 
-from harness.witness import compare, guidellm_argv, guidellm_scenario, served_delta
+from harness.witness import compare, served_delta
+from harness.witness_guidellm import guidellm_argv, guidellm_scenario
 
 
 def _scenario(tmp_path: Path) -> dict:
