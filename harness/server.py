@@ -140,13 +140,21 @@ atexit.register(_kill_all_live)
 
 
 def install_signal_handlers() -> None:
-    """Turn SIGTERM / SIGHUP into SystemExit so that ``finally`` blocks and atexit run."""
+    """Turn SIGTERM / SIGHUP into SystemExit and SIGINT into KeyboardInterrupt, raised where
+    the main thread is, so that ``finally`` blocks and atexit run. SIGINT gets a handler of its
+    own because ``asyncio.run`` otherwise answers it by cancelling the main task once, and a
+    cancellation lost inside the run (e.g. by ``wait_for`` racing a finished request) would let
+    the run go on."""
 
     def handler(signum: int, frame: Any) -> None:
         raise SystemExit(128 + signum)
 
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, handler)
+    signal.signal(signal.SIGINT, interrupt)
 
 
 def _python(item: str) -> str:
