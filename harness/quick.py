@@ -36,6 +36,18 @@ def _server_arg(text: str) -> tuple[str, Any]:
     return key.strip().lstrip("-").replace("-", "_"), yaml.safe_load(value)
 
 
+def add_server_arg(p: argparse.ArgumentParser) -> None:
+    """``--server-arg KEY=VALUE`` (repeatable): flags for a server launched on --model-path."""
+    p.add_argument(
+        "--server-arg",
+        action="append",
+        type=_server_arg,
+        default=[],
+        metavar="KEY=VALUE",
+        help="--model-path: a server flag, e.g. quantization=fp8 (repeatable)",
+    )
+
+
 class _Defaults(argparse.HelpFormatter):
     """Help that shows each flag's default (the prompt length above all: a default that
     surprises makes a number ten times off), except where there is none."""
@@ -96,14 +108,7 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--max-tokens", type=int, default=4, help="SID levels + the end token")
     p.add_argument("--device", help="--model-path: the server's --device (default: its own)")
-    p.add_argument(
-        "--server-arg",
-        action="append",
-        type=_server_arg,
-        default=[],
-        metavar="KEY=VALUE",
-        help="--model-path: a server flag, e.g. quantization=fp8 (repeatable)",
-    )
+    add_server_arg(p)
     p.add_argument("--timeout-s", type=float, default=300.0, help="per-request timeout, seconds")
     p.add_argument("--out", type=Path, help="report directory (default reports/<run-id>/)")
     p.add_argument("--name", default="quick", help="the matrix's name")

@@ -50,7 +50,7 @@ LAT_COUNT = 'flashrec_request_latency_seconds_count{endpoint="chat"}'
 
 
 def parser() -> argparse.ArgumentParser:
-    from harness.quick import _server_arg
+    from harness.quick import add_server_arg
 
     p = argparse.ArgumentParser(
         prog="flashrec-bench witness",
@@ -79,14 +79,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt-tokens", type=int, default=64, help="median prompt length (tokens)")
     p.add_argument("--max-tokens", type=int, default=4, help="SID levels + the end token")
     p.add_argument("--device", help="--model-path: the server's --device")
-    p.add_argument(
-        "--server-arg",
-        action="append",
-        type=_server_arg,
-        default=[],
-        metavar="KEY=VALUE",
-        help="--model-path: a server flag, e.g. quantization=fp8 (repeatable)",
-    )
+    add_server_arg(p)
     p.add_argument(
         "--pin-cpus",
         action="store_true",
