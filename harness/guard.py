@@ -3,7 +3,7 @@ vLLM, any script) so that it still dies with its launcher.
 
     python -m harness.guard -- CMD [ARG ...]
 
-The guard reads the pipe ``$FLASHREC_PARENT_WATCH_FD`` names (``flashrec.server.parentwatch``)
+The guard reads the pipe ``$FLASHREC_PARENT_WATCH_FD`` names (``flashrec.parentwatch``)
 and runs CMD as its child in the guard's own process group, so the launcher's signals to that
 group reach CMD unchanged (the guard itself ignores them and waits for CMD). When the pipe reads
 end-of-file (the launcher closed it or died, ``kill -9`` included) the group gets SIGTERM, and
@@ -19,7 +19,7 @@ import subprocess
 import sys
 import time
 
-from flashrec.server.parentwatch import PARENT_WATCH_ENV, watch_fd
+from flashrec.parentwatch import PARENT_WATCH_ENV, watch_fd
 
 
 def _stop_group(grace_s: float) -> None:

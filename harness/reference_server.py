@@ -362,7 +362,7 @@ def run_reference_server(args: argparse.Namespace) -> int:
             stream=sys.stderr,
             format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         )
-    from flashrec.server.parentwatch import watch_from_env
+    from flashrec.parentwatch import watch_from_env
 
     watch_from_env()  # launched by the harness: dies with it (loading included)
     ref = HFReference(

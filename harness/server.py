@@ -4,7 +4,7 @@ No server outlives the run: every launched group is registered until it is stopp
 ``atexit`` hook (also reached on Ctrl-C and SIGTERM, see :func:`install_signal_handlers`) kills
 what is left. Stopping sends SIGTERM to the group, waits, then SIGKILLs the group. Where the
 harness cannot clean up (``kill -9``), a watchdog pipe does: each server gets the read end
-(``$FLASHREC_PARENT_WATCH_FD``, ``flashrec.server.parentwatch``) and a FlashRec or reference
+(``$FLASHREC_PARENT_WATCH_FD``, ``flashrec.parentwatch``) and a FlashRec or reference
 server stops itself once the harness's end closes.
 
 External servers (``kind: external``) have no lifecycle: the harness only talks to their URL.
@@ -255,7 +255,7 @@ class LaunchedServer(Server):
         """Start the process group (does not wait for readiness)."""
         import subprocess
 
-        from flashrec.server.parentwatch import ParentLink
+        from flashrec.parentwatch import ParentLink
 
         argv = self.command()
         link = ParentLink()

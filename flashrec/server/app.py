@@ -406,7 +406,7 @@ def serve_main(args: argparse.Namespace) -> int:
             stream=sys.stderr,
             format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         )
-    from flashrec.server.parentwatch import watch_from_env
+    from flashrec.parentwatch import watch_from_env
 
     watch_from_env()  # a launcher that passed a watch fd: this server dies with it
     config = config_from_args(ServerConfig, args)

@@ -17,8 +17,8 @@ from server_fakes import FakeEngine  # noqa: E402
 
 from flashrec.config import ServerConfig, config_from_args  # noqa: E402
 from flashrec.engine.loop import EngineLoop  # noqa: E402
+from flashrec.parentwatch import watch_from_env  # noqa: E402
 from flashrec.server import add_serve_args, serve  # noqa: E402
-from flashrec.server.parentwatch import watch_from_env  # noqa: E402
 
 
 def main() -> int:

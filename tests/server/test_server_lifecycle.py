@@ -20,7 +20,7 @@ import requests
 from server_helpers import fake_server
 
 import flashrec.server.app as app_mod
-from flashrec.server.parentwatch import ParentLink
+from flashrec.parentwatch import ParentLink
 
 ROOT = Path(__file__).resolve().parents[2]
 FAKE_MAIN = str(Path(__file__).with_name("server_fake_main.py"))

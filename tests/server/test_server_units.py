@@ -175,7 +175,7 @@ def test_parent_watch_fires_when_the_launcher_end_closes(monkeypatch) -> None:
     import os
     import threading
 
-    from flashrec.server.parentwatch import PARENT_WATCH_ENV, ParentLink, watch_from_env
+    from flashrec.parentwatch import PARENT_WATCH_ENV, ParentLink, watch_from_env
 
     read, write = os.pipe()  # as a launched server holds it: the read end named in the env
     monkeypatch.setenv(PARENT_WATCH_ENV, str(read))
