@@ -1,0 +1,107 @@
+"""``ServerConfig``: the engine configuration plus the HTTP front end."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from flashrec.config.engine import EngineConfig
+from flashrec.config.flags import check_choice, opt, uvloop_installed
+
+
+@dataclass(frozen=True)
+class ServerConfig(EngineConfig):
+    """Engine configuration plus the HTTP front end."""
+
+    host: str = opt(
+        "127.0.0.1", "bind address (the server has no authentication: keep it on loopback)"
+    )
+    port: int = opt(8000, "bind port (0 = pick a free one and print it)")
+    served_model_name: str | None = opt(
+        None, "model name reported by /v1/models (default: the directory name)"
+    )
+    max_body_bytes: int = opt(8 * 1024 * 1024, "largest accepted request body (413 above)")
+    shutdown_timeout_s: float = opt(
+        30.0, "on SIGTERM, how long in-flight requests may take to finish"
+    )
+    # slow clients: a connection may not hold the server longer than these (0 = no limit)
+    header_timeout_s: float = opt(
+        10.0,
+        "a request's headers must be complete this many seconds after its first byte (after "
+        "the connection opens, for its first request); else 408 and the connection is closed",
+    )
+    body_timeout_s: float = opt(
+        30.0,
+        "a request's body must arrive whole this many seconds after its headers; else 408 and "
+        "the connection is closed",
+    )
+    warmup: bool = opt(True, "run warm-up requests before /health reports ok")
+    gc_freeze: bool = opt(
+        True,
+        "after warm-up, move every live object to Python's permanent GC generation (gc.freeze): "
+        "full collections, which stop the engine thread too, then walk only what requests "
+        "allocated",
+    )
+    tokenizer_workers: int = opt(
+        4,
+        "threads that build prompts (chat template + tokenization) in parallel, each with its "
+        "own tokenizer copy; 1 = one thread over the engine's tokenizer",
+    )
+    respond_workers: int = opt(
+        0,
+        "processes that build the JSON bodies of wide answers (at least 64 beams, not streamed) "
+        "in parallel, off the event loop; 0 = on the event loop",
+    )
+    gil_switch_interval_ms: float = opt(
+        0.2,
+        "sys.setswitchinterval of the server process, in ms: how long the HTTP / tokenizer "
+        "threads may hold the GIL while the engine thread waits for it (Python's default is 5)",
+    )
+    engine_process: str = opt(
+        "auto",
+        "run the engine (scheduler, model, profiler) in a process of its own, so that HTTP, "
+        "tokenization and response text never hold its GIL: on, off, or auto (on with CUDA)",
+        ("auto", "on", "off"),
+    )
+    event_loop: str = opt(
+        "asyncio",
+        "the server's event loop: asyncio (the standard library's), uvloop (less host time for "
+        "HTTP and hand-offs; pip install 'flashrec[fast]'), or auto (uvloop where installed)",
+        ("auto", "uvloop", "asyncio"),
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not 1 <= self.tokenizer_workers <= 64:
+            raise ValueError(f"--tokenizer-workers must be in 1..64, got {self.tokenizer_workers}")
+        if not 0 <= self.respond_workers <= 64:
+            raise ValueError(f"--respond-workers must be in 0..64, got {self.respond_workers}")
+        for name in ("header_timeout_s", "body_timeout_s"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 0")
+        if not 0.01 <= self.gil_switch_interval_ms <= 100:
+            raise ValueError(
+                f"--gil-switch-interval-ms must be in 0.01..100, got {self.gil_switch_interval_ms}"
+            )
+
+        for name in ("engine_process", "event_loop"):
+            check_choice(self, name)
+        if self.event_loop == "uvloop" and not uvloop_installed():
+            raise ValueError(
+                "--event-loop uvloop: uvloop is not installed (pip install 'flashrec[fast]'), "
+                "or use --event-loop asyncio / auto"
+            )
+
+    @property
+    def resolved_event_loop(self) -> str:
+        """``uvloop`` or ``asyncio`` (``--event-loop``; auto: uvloop where installed)."""
+        if self.event_loop == "auto":
+            return "uvloop" if uvloop_installed() else "asyncio"
+        return self.event_loop
+
+    @property
+    def resolved_engine_process(self) -> bool:
+        """Whether the engine runs in a process of its own (``--engine-process``)."""
+        if self.engine_process == "auto":
+            return self.resolved_device == "cuda"
+        return self.engine_process == "on"
+
