@@ -15,17 +15,17 @@ import re
 import sys
 from pathlib import Path
 
-from harness.spec import SpecError
+from harness.spec.matrix import SpecError
 
 # subcommand -> "module:function"; the function takes argv (list[str]) and returns an exit code.
 # Later stages register theirs here (e.g. the A/B ``gate``).
 COMMANDS: dict[str, str] = {
     "compare": "harness.cli:compare_main",
     "determinism": "harness.determinism:main",
-    "gate": "harness.abgate:main",
+    "gate": "harness.ab.gate:main",
     "quick": "harness.quick:main",
-    "reference-server": "harness.reference_server:main",
-    "witness": "harness.witness:main",
+    "reference-server": "harness.servers.reference_server:main",
+    "witness": "harness.witness.run:main",
 }
 EXIT_GATE, EXIT_USAGE, EXIT_CELLS, EXIT_INTERRUPT = 1, 2, 3, 130
 
@@ -66,14 +66,14 @@ def run_id(spec_name: str | None, matrix: str) -> str:
 
 def run_main(argv: list[str]) -> int:
     """Run a matrix and write its report."""
-    from harness.cells import load_cells, select
-    from harness.gate import evaluate_gates
-    from harness.model import ModelError
-    from harness.progress import Progress
-    from harness.report import build_report, write_report
-    from harness.runner import ResumeError, RunInterrupted, RunOptions, plan, run_matrix
-    from harness.server import install_signal_handlers
-    from harness.targets import evaluate_targets
+    from harness.gate.gates import evaluate_gates, load_cells
+    from harness.gate.targets import evaluate_targets
+    from harness.report.build import build_report, write_report
+    from harness.run.campaign import ResumeError, RunInterrupted, RunOptions, plan, run_matrix
+    from harness.run.progress import Progress
+    from harness.servers.launch import install_signal_handlers
+    from harness.spec.cells import select
+    from harness.spec.model import ModelError
 
     args = run_parser().parse_args(argv)
     try:
@@ -162,10 +162,10 @@ def run_main(argv: list[str]) -> int:
 def compare_main(argv: list[str]) -> int:
     """``flashrec-bench compare BASE NEW``: verdict per cell and metric (``inconclusive`` where
     the change cannot be told from drift between the two runs); gates with a baseline."""
-    from harness.compare import compare_reports, load_report, metrics_problem
-    from harness.gate import evaluate_gates
-    from harness.render_compare import print_regressions, write_compare_markdown
-    from harness.spec import MatrixSpec
+    from harness.gate.compare import compare_reports, load_report, metrics_problem
+    from harness.gate.gates import evaluate_gates
+    from harness.report.render_compare import print_regressions, write_compare_markdown
+    from harness.spec.matrix import MatrixSpec
 
     p = argparse.ArgumentParser(
         prog="flashrec-bench compare", description="Compare two runs (report dirs or report.json)."

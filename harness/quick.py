@@ -170,7 +170,7 @@ def build_matrix(args: argparse.Namespace, argv: list[str] | None = None) -> dic
 
 def main(argv: list[str]) -> int:
     from harness.cli import run_id, run_main
-    from harness.spec import SpecError, parse_spec
+    from harness.spec.matrix import SpecError, parse_spec
 
     args = parser().parse_args(argv)
     for flag, value, least in (

@@ -65,7 +65,7 @@ def traced_round(eng: Engine, prompts, args, trace_dir: str) -> dict:
     """One closed-loop round under torch.profiler; numbers from it are never reported."""
     import os
 
-    from harness.trace_summary import summarize_trace
+    from harness.trace.summary import summarize_trace
 
     os.makedirs(trace_dir, exist_ok=True)
     acts = [torch.profiler.ProfilerActivity.CPU]
@@ -82,7 +82,7 @@ def traced_round(eng: Engine, prompts, args, trace_dir: str) -> dict:
 
 
 def hf_baseline(model_path: str, cat: str | None, prompts: list[list[int]], n: int, dtype):
-    from harness.hf_reference import HFReference
+    from harness.servers.hf_reference import HFReference
 
     ref = HFReference(model_path, cat, device="cuda", dtype=dtype)
     ref.generate(prompts[0], n)

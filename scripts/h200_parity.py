@@ -50,7 +50,7 @@ def _engine(args, precision: str, **kw) -> Engine:
 
 
 def parity(args) -> dict:
-    from harness.hf_reference import HFReference
+    from harness.servers.hf_reference import HFReference
 
     msgs = synth_prompts(args.prompts, median_tokens=args.prompt_median, spread=0.3, seed=7)
     ns = [int(x) for x in args.ns.split(",")]

@@ -84,8 +84,8 @@ __all__ = [
 
 
 def run_stage(section: Any, ctx: Any) -> dict:
-    """Runner adapter (``harness.runner.STAGES``): the ``determinism:`` section + StageContext;
-    returns :func:`compact` of the result with ``details`` naming the full JSON.
+    """Campaign adapter (``harness.run.campaign.STAGES``): the ``determinism:`` section +
+    StageContext; returns :func:`compact` of the result with ``details`` naming the full JSON.
 
     Section keys: requests, processes, mode, concurrency, server_args, server_env, protocol,
     ns, median_tokens, seed, device, strict_concurrent (the model comes from the matrix).

@@ -85,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """``flashrec-bench determinism``. Exit codes: 0 pass, 1 sequential drift (or concurrent
     drift with --strict-concurrent), 2 usage, 3 a server failed to start or requests failed."""
-    from harness.server import ServerError, install_signal_handlers
+    from harness.servers.launch import ServerError, install_signal_handlers
 
     args = build_parser().parse_args(argv)
     if args.processes < 2 or args.requests < 1:

@@ -16,7 +16,7 @@ from harness.parity import FETCH_ERRORS, body_for, post, request_for
 
 
 def _model(model_path: str, catalog: str | None) -> Any:
-    from harness.model import ResolvedModel
+    from harness.spec.model import ResolvedModel
 
     return ResolvedModel(model_path, catalog, "-", "path", 0)
 
@@ -81,8 +81,8 @@ def run_processes(
 ) -> tuple[list[list[Answer]], list[Path]]:
     """``processes`` fresh servers one after another; each answers every item (in order: one
     at a time in ``sequential`` mode, ``plan.concurrency`` in flight in ``concurrent``)."""
-    from harness.server import LaunchedServer
-    from harness.spec import EngineSpec
+    from harness.servers.launch import LaunchedServer
+    from harness.spec.matrix import EngineSpec
 
     engine = EngineSpec(
         name="flashrec",

@@ -100,7 +100,7 @@ __all__ = [
 
 
 def run_stage(section: Any, ctx: Any) -> dict:
-    """Runner adapter (``harness.runner.STAGES``): the ``parity:`` section + StageContext;
+    """Runner adapter (``harness.run.campaign.STAGES``): the ``parity:`` section + StageContext;
     returns :func:`compact` of the result with ``details`` naming the full ``parity.json``."""
     spec = section.model_dump() if hasattr(section, "model_dump") else dict(section)
     spec.pop("enabled", None)

@@ -11,10 +11,10 @@ from typing import Any
 
 import aiohttp
 
-from harness.client import Request, chat_body, generate_body
+from harness.load.client import Request, chat_body, generate_body
+from harness.load.workload import Prompt, PromptRenderer, load_tokenizer
 from harness.parity.compare import Beam, Case, compare_beams
-from harness.server import fetch_info
-from harness.workload import Prompt, PromptRenderer, load_tokenizer
+from harness.servers.launch import fetch_info
 
 PROTOCOLS = ("chat", "generate")
 PROTOCOL_ENV = "SGLANG_BEAM_PROTOCOL"

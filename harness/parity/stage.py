@@ -22,17 +22,17 @@ from harness.parity.fetch import (
     make_prompts,
     no_shared_protocol,
 )
-from harness.server import fetch_info
+from harness.servers.launch import fetch_info
 
 
 def _engines(device: str | None) -> dict[str, Any]:
-    from harness.spec import EngineSpec
+    from harness.spec.matrix import EngineSpec
 
     return {
         "reference": EngineSpec(
             name="hf-reference",
             kind="command",
-            command=["python", "-m", "harness.reference_server"],
+            command=["python", "-m", "harness.servers.reference_server"],
             device=device,
             startup_timeout_s=600,
         ),
@@ -63,8 +63,8 @@ def serving(
     """``{"reference": URL, "candidate": URL}``: the given URLs, else an HF reference server
     and a FlashRec server launched side by side on ``model_path`` (ephemeral ports on
     127.0.0.1, process groups stopped on exit, logs in ``log_dir``)."""
-    from harness.model import ResolvedModel
-    from harness.server import LaunchedServer
+    from harness.servers.launch import LaunchedServer
+    from harness.spec.model import ResolvedModel
 
     urls = {"reference": reference_url, "candidate": candidate_url}
     model = ResolvedModel(model_path, catalog, "-", "path", 0) if model_path else None

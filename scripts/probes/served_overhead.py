@@ -134,7 +134,7 @@ class ServerThread:
 
 
 def chat_body(messages: list[dict], n: int, max_tokens: int) -> dict:
-    """The harness's chat body (``harness/client.py:chat_body``)."""
+    """The harness's chat body (``harness/load/client.py:chat_body``)."""
     return {
         "model": "tiny",
         "messages": messages,

@@ -130,8 +130,8 @@ def test_cli_pairs():
 
 def test_matrix_stage_adapter(monkeypatch, tmp_path):
     import harness.determinism as det
-    from harness.model import ResolvedModel
-    from harness.spec import StageSpec
+    from harness.spec.matrix import StageSpec
+    from harness.spec.model import ResolvedModel
 
     seen = {}
 

@@ -181,7 +181,7 @@ def test_fp8_within_tolerance_of_bf16(synth_model, preset):
 
 @pytest.mark.parametrize("preset", ["tiny", "tiny-llama", "tiny-qwen2"])
 def test_hf_parity_on_gpu_float32(synth_model, preset):
-    from harness.hf_reference import HFReference
+    from harness.servers.hf_reference import HFReference
 
     tiny_model = synth_model(preset, catalog_size=2000)
 

@@ -21,7 +21,7 @@ def marker() -> str:
 @pytest.fixture
 def fake_url(marker):
     """An externally started fake server (the harness does not own it); yields its URL."""
-    from harness.server import free_port
+    from harness.servers.launch import free_port
 
     port = free_port()
     proc = subprocess.Popen(

@@ -8,7 +8,7 @@ import pytest
 import yaml
 from bench_helpers import run_cli
 
-from harness.spec import parse_spec
+from harness.spec.matrix import parse_spec
 
 
 def test_print_matrix_is_the_matrix_the_flags_describe(capsys):
@@ -110,7 +110,7 @@ def test_help_shows_the_defaults(capsys):
 def test_quick_whose_every_cell_failed_never_says_gates_pass(tmp_path, capsys):
     """Nothing listens on the URL: the one cell fails, the gates had nothing to check
     (``no_data``), and the run exits 3 saying so, not "gates pass"."""
-    from harness.server import free_port
+    from harness.servers.launch import free_port
 
     out = tmp_path / "q"
     argv = ["--url", f"http://127.0.0.1:{free_port()}", "--beam-width", "4", "--requests", "2",

@@ -18,7 +18,8 @@ from aiohttp.test_utils import TestServer
 from fake_sglang import FakeSGLang, contract_error, create_app
 from test_parity_compare import FakeRef
 
-from harness.client import Request, generate_body
+from harness.load.client import Request, generate_body
+from harness.load.workload import Prompt
 from harness.parity import (
     CHAT_NOT_BEAMS,
     compare_beams,
@@ -30,8 +31,7 @@ from harness.parity import (
     request_for,
     serving,
 )
-from harness.reference_server import create_app as reference_app
-from harness.workload import Prompt
+from harness.servers.reference_server import create_app as reference_app
 
 ROOT = Path(__file__).resolve().parents[2]
 MSGS = [{"role": "user", "content": "x"}]

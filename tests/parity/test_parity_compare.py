@@ -25,7 +25,7 @@ from harness.parity import (
     spearman,
     thresholds_for,
 )
-from harness.reference_server import create_app
+from harness.servers.reference_server import create_app
 
 
 def beams(*pairs) -> list[Beam]:
@@ -233,8 +233,8 @@ def test_reference_app_protocols():
 
 def test_matrix_stage_adapter(monkeypatch, tmp_path):
     import harness.parity as parity
-    from harness.model import ResolvedModel
-    from harness.spec import StageSpec
+    from harness.spec.matrix import StageSpec
+    from harness.spec.model import ResolvedModel
 
     seen = {}
 

@@ -27,9 +27,9 @@ from fake_sglang import SAMPLING_KEYS  # noqa: E402
 
 from flashrec.engine.request import BeamResult, GenResult  # noqa: E402
 from flashrec.server import responses  # noqa: E402
-from harness.client import Request, generate_body  # noqa: E402
+from harness.load.client import Request, generate_body  # noqa: E402
+from harness.load.workload import Prompt  # noqa: E402
 from harness.parity import body_for, parse_beams  # noqa: E402
-from harness.workload import Prompt  # noqa: E402
 
 MSGS = [{"role": "user", "content": "x"}]
 

@@ -1,0 +1,1 @@
+"""Judging reports: gates, targets, and the comparison of two runs."""

@@ -1,0 +1,113 @@
+"""``targets:``: goals on cell metrics, reported as met or missed by how much.
+
+Unlike gates, a missed target changes the exit code only when it says ``fail_run: true``.
+For each matching cell: ``actual`` = the metric's median over rounds (or, for a dotted name
+such as ``baseline.hf.speedup``, that value of the cell's report entry), ``ratio`` = actual /
+target, ``factor`` = how many times better the cell must get to meet it (target / actual for
+``>=`` / ``>``, actual / target for ``<=`` / ``<``; <= 1 when met), ``missed_by`` = the absolute
+shortfall (0 when met). For a speed target (``qps``, ``latency_*``) on a cell with an MFU,
+``mfu_needed`` = the cell's MFU x ``factor``: the model-FLOP utilisation the cell would need to
+meet it with the same FLOPs per request (a derived figure, not a measurement).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from harness.gate.gates import OPS, resolve_path
+from harness.spec.cells import matches
+from harness.spec.matrix import TargetSpec
+
+
+def _actual(cell: dict, metric: str) -> float | None:
+    m = cell.get("metrics", {}).get(metric)
+    value: Any = m.get("median") if m else resolve_path(cell, metric)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+SPEED_METRICS = ("qps", "latency_")  # a metric name equal to or starting with one of these
+
+
+def _mfu(cell: dict) -> float | None:
+    value = (cell.get("mfu") or {}).get("mfu")
+    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
+
+
+def check(target: TargetSpec, actual: float, mfu: float | None = None) -> dict:
+    """One cell's outcome for a target (``mfu``: the cell's MFU, for ``mfu_needed``)."""
+    met = bool(OPS[target.op](actual, target.value))
+    higher = target.op in (">=", ">")
+    ratio = actual / target.value if target.value else math.inf
+    if higher:
+        factor = target.value / actual if actual else math.inf
+    else:
+        factor = actual / target.value if target.value else math.inf
+    missed_by = 0.0 if met else abs(actual - target.value)
+    speed = target.metric.startswith(SPEED_METRICS)
+    mfu_needed = mfu * factor if speed and mfu is not None and math.isfinite(factor) else None
+    detail = f"{actual:.4g} vs {target.op} {target.value:g}: {ratio:.3g}x the target"
+    if met:
+        text = f"met ({detail})"
+    else:
+        text = f"missed by {missed_by:.4g} ({detail}; needs {factor:.3g}x"
+        if mfu_needed is not None:
+            text += f", MFU {mfu:.1%} -> {mfu_needed:.1%}"
+        text += ")"
+    return {
+        "actual": actual,
+        "target": target.value,
+        "op": target.op,
+        "met": met,
+        "missed_by": missed_by,
+        "ratio": ratio,
+        "factor": factor,
+        "mfu_needed": mfu_needed,
+        "text": text,
+    }
+
+
+def evaluate_targets(targets: list[TargetSpec], report: dict) -> dict:
+    """``{status: met|missed|none, fail_run, results: [{name, metric, cells, checks, missing}]}``.
+
+    ``fail_run`` is true when a target with ``fail_run: true`` was missed (or had no data).
+    """
+    results, fail_run = [], False
+    for t in targets:
+        checks, missing = [], []
+        for cell in report.get("cells", []):
+            if t.cells and not matches(cell["id"], cell.get("params", {}), t.cells):
+                continue
+            actual = _actual(cell, t.metric) if cell.get("status") == "ok" else None
+            if actual is None:
+                missing.append(cell["id"])
+                continue
+            checks.append({"cell": cell["id"], **check(t, actual, _mfu(cell))})
+        missed = any(not c["met"] for c in checks)
+        status = "missed" if missed else ("met" if checks else "no_data")
+        if t.fail_run and (missed or missing or not checks):
+            fail_run = True
+        results.append(
+            {
+                "name": t.label,
+                "metric": t.metric,
+                "op": t.op,
+                "value": t.value,
+                "cells": t.cells,
+                "fail_run": t.fail_run,
+                "status": status,
+                "checks": checks,
+                "missing": missing,
+            }
+        )
+    if not results:
+        overall = "none"
+    elif any(r["status"] == "missed" for r in results):
+        overall = "missed"
+    elif all(r["status"] == "met" for r in results):
+        overall = "met"
+    else:
+        overall = "partial"
+    return {"status": overall, "fail_run": fail_run, "results": results}

@@ -1,0 +1,2 @@
+"""What is sent and how: SIDs, prompts (workload), one request per protocol (client), the
+load loops."""

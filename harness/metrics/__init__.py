@@ -1,0 +1,2 @@
+"""Numbers from records: per-round and per-cell metrics, statistics, FLOPs and MFU, the
+server's own counters."""

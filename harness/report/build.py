@@ -1,0 +1,288 @@
+"""Cell results -> report: report.json, records, summary.csv, REPORT.md, report.html.
+
+``report.json`` is schema-versioned (``schema_version``); the per-request records are written
+once (``records.csv``, plus ``records.parquet`` when pyarrow is installed) and every metric in
+the report is computed from them.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import json
+import math
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from harness import SCHEMA_VERSION
+from harness.load.client import EPOCH_UNIX, Record
+from harness.metrics.flops import derived_metrics
+from harness.metrics.rounds import (
+    KEY_METRICS,
+    burst_extra,
+    by_round,
+    cell_metrics,
+    closed_extra,
+    notes,
+    round_metrics,
+)
+from harness.metrics.server import chain, round_extra
+from harness.report.render_html import write_html
+from harness.report.render_md import write_markdown
+from harness.run.cell import CellResult
+from harness.run.environment import environment, machine
+from harness.spec.matrix import MatrixSpec
+from harness.spec.model import ResolvedModel
+
+RULES = [
+    "every server was started fresh by this run on the current checkout",
+    "fixed load per cell; warm-up requests never counted",
+    "prefix-cache temperature set identically before every round (radix: {radix})",
+    "traced rounds are extra rounds: their numbers never enter the statistics, and the next "
+    "round starts only after the trace files are complete and stable",
+    "noise band per cell = {band_k} x CV over its own rounds; changes inside it are noise",
+]
+
+
+def _clean(obj: Any) -> Any:
+    """JSON-safe: NaN / inf -> None."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    return obj
+
+
+# the top-level keys of report.json and of each of its cells: what a gate's ``path`` may start
+# with (harness.gate.gates.check_references); the tests hold them to what build_report writes
+REPORT_SECTIONS = (
+    "schema_version", "run_id", "created", "clock_epoch_unix", "environment", "matrix", "model",
+    "measurement", "cells", "parity", "determinism", "gates", "targets", "summary", "files",
+    "interrupted",
+)  # fmt: skip
+CELL_FIELDS = (
+    "id", "engine", "params", "status", "error", "log_tail", "rounds", "round_metrics",
+    "metrics", "notes", "trace", "excluded_requests", "warmup", "server", "duration_s",
+    "baseline", "mfu", "measured", "resumed",
+)  # fmt: skip
+
+
+def cell_entry(res: CellResult, spec: MatrixSpec) -> dict:
+    """One cell of report.json."""
+    measured = [r for r in res.records if r.phase == "measure"]
+    excluded = Counter(r.excluded for r in measured if r.excluded)
+    warm = [r for r in res.records if r.phase == "warmup"]
+    hf = (res.baseline or {}).get("hf")
+    extra = chain(
+        derived_metrics(res.mfu, hf),
+        round_extra(res.server_rounds),
+        burst_extra(res.burst) if res.burst else None,
+        closed_extra(res.closed) if res.closed else None,
+    )
+    metrics = cell_metrics(res.records, spec.stats, extra) if res.status == "ok" else {}
+    rounds = [
+        {"round": rnd, "requests": len(recs), **round_metrics(recs, extra)}
+        for rnd, recs in by_round(res.records).items()
+    ]
+    return {
+        "id": res.id,
+        "engine": res.params.get("engine"),
+        "params": res.params,
+        "status": res.status,
+        "error": res.error,
+        "log_tail": res.log_tail,
+        "rounds": res.rounds_done,
+        "round_metrics": rounds,
+        "metrics": metrics,
+        "notes": res.notes + (notes(metrics, spec.stats) if res.status == "ok" else []),
+        "trace": res.trace,
+        "excluded_requests": {"count": sum(excluded.values()), "reasons": dict(excluded)},
+        "warmup": {
+            "requests": len(warm),
+            "failed": sum(1 for r in warm if not r.ok),
+            "invalid_sids": sum(r.invalid for r in warm),
+        },
+        "server": res.server,
+        "duration_s": res.duration_s,
+        "baseline": {"hf": _hf_entry(hf, metrics)} if hf else {},
+        "mfu": _mfu_entry(res.mfu, metrics),
+        "measured": res.measured or None,
+        "resumed": res.resumed,
+    }
+
+
+def resumed_note(measured: dict | None, here: dict) -> str:
+    """The note of a cell that --resume took from an earlier run: when, where and at which
+    commit it was measured, and whether that differs from ``here`` (the reporting run's
+    :func:`harness.run.environment.machine`)."""
+    if not measured:
+        return "resumed from an earlier run (which machine and commit is not recorded)"
+    git = (measured.get("git") or "?")[:7]
+    if measured.get("dirty"):
+        tree = measured.get("tree")
+        git += f" (dirty, tree {tree[:7]})" if tree else " (dirty)"
+    where = measured.get("host") or "?"
+    if measured.get("gpu"):
+        where += f", {measured['gpu']}"
+    note = f"resumed: measured {measured.get('at', '?')} on {where}, git {git}"
+    other = []
+    if any(measured.get(k) != here[k] for k in ("host", "gpu")):
+        other.append("machine")
+    if measured.get("git") != here["git"] or measured.get("tree") != here.get("tree"):
+        other.append("commit")
+    if other:
+        note += f" (not this report's {' or '.join(other)})"
+    return note
+
+
+def _median(metrics: dict, name: str) -> float | None:
+    m = metrics.get(name)
+    return m["median"] if m else None
+
+
+def _hf_entry(hf: dict, metrics: dict) -> dict:
+    """The HF baseline of a cell plus the ratios against FlashRec's medians."""
+    out = dict(hf)
+    out.setdefault("hf_skipped", None)
+    out.setdefault("hf_error", None)
+    qps, lat = _median(metrics, "qps"), _median(metrics, "latency_mean_ms")
+    ok = hf.get("status") == "ok"
+    out["speedup"] = qps / hf["hf_qps"] if ok and qps else None
+    out["latency_ratio"] = hf["hf_ms_per_request"] / lat if ok and lat else None
+    return out
+
+
+def _mfu_entry(info: dict | None, metrics: dict) -> dict | None:
+    """A cell's MFU inputs and results (medians over rounds)."""
+    if info is None:
+        return None
+    out = dict(info)
+    if "linear_params" in info:
+        out["flop_per_token"] = 2 * info["linear_params"]
+        out["decode_rows"] = info["beam_width"] * info["decode_forwards"]
+    for name in ("tflop_per_request", "achieved_tflops", "mfu"):
+        out[name] = _median(metrics, name)
+    return out
+
+
+def build_report(
+    spec: MatrixSpec,
+    results: list[CellResult],
+    stages: dict[str, dict],
+    model: ResolvedModel | None,
+    run_id: str,
+    matrix_path: str | None = None,
+) -> dict:
+    """The report.json document (gates are filled in by :mod:`harness.gate.gates`)."""
+    matrix = spec.model_dump(mode="json")
+    env = environment(matrix, matrix_path, model.hash if model else None)
+    cells = [cell_entry(r, spec) for r in results]
+    for c in cells:
+        if c["resumed"]:
+            c["notes"].insert(0, resumed_note(c["measured"], machine()))
+    traced = [c["id"] for c in cells if c["trace"]]
+    rules = [r.format(radix=spec.load.radix, band_k=spec.stats.band_k) for r in RULES]
+    resumed = sum(c["resumed"] for c in cells)
+    if resumed:
+        rules[0] = (
+            f"every server was started fresh by the run that measured its cells; {resumed} of "
+            f"{len(cells)} cells were measured by an earlier run and resumed into this report "
+            "(--resume): the environment above is the run that wrote the report, each resumed "
+            "cell's own (when, machine, commit) is in its notes"
+        )
+    return _clean(
+        {
+            "schema_version": SCHEMA_VERSION,
+            "run_id": run_id,
+            "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "clock_epoch_unix": EPOCH_UNIX,
+            "environment": env,
+            "matrix": matrix,
+            "model": model.__dict__ if model else None,
+            "measurement": {
+                "rounds": max((c["rounds"] for c in cells), default=0),
+                "radix": spec.load.radix,
+                "traced_cells": traced,
+                "rules": rules,
+                "resumed_cells": resumed,
+            },
+            "cells": cells,
+            "parity": stages.get("parity", {"status": "not_configured"}),
+            "determinism": stages.get("determinism", {"status": "not_configured"}),
+            "gates": {"status": "none", "results": []},
+            "targets": {"status": "none", "results": []},
+            "summary": {
+                "cells": len(cells),
+                "ok": sum(c["status"] == "ok" for c in cells),
+                "failed": sum(c["status"] == "failed" for c in cells),
+            },
+        }
+    )
+
+
+def write_records(records: list[Record], out_dir: Path) -> list[str]:
+    """records.csv (and records.parquet with pyarrow); returns the file names written."""
+    rows = [r.row() for r in records]
+    columns: list[str] = []
+    for row in rows:
+        columns += [k for k in row if k not in columns]
+    with open(out_dir / "records.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=columns)
+        w.writeheader()
+        w.writerows(rows)
+    written = ["records.csv"]
+    try:
+        import pandas as pd
+        import pyarrow  # noqa: F401
+    except ImportError:
+        return written
+    pd.DataFrame(rows, columns=columns).to_parquet(out_dir / "records.parquet", index=False)
+    return written + ["records.parquet"]
+
+
+def write_summary(report: dict, out_dir: Path) -> None:
+    """summary.csv: one row per cell, the key metrics' median, interval and CV."""
+    params: list[str] = []
+    for c in report["cells"]:
+        params += [k for k in c["params"] if k not in params]
+    names = list(KEY_METRICS) + ["invalid_rate", "duplicate_rate", "beams_mean"]
+    for c in report["cells"]:
+        names += [m for m in c["metrics"] if m not in names]
+    hf_cols = ["hf_status", "hf_ms_per_request", "hf_qps", "hf_speedup", "hf_latency_ratio"]
+    header = ["id", *params, "status", "rounds"]
+    for m in names:
+        header += [m, f"{m}_ci95_low", f"{m}_ci95_high", f"{m}_cv"]
+    header += hf_cols
+    with open(out_dir / "summary.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(header)
+        for c in report["cells"]:
+            row = [c["id"], *[c["params"].get(p, "") for p in params], c["status"], c["rounds"]]
+            for m in names:
+                s = c["metrics"].get(m) or {}
+                row += [s.get("median"), s.get("ci95_low"), s.get("ci95_high"), s.get("cv")]
+            hf = (c.get("baseline") or {}).get("hf") or {}
+            row += [
+                hf.get("status"),
+                hf.get("hf_ms_per_request"),
+                hf.get("hf_qps"),
+                hf.get("speedup"),
+                hf.get("latency_ratio"),
+            ]
+            w.writerow(["" if v is None else v for v in row])
+
+
+def write_report(report: dict, results: list[CellResult], out_dir: Path) -> list[str]:
+    """Write every report file into ``out_dir``; returns their names."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    records = [r for res in results for r in res.records]
+    files = write_records(records, out_dir)
+    report["files"] = ["report.json", *files, "summary.csv", "REPORT.md", "report.html"]
+    (out_dir / "report.json").write_text(json.dumps(_clean(report), indent=1, default=str))
+    write_summary(report, out_dir)
+    write_markdown(report, out_dir / "REPORT.md")
+    write_html(report, records, out_dir / "report.html")
+    return report["files"]

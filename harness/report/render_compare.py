@@ -1,0 +1,109 @@
+"""compare.md and the REGRESSED lines on stderr: two runs' comparison
+(:func:`harness.gate.compare.compare_reports`) as Markdown."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from harness.report.render import gates_table, num
+from harness.report.render_md import md_table
+
+
+def _p_text(r: dict) -> str:
+    """``p 0.012`` or, after a correction, ``p 0.012, Holm 0.048``."""
+    text = f"p {num(r.get('p_value'), '.3g')}"
+    return text + (f", Holm {num(r['p_adjusted'], '.3g')}" if "p_adjusted" in r else "")
+
+
+def print_regressions(comparison: dict) -> None:
+    """One stderr line per regressed metric of a comparison."""
+    for r in comparison["regressions"]:
+        print(
+            f"REGRESSED {r['cell']} {r['metric']}: {r['base']:.4g} -> {r['new']:.4g} "
+            f"({r['delta_pct']:+.1f}%, band {r['band_pct']:.1f}%, {_p_text(r)})",
+            file=sys.stderr,
+        )
+
+
+def _correction_text(comparison: dict) -> str:
+    c = comparison.get("correction") or {}
+    if c.get("method") == "holm":
+        return (
+            f"; p Holm-adjusted over the {c['tests']} tests of this comparison (any false "
+            f"verdict in the table at most alpha)"
+        )
+    return "; each metric tested at alpha on its own (no multiple-test correction)"
+
+
+def _between_runs_text(info: dict) -> str:
+    """What a two-run comparison knows about the variation between its runs."""
+    parts = ["not interleaved (two separate runs)"]
+    if info.get("same_setup"):
+        parts.append(f"the same code ({info['same_code'][:7]}) and setup: an A/A pair")
+    probe = info.get("host_probe_pct")
+    parts.append("no host probe in both" if probe is None else f"host probe {probe:+.1f}%")
+    band = info.get("between_run_band_pct")
+    if band is None:
+        parts.append("no between-run band recorded (stats.between_run_band_pct)")
+    else:
+        parts.append(f"between-run band {band:g}%")
+    return (
+        "; ".join(parts) + ". A change the rounds support is called only beyond the between-run "
+        "band plus the probe's difference, never in an A/A pair; else it is inconclusive. "
+        "`flashrec-bench gate` interleaves the two sides for a decision"
+    )
+
+
+def write_compare_markdown(comparison: dict, path: Path) -> None:
+    """compare.md: every compared metric with its verdict, regressions first."""
+    b, n = comparison["base"], comparison["new"]
+    lines = [
+        "# flashrec-bench compare",
+        "",
+        f"- base: `{b['path']}` (git {(b.get('git') or {}).get('commit')})",
+        f"- new: `{n['path']}` (git {(n.get('git') or {}).get('commit')})",
+        f"- test: {comparison['test']}, alpha {comparison['alpha']}; a change counts only when "
+        f"significant and beyond the noise band{_correction_text(comparison)}",
+        f"- verdict: **{comparison['verdict']}** ({len(comparison['regressions'])} regressed, "
+        f"{len(comparison['improvements'])} improved, "
+        f"{len(comparison.get('inconclusive', []))} inconclusive)",
+    ]
+    if "between_runs" in comparison:
+        lines.append(f"- between runs: {_between_runs_text(comparison['between_runs'])}")
+    diffs = comparison.get("comparability") or []
+    if diffs:
+        lines.append(
+            "- **not comparable**: the runs differ in "
+            + "; ".join(f"{d['field']} ({d['base']!r} -> {d['new']!r})" for d in diffs)
+            + ". Numbers from different models, workloads or loads do not measure the change."
+        )
+    lines.append("")
+    head = ["cell", "metric", "base", "new", "delta", "band", "p", "p (Holm)", "verdict"]
+    rows = []
+    for c in comparison["cells"]:
+        if c["status"] != "compared":
+            rows.append([c["id"], "-", "-", "-", "-", "-", "-", "-", c["status"]])
+            continue
+        for m, r in c["metrics"].items():
+            rows.append(
+                [
+                    c["id"],
+                    m,
+                    num(r.get("base"), ".4g"),
+                    num(r.get("new"), ".4g"),
+                    num(r.get("delta_pct"), "+.1f") + "%",
+                    num(r.get("band_pct"), ".1f") + "%",
+                    num(r.get("p_value"), ".3g"),
+                    num(r.get("p_adjusted"), ".3g"),
+                    r["verdict"],
+                ]
+            )
+    order = {"regressed": 0, "improved": 1, "inconclusive": 2}
+    rows.sort(key=lambda r: order.get(r[-1], 3))
+    lines += md_table((head, rows))
+    gates = comparison.get("gates")
+    if gates and gates["results"]:
+        lines += [f"## Gates: {gates['status']}", ""]
+        lines += md_table(gates_table({"gates": gates}))
+    path.write_text("\n".join(lines) + "\n")

@@ -1,0 +1,492 @@
+"""Matrix spec: YAML -> validated, frozen :class:`MatrixSpec`.
+
+Errors name the file, the line and the field (``matrices/x.yaml:12: load.rounds: ...``).
+String values may use ``${VAR}`` or ``${VAR:-default}``; an unset variable without a default is
+an error. Cell expansion (axes, link, exclude) lives in :mod:`harness.spec.cells`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any, Literal, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+Scalar = Union[bool, int, float, str, None]
+_NAME = r"^[A-Za-z0-9_.-]+$"
+_ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(:-([^}]*))?\}")
+
+
+class SpecError(ValueError):
+    """A matrix error located in its source: file, line (1-based, 0 = unknown) and field.
+
+    ``more`` holds further ``(line, field, message)`` issues found in the same pass.
+    """
+
+    def __init__(
+        self,
+        file: str,
+        line: int,
+        field: str,
+        message: str,
+        more: list[tuple[int, str, str]] | None = None,
+    ) -> None:
+        self.file, self.line, self.field, self.message = file, line, field, message
+        self.more = more or []
+        text = "\n".join(_fmt(file, ln, f, m) for ln, f, m in [(line, field, message), *self.more])
+        super().__init__(text)
+
+
+def _fmt(file: str, line: int, field: str, message: str) -> str:
+    where = f"{file}:{line}" if line else file
+    return f"{where}: {field or '<matrix>'}: {message}"
+
+
+class _Base(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class EngineSpec(_Base):
+    """One server: launched (``flashrec`` or a custom ``command``) or ``external`` by URL."""
+
+    name: str = Field("flashrec", pattern=_NAME)
+    kind: Literal["flashrec", "command", "external"] = "flashrec"
+    command: list[str] | None = None
+    url: str | None = None
+    protocol: Literal["chat", "generate"] = "chat"
+    args: dict[str, Scalar] = {}
+    env: dict[str, str] = {}
+    device: str | None = None
+    host: str = "127.0.0.1"
+    port: int | None = None
+    cwd: str | None = None
+    standard_args: bool = True
+    model_name: str | None = None
+    tokenizer: str | None = None
+    startup_timeout_s: float = Field(600.0, gt=0)
+    stop_timeout_s: float = Field(20.0, gt=0)
+
+    @model_validator(mode="after")
+    def _check_kind(self) -> EngineSpec:
+        if self.kind == "command" and not self.command:
+            raise ValueError("kind 'command' needs 'command: [program, arg, ...]'")
+        if self.kind == "external" and not self.url:
+            raise ValueError("kind 'external' needs 'url: http://host:port'")
+        if self.kind != "external" and self.url:
+            raise ValueError("'url' is only for kind 'external' (launched servers get a port)")
+        return self
+
+    @property
+    def launched(self) -> bool:
+        """Whether the harness owns this server's lifecycle."""
+        return self.kind != "external"
+
+
+class ModelSpec(_Base):
+    """A checkpoint path, or a synthetic preset built on first use and cached by content hash."""
+
+    path: str | None = None
+    preset: str | None = None
+    seed: int = 0
+    dtype: str | None = None
+    catalog_size: int | None = Field(None, gt=0)
+    cache_dir: str | None = None
+
+    @field_validator("path", "preset")
+    @classmethod
+    def _empty_is_none(cls, v: str | None) -> str | None:
+        return v or None
+
+    @model_validator(mode="after")
+    def _check_source(self) -> ModelSpec:
+        if not self.path and not self.preset:
+            raise ValueError("give 'path' (a checkpoint directory) or 'preset' (synthetic)")
+        return self
+
+
+class CatalogSpec(_Base):
+    """Valid SIDs: a catalog file, or the synthetic model's catalog of ``size`` items."""
+
+    path: str | None = None
+    size: int | None = Field(None, gt=0)
+    levels: int | None = Field(None, gt=0)
+
+    @field_validator("path")
+    @classmethod
+    def _empty_is_none(cls, v: str | None) -> str | None:
+        return v or None
+
+    @model_validator(mode="after")
+    def _check(self) -> CatalogSpec:
+        if self.path and self.size:
+            raise ValueError("give either 'path' or 'size', not both")
+        return self
+
+
+class WorkloadSpec(_Base):
+    """Prompts: synthetic (flashrec.synth), lorem (harness filler text), jsonl or recif parquet."""
+
+    kind: Literal["synthetic", "lorem", "jsonl", "recif"] = "synthetic"
+    path: str | None = None
+    requests: int = Field(32, ge=1)
+    warmup_requests: int = Field(8, ge=0)
+    median_tokens: int = Field(300, ge=1)
+    spread: float = Field(0.5, ge=0)
+    system_prompt_tokens: int = Field(64, ge=0)
+    seed: int = 0
+    shuffle: bool = True
+
+    @model_validator(mode="after")
+    def _check(self) -> WorkloadSpec:
+        if self.kind in ("jsonl", "recif") and not self.path:
+            raise ValueError(f"kind '{self.kind}' needs 'path'")
+        return self
+
+
+class LoadSpec(_Base):
+    """How requests are sent: closed-loop concurrency, bursts of ``concurrency`` requests at
+    once, or open-loop rate; rounds; radix state."""
+
+    mode: Literal["closed", "burst", "poisson", "constant"] = "closed"
+    concurrency: int = Field(1, ge=1)
+    rate: float | None = Field(None, gt=0)
+    duration_s: float | None = Field(None, gt=0)
+    rounds: int = Field(3, ge=1)
+    beam_width: int = Field(50, ge=1)
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float = Field(0.0, ge=0)
+    seed: int | None = None
+    radix: Literal["warm", "cold"] = "warm"
+    request_timeout_s: float = Field(120.0, gt=0)
+    cell_timeout_s: float | None = Field(None, gt=0)
+    cooldown_s: float = Field(0.0, ge=0)
+
+
+class TraceSpec(_Base):
+    """Which cells get an extra traced round, and how long to wait for the files."""
+
+    cells: Literal["none", "first", "all"] | list[str] = "none"
+    num_steps: int = Field(20, ge=1)
+    output_dir: str | None = None
+    requests: int | None = Field(None, ge=1)
+    settle_s: float = Field(5.0, ge=0)
+    timeout_s: float = Field(180.0, gt=0)
+    profile_args: dict[str, Any] = {}
+
+
+class StatsSpec(_Base):
+    """Statistics settings: bootstrap, noise band, significance test."""
+
+    bootstrap: int = Field(2000, ge=100)
+    confidence: float = Field(0.95, gt=0.5, lt=1)
+    min_rounds: int = Field(3, ge=2)
+    max_cv: float = Field(0.10, gt=0)
+    band_k: float = Field(2.0, gt=0)
+    alpha: float = Field(0.05, gt=0, lt=0.5)
+    test: Literal["welch", "mannwhitney"] = "welch"
+    # how the verdicts of one comparison (every cell x metric) are corrected for being many
+    # tests: holm (family-wise error <= alpha) or none (each metric at alpha on its own)
+    correction: Literal["holm", "none"] = "holm"
+    # how far two separate runs of one setup drift apart (%, e.g. measured by A/A runs):
+    # ``compare`` of two runs calls a change only beyond it; unset, it calls none (inconclusive)
+    between_run_band_pct: float | None = Field(None, ge=0)
+    seed: int = 0
+
+
+class QualitySpec(_Base):
+    """Cut-offs for recall / hit / NDCG / MRR when the workload has ground truth."""
+
+    ks: list[int] = Field(default_factory=lambda: [1, 10])
+
+
+class StageSpec(BaseModel):
+    """A later stage's section (``parity:``, ``determinism:``); the stage validates the rest."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+    enabled: bool = True
+
+
+class GateSpec(_Base):
+    """A threshold on a cell metric, a report path, or a regression against a baseline."""
+
+    name: str | None = None
+    metric: str | None = None
+    path: str | None = None
+    op: Literal["<", "<=", "==", "!=", ">=", ">"] | None = None
+    value: float | None = None
+    max_regression_pct: float | None = Field(None, ge=0)
+    # "keep only if it beats the baseline": the metric must improve by at least this much
+    min_improvement_pct: float | None = Field(None, ge=0)
+    beyond_noise: bool = True
+    cells: str | None = None
+    required: bool = False
+
+    @model_validator(mode="after")
+    def _check(self) -> GateSpec:
+        if bool(self.metric) == bool(self.path):
+            raise ValueError("give exactly one of 'metric' (a cell metric) or 'path' (report path)")
+        absolute = self.op is not None and self.value is not None
+        kinds = [
+            absolute,
+            self.max_regression_pct is not None,
+            self.min_improvement_pct is not None,
+        ]
+        if sum(kinds) != 1:
+            raise ValueError(
+                "give exactly one of 'op' + 'value', 'max_regression_pct' or 'min_improvement_pct'"
+            )
+        if self.relative_kind and not self.metric:
+            raise ValueError("'max_regression_pct' / 'min_improvement_pct' apply to a 'metric'")
+        return self
+
+    @property
+    def relative_kind(self) -> str | None:
+        """``regress`` / ``improve`` for a gate against a baseline; None for a threshold."""
+        if self.max_regression_pct is not None:
+            return "regress"
+        return "improve" if self.min_improvement_pct is not None else None
+
+    @property
+    def label(self) -> str:
+        """The gate's display name."""
+        if self.name:
+            return self.name
+        target = self.metric or self.path
+        if self.max_regression_pct is not None:
+            return f"{target} regression <= {self.max_regression_pct}%"
+        if self.min_improvement_pct is not None:
+            return f"{target} improvement >= {self.min_improvement_pct}%"
+        return f"{target} {self.op} {self.value:g}"
+
+
+class HFBaselineSpec(_Base):
+    """HF transformers ``generate(num_beams=n)`` timed after each cell, in its own process."""
+
+    enabled: bool = True
+    requests: Union[int, str] = 2  # or an expression over the cell's parameters
+    warmup: int = Field(1, ge=0)
+    dtype: Literal["bf16", "bfloat16", "float16", "fp16", "float32"] = "bf16"
+    device: str | None = None  # default: the engine's device, else cpu
+    max_kv_gib: float | None = Field(None, gt=0)
+    timeout_s: float = Field(1800.0, gt=0)
+    cells: str | list[str] | None = None  # filters; default every cell
+
+    @field_validator("requests")
+    @classmethod
+    def _positive(cls, v: Union[int, str]) -> Union[int, str]:
+        if isinstance(v, int) and v < 1:
+            raise ValueError("requests must be >= 1 (or an expression)")
+        return v
+
+
+class BaselineSpec(_Base):
+    """Baselines measured in the same run as the cells (``hf``: transformers generate)."""
+
+    hf: HFBaselineSpec | None = None
+
+
+class MfuSpec(_Base):
+    """Model-FLOP utilisation: achieved linear-layer FLOP/s over a ceiling per precision."""
+
+    ceiling_tflops: Union[float, dict[str, float]]
+    by: str = "quantization"  # the cell parameter whose value picks the ceiling
+    decode_forwards: int | None = Field(None, ge=0)  # default min(max_tokens, levels) - 1
+
+    @field_validator("ceiling_tflops")
+    @classmethod
+    def _positive(cls, v: Union[float, dict[str, float]]) -> Union[float, dict[str, float]]:
+        values = v.values() if isinstance(v, dict) else [v]
+        if not values or any(x <= 0 for x in values):
+            raise ValueError("ceilings must be > 0 TFLOP/s")
+        return v
+
+
+class TargetSpec(_Base):
+    """A goal on a cell metric: reported as met or missed by how much; fails nothing unless
+    ``fail_run``."""
+
+    name: str | None = None
+    metric: str
+    op: Literal["<", "<=", ">=", ">"]
+    value: float
+    cells: str | None = None
+    fail_run: bool = False
+
+    @property
+    def label(self) -> str:
+        """The target's display name."""
+        return self.name or f"{self.metric} {self.op} {self.value:g}"
+
+
+class MatrixSpec(_Base):
+    """A whole campaign: servers, model, workload, axes and how to measure and judge them."""
+
+    name: str | None = None
+    description: str | None = None
+    engine: EngineSpec | None = None
+    engines: list[EngineSpec] | None = None
+    model: ModelSpec | None = None
+    catalog: CatalogSpec | None = None
+    workload: WorkloadSpec = WorkloadSpec()
+    axes: dict[str, list[Scalar]] = {}
+    cells: list[dict[str, Scalar]] | None = None
+    axis_scope: dict[str, Literal["server", "client", "both"]] = {}
+    link: dict[str, Scalar] = {}
+    exclude: list[Union[dict[str, Union[Scalar, list[Scalar]]], str]] = []
+    load: LoadSpec = LoadSpec()
+    trace: TraceSpec = TraceSpec()
+    stats: StatsSpec = StatsSpec()
+    quality: QualitySpec = QualitySpec()
+    parity: StageSpec | None = None
+    determinism: StageSpec | None = None
+    gates: list[GateSpec] = []
+    baseline: BaselineSpec | None = None
+    mfu: MfuSpec | None = None
+    targets: list[TargetSpec] = []
+
+    @model_validator(mode="after")
+    def _check(self) -> MatrixSpec:
+        if (self.engine is None) == (self.engines is None):
+            raise ValueError("give exactly one of 'engine' or 'engines'")
+        names = [e.name for e in self.engine_list]
+        if len(set(names)) != len(names):
+            raise ValueError(f"engine names must be unique, got {names}")
+        for axis, values in self.axes.items():
+            if not values:
+                raise ValueError(f"axis '{axis}' has no values")
+        if self.cells is not None:
+            if self.axes:
+                raise ValueError("give 'axes' (a product) or 'cells' (an explicit list), not both")
+            if not self.cells:
+                raise ValueError("'cells' is empty")
+            if any("engine" in c for c in self.cells):
+                raise ValueError("'cells' entries cannot set 'engine' (use 'engines')")
+        needs_model = [e.name for e in self.engine_list if e.kind == "flashrec"]
+        if needs_model and self.model is None:
+            raise ValueError(f"engine(s) {needs_model} launch FlashRec and need 'model'")
+        return self
+
+    @property
+    def engine_list(self) -> list[EngineSpec]:
+        """The engines in declaration order (``engine:`` is a list of one)."""
+        return [self.engine] if self.engine is not None else list(self.engines or [])
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def _locations(node: yaml.Node, path: tuple = (), out: dict | None = None) -> dict:
+    """Map every key path of a composed YAML document to its 1-based line."""
+    out = {} if out is None else out
+    out[path] = node.start_mark.line + 1
+    if isinstance(node, yaml.MappingNode):
+        seen: set = set()
+        for key, value in node.value:
+            k = key.value
+            if k in seen:
+                raise SpecError(
+                    "", key.start_mark.line + 1, ".".join(map(str, path + (k,))), "duplicate key"
+                )
+            seen.add(k)
+            out[path + (k,)] = key.start_mark.line + 1
+            _locations(value, path + (k,), out)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _locations(item, path + (i,), out)
+    return out
+
+
+def _expand_env(value: Any, path: tuple, errors: list) -> Any:
+    if isinstance(value, dict):
+        return {k: _expand_env(v, path + (k,), errors) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_expand_env(v, path + (i,), errors) for i, v in enumerate(value)]
+    if not isinstance(value, str) or "${" not in value:
+        return value
+
+    def sub(m: re.Match) -> str:
+        var, has_default, default = m.group(1), m.group(2), m.group(3)
+        if var in os.environ:
+            return os.environ[var]
+        if has_default is not None:
+            return default or ""
+        errors.append((path, f"environment variable ${{{var}}} is not set"))
+        return ""
+
+    return _ENV.sub(sub, value)
+
+
+def line_of(locations: dict, loc: tuple) -> int:
+    """The line of the longest prefix of ``loc`` present in ``locations`` (0 if none)."""
+    loc = tuple(loc)
+    while loc and loc not in locations:
+        loc = loc[:-1]
+    return locations.get(loc, 0)
+
+
+_TYPE_TAGS = {"int", "float", "str", "bool", "none", "dict", "list"}
+
+
+def _field(loc: tuple, locations: dict) -> str:
+    """A readable field path: the parts of ``loc`` that exist in the YAML, plus a missing key."""
+    cur: tuple = ()
+    for part in loc:
+        if cur + (part,) in locations:
+            cur += (part,)
+    last = loc[-1] if loc else None
+    if (
+        isinstance(last, str)
+        and last not in cur
+        and "[" not in last
+        and "-" not in last
+        and last not in _TYPE_TAGS
+    ):
+        cur += (last,)
+    return ".".join(str(p) for p in cur)
+
+
+def parse_spec(text: str, source: str = "<string>") -> tuple[MatrixSpec, dict]:
+    """Parse and validate matrix text; returns the spec and its key-path -> line map."""
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        raise SpecError(source, (mark.line + 1) if mark else 0, "", str(exc.problem)) from None
+    if node is None or not isinstance(data, dict):
+        raise SpecError(source, 1, "", "a matrix is a YAML mapping (engine:, model:, axes:, ...)")
+    try:
+        locations = _locations(node)
+    except SpecError as exc:
+        raise SpecError(source, exc.line, exc.field, exc.message) from None
+    errors: list = []
+    data = _expand_env(data, (), errors)
+    if errors:
+        path, msg = errors[0]
+        raise SpecError(source, line_of(locations, path), ".".join(map(str, path)), msg)
+    try:
+        spec = MatrixSpec.model_validate(data)
+    except ValidationError as exc:
+        issues = []
+        for err in exc.errors():
+            loc = tuple(err["loc"])
+            issues.append((line_of(locations, loc), _field(loc, locations), err["msg"]))
+        raise SpecError(source, *issues[0], more=issues[1:]) from None
+    return spec, locations
+
+
+def load_spec(path: str | Path) -> tuple[MatrixSpec, dict]:
+    """Read and validate a matrix file (see :func:`parse_spec`)."""
+    p = Path(path)
+    if not p.is_file():
+        raise SpecError(str(p), 0, "", "no such matrix file")
+    return parse_spec(p.read_text(), str(p))
+
+
+def relocate(exc: SpecError, source: str, locations: dict) -> SpecError:
+    """Attach the file and line to an error raised with only a field path."""
+    path = tuple(int(p) if p.isdigit() else p for p in exc.field.split(".") if p)
+    return SpecError(source, line_of(locations, path), exc.field, exc.message)

@@ -1,0 +1,1 @@
+"""Profiler traces: capture around a round, and the summary read from a trace file."""

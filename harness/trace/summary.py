@@ -1,0 +1,100 @@
+"""A summary of a chrome trace (torch profiler JSON): where the time went, in a few numbers.
+
+:func:`summarize_events` puts together the GPU fields (:mod:`harness.trace.gpu`: busy fraction,
+gaps, graph replays, top kernels, FP8 GEMMs, where the GPU waits and where it works) and the
+host fields (:mod:`harness.trace.host`: CPU operator time, steps, host stalls, decode cadence).
+On a CPU-only trace the GPU fields are ``"n/a"`` and the CPU operator time is what the summary
+reports. ``python -m harness.trace.summary TRACE... [--span NAME]`` prints each trace's summary
+(or one span's inside, :func:`harness.trace.host.span_breakdown`) as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from harness.trace.events import NA, gpu_spans, load_events, union
+from harness.trace.gpu import gpu_summary, gpu_time_by_span, idle_by_host, idle_by_python
+from harness.trace.host import (
+    cpu_summary,
+    decode_cadence,
+    host_stalls,
+    profiler_steps,
+    span_breakdown,
+)
+
+
+def summarize_events(events: list[dict], top_k: int = 10, gaps_k: int = 5) -> dict[str, Any]:
+    """Summary of a list of chrome trace events (see the module docstring)."""
+    spans = gpu_spans(events)
+    merged = union(spans)
+    gpu = gpu_summary(events, spans, merged, top_k, gaps_k)
+    idle = idle_by_host(events, merged=merged)
+    by_span = gpu_time_by_span(events)
+    rows = by_span["gpu_time_by_span"]
+    if str(idle.get("limit", "")).startswith("gpu-bound") and isinstance(rows, list) and rows:
+        # a GPU-bound limit names where the GPU works: the span with most GPU time, its kernel
+        top = rows[0]
+        lead = top["top"][0] if top["top"] else None
+        idle["limit"] += f"; most GPU time in {top['span']} ({top['pct']:.0f}%)" + (
+            f", led by {lead['name'][:60]} ({100 * lead['total_us'] / top['gpu_us']:.0f}% of it)"
+            if lead and top["gpu_us"]
+            else ""
+        )
+    return {
+        "events": len(events),
+        **profiler_steps(events),
+        "device": "cpu" if gpu["gpu_busy_fraction"] == NA else "gpu",
+        **gpu,
+        **idle,
+        **idle_by_python(events, merged),
+        **by_span,
+        **host_stalls(events),
+        **decode_cadence(events),
+        **cpu_summary(events, top_k),
+    }
+
+
+def summarize_trace(path: str | Path, top_k: int = 10, gaps_k: int = 5) -> dict[str, Any]:
+    """Summary of one trace file, with its path and size; ``error`` when it cannot be read."""
+    p = Path(path)
+    out: dict[str, Any] = {"path": str(p), "size_bytes": p.stat().st_size if p.exists() else 0}
+    try:
+        out.update(summarize_events(load_events(p), top_k, gaps_k))
+    except (OSError, ValueError, EOFError) as exc:
+        out["error"] = f"{type(exc).__name__}: {exc}"
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m harness.trace.summary TRACE...``: each trace's summary as JSON."""
+    import argparse
+
+    p = argparse.ArgumentParser(
+        prog="python -m harness.trace.summary",
+        description="Summarize chrome traces (.json / .json.gz): GPU busy share, gaps by host "
+        "span, graph replays, top kernels, FP8 GEMMs.",
+    )
+    p.add_argument("traces", nargs="+", help="trace files")
+    p.add_argument("--top", type=int, default=10, help="top kernels / ops to list")
+    p.add_argument(
+        "--span",
+        action="append",
+        metavar="NAME",
+        help="print the inside of this host span instead (e.g. flashrec.prefill): its direct "
+        "children by time, its own time, the GPU work it launched; repeatable",
+    )
+    args = p.parse_args(argv)
+    for path in args.traces:
+        if args.span:
+            events = load_events(path)
+            out: Any = [span_breakdown(events, n, args.top) for n in args.span]
+        else:
+            out = summarize_trace(path, top_k=args.top)
+        print(json.dumps(out, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

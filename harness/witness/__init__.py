@@ -1,0 +1,1 @@
+"""flashrec-bench witness: GuideLLM beside flashrec-bench on one cell."""

@@ -1,0 +1,485 @@
+"""harness.trace.capture: wait until trace files are complete and stable; trace summaries."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from harness.trace.capture import is_complete, wait_until_stable
+from harness.trace.gpu import NO_SPAN
+from harness.trace.host import span_breakdown
+from harness.trace.summary import main, summarize_events, summarize_trace
+
+
+class SlowWriter(threading.Thread):
+    """Writes ``data`` to ``path`` in ``chunks`` pieces over ``seconds``; ``done_at`` is the
+    monotonic time of the last write."""
+
+    def __init__(self, path: Path, data: bytes, seconds: float, chunks: int = 8) -> None:
+        super().__init__()
+        self.path, self.data, self.seconds, self.chunks = path, data, seconds, chunks
+        self.done_at = 0.0
+        self.start()
+
+    def run(self) -> None:
+        step = len(self.data) // self.chunks + 1
+        with open(self.path, "wb") as f:
+            for i in range(self.chunks):
+                time.sleep(self.seconds / self.chunks)
+                f.write(self.data[i * step : (i + 1) * step])
+                f.flush()
+        self.done_at = time.monotonic()
+
+
+def payload(n: int = 20000) -> bytes:
+    events = [
+        {"ph": "X", "cat": "cpu_op", "name": f"op{i % 7}", "ts": i, "dur": 1} for i in range(n)
+    ]
+    return gzip.compress(json.dumps({"traceEvents": events}).encode(), compresslevel=1)
+
+
+def test_is_complete_rejects_partial_gzip(tmp_path):
+    data = payload()
+    p = tmp_path / "a.trace.json.gz"
+    p.write_bytes(data[: len(data) // 2])
+    assert not is_complete(p)
+    p.write_bytes(data)
+    assert is_complete(p)
+    j = tmp_path / "b.json"
+    j.write_text('{"traceEvents": [')
+    assert not is_complete(j)
+    j.write_text('{"traceEvents": []}\n')
+    assert is_complete(j)
+
+
+def test_waits_for_slowly_written_files(tmp_path):
+    data = payload()
+    (tmp_path / "sub").mkdir()
+    writers = [
+        SlowWriter(tmp_path / "r0.trace.json.gz", data, 1.2),
+        SlowWriter(tmp_path / "sub" / "r1.trace.json.gz", data, 1.6),
+    ]
+    res = asyncio.run(wait_until_stable(tmp_path, settle_s=0.4, timeout_s=20, poll_s=0.05))
+    returned = time.monotonic()
+    for w in writers:
+        w.join()
+    assert res.status == "complete"
+    last = max(w.done_at for w in writers)
+    assert returned >= last + 0.4, "returned before the slower file was written and settled"
+    assert len(res.files) == 2
+    assert all(f["size_bytes"] == len(data) for f in res.files)
+    assert all(is_complete(Path(f["path"])) for f in res.files)
+
+
+def test_waits_through_pauses_longer_than_poll(tmp_path):
+    data = payload()
+    w = SlowWriter(tmp_path / "x.trace.json.gz", data, 1.0, chunks=3)  # ~0.33 s pauses
+    res = asyncio.run(wait_until_stable(tmp_path, settle_s=0.2, timeout_s=20, poll_s=0.05))
+    w.join()
+    # a pause may look stable, but the partial gzip is not complete: it must keep waiting
+    assert res.status == "complete" and res.files[0]["size_bytes"] == len(data)
+
+
+def test_timeout_and_missing(tmp_path):
+    (tmp_path / "bad.trace.json.gz").write_bytes(payload()[:100])
+    res = asyncio.run(wait_until_stable(tmp_path, settle_s=0.1, timeout_s=0.5, poll_s=0.05))
+    assert res.status == "timeout"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    res = asyncio.run(wait_until_stable(empty, settle_s=0.1, timeout_s=0.3, poll_s=0.05))
+    assert res.status == "missing"
+
+
+def gpu_events() -> list[dict]:
+    k = lambda name, ts, dur: {"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": dur}  # noqa: E731
+    rt = lambda name, ts: {"ph": "X", "cat": "cuda_runtime", "name": name, "ts": ts, "dur": 1}  # noqa: E731
+    return [
+        k("sm90_fp8_e4m3_gemm", 0, 40),
+        k("flash_attn_fwd", 40, 10),
+        k("fp8_scaled_mm_kernel", 150, 30),
+        k("rmsnorm", 180, 20),
+        k("ampere_bf16_gemm", 500, 10),
+        rt("cudaGraphLaunch", 100),
+        rt("cudaLaunchKernel", 1),
+        rt("cudaLaunchKernel", 2),
+        {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#3", "ts": 0, "dur": 600},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 5, "pid": 1, "tid": 1},
+    ]
+
+
+def test_gpu_summary():
+    s = summarize_events(gpu_events())
+    assert s["device"] == "gpu" and s["steps"] == 1
+    assert s["gpu_busy_fraction"] == pytest.approx(110 / 510, abs=1e-4)
+    gaps = s["largest_gaps_us"]
+    assert gaps[0]["gap_us"] == 300 and gaps[0]["before"] == "rmsnorm"
+    assert gaps[1]["gap_us"] == 100 and gaps[1]["after"] == "fp8_scaled_mm_kernel"
+    # gaps over 300 us: none (the 300 us one is not over); the 100 us one is too short
+    assert s["gaps_over"] == {"threshold_us": 300.0, "count": 0, "total_us": 0, "fraction": 0}
+    late = summarize_events(gpu_events() + [_kernel("late_kernel", 1500, 10)])
+    assert late["gaps_over"]["count"] == 1 and late["gaps_over"]["total_us"] == 990
+    assert late["gaps_over"]["fraction"] == pytest.approx(990 / 1510, abs=1e-4)
+    # no FlashRec decode span in this trace: any graph launch counts (another engine's trace)
+    assert s["decode_graph_replay"] is True and s["cuda_graph_launches"] == 1
+    assert s["decode_graph_launches"] == "n/a"
+    assert s["kernel_launches"] == 2
+    assert s["top_kernels"][0]["name"] == "sm90_fp8_e4m3_gemm"
+    assert s["gemm"]["total_us"] == 80 and s["gemm"]["fp8_us"] == 70
+    assert s["gemm"]["is_fp8"] is True
+
+
+def _span(name: str, ts: float, dur: float) -> dict:
+    return {"ph": "X", "cat": "user_annotation", "name": name, "ts": ts, "dur": dur}
+
+
+def _gspan(name: str, ts: float, dur: float) -> dict:
+    """A device-side annotation (the profiler's GPU copy of a host span)."""
+    return {"ph": "X", "cat": "gpu_user_annotation", "name": name, "ts": ts, "dur": dur}
+
+
+def _kernel(name: str, ts: float, dur: float, regs: int | None = None) -> dict:
+    """A kernel event, with the registers per thread the profiler records when given."""
+    args = {"args": {"registers per thread": regs}} if regs else {}
+    return {"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": dur, **args}
+
+
+def _report_lines(tmp_path: Path, events: list[dict]) -> list[str]:
+    """REPORT.md's trace lines for ``events`` written as a gzipped trace and summarized."""
+    from harness.report.render_stages import trace_lines
+
+    p = tmp_path / f"t{len(list(tmp_path.iterdir()))}.trace.json.gz"
+    for e in events:
+        e.setdefault("pid", 0)
+        e.setdefault("tid", 0)
+    with gzip.open(p, "wt") as fh:
+        json.dump({"traceEvents": events}, fh)
+    report = {
+        "cells": [{"id": "c", "trace": {"status": "complete", "files": [summarize_trace(p)]}}]
+    }
+    return trace_lines(report)
+
+
+def test_decode_graph_replay_counts_only_launches_inside_decode_spans():
+    """The prefill graphs (one-prompt and piecewise) launch graphs too: a trace whose decode
+    ran eagerly must not read as CUDA-graph decode."""
+
+    def rt(ts: float) -> dict:
+        return {"ph": "X", "cat": "cuda_runtime", "name": "cudaGraphLaunch", "ts": ts, "dur": 1}
+
+    kernel = {"ph": "X", "cat": "kernel", "name": "k", "ts": 0, "dur": 10}
+    eager = [
+        kernel,
+        _span("flashrec.prefill", 0, 100),
+        rt(10),
+        rt(20),
+        _span("flashrec.decode", 200, 50),
+    ]
+    s = summarize_events(eager)
+    assert s["cuda_graph_launches"] == 2 and s["decode_graph_launches"] == 0
+    assert s["decode_graph_replay"] is False
+    graphed = eager + [rt(210), _span("flashrec.decode_step", 300, 50), rt(349)]
+    s = summarize_events(graphed)
+    assert s["cuda_graph_launches"] == 4 and s["decode_graph_launches"] == 2
+    assert s["decode_graph_replay"] is True
+
+
+def test_cpu_summary_says_gpu_fields_are_na(tmp_path):
+    p = tmp_path / "cpu.trace.json.gz"
+    p.write_bytes(payload(100))
+    s = summarize_trace(p)
+    assert s["device"] == "cpu"
+    for f in ("gpu_busy_fraction", "largest_gaps_us", "top_kernels", "gemm", "decode_graph_replay"):
+        assert s[f] == "n/a"
+    assert s["cpu_op_time_us"] > 0 and s["top_cpu_ops"][0]["name"].startswith("op")
+    assert s["size_bytes"] == p.stat().st_size
+    bad = tmp_path / "bad.json.gz"
+    bad.write_bytes(b"xx")
+    assert "error" in summarize_trace(bad)
+
+
+def test_trace_prefix_is_accepted_by_flashrec_for_long_cell_ids(tmp_path: Path) -> None:
+    """The H200 matrix's cell ids run to 74 characters; FlashRec takes prefixes of at most 64.
+    Every prefix the harness sends must pass FlashRec's own validation, and two long ids that
+    differ only at the end must not share a prefix (their traces would mix)."""
+    from flashrec.profiler import ProfileError, parse_options
+    from harness.trace.capture import trace_prefix
+
+    base = "flashrec,beam_width=256,concurrency=1,quantization=bf16,prompt_tokens="
+    ids = [base + "1000", base + "5000", "flashrec,beam_width=50", "a b/c"]
+    prefixes = [trace_prefix(i) for i in ids]
+    for p in prefixes:
+        opts = parse_options({"output_dir": str(tmp_path), "profile_prefix": p}, tmp_path)
+        assert opts.profile_prefix == p
+    assert len(set(prefixes)) == len(prefixes)
+    assert prefixes[2] == "flashrec_beam_width_50"  # short ids keep their readable form
+    with pytest.raises(ProfileError, match="1-64"):
+        parse_options({"profile_prefix": "x" * 65}, tmp_path)
+
+
+def test_gpu_idle_is_charged_to_the_outermost_host_span():
+    """Gaps between GPU work (merged intervals) go to the outermost host span running at the
+    gap's midpoint, never to a span nested in it, else to "(no host span)"; the limit line
+    names the span the GPU waited on most, or says GPU-bound from 80% busy on."""
+    from harness.trace.gpu import NO_SPAN, idle_by_host
+
+    k = lambda ts, dur: {"ph": "X", "cat": "kernel", "name": "k", "ts": ts, "dur": dur}  # noqa: E731
+
+    def a(name, ts, dur):
+        return {"ph": "X", "cat": "user_annotation", "name": name, "ts": ts, "dur": dur}
+
+    events = [
+        k(0, 10),
+        k(5, 10),  # overlaps the first: one busy interval 0-15
+        k(115, 5),  # gap 15-115 (100 us), midpoint 65: inside prefill (and its nested layer)
+        k(150, 10),  # gap 120-150 (30 us), midpoint 135: no span
+        k(200, 10),  # gap 160-200 (40 us), midpoint 180: results
+        a("flashrec.prefill", 10, 100),
+        a("flashrec.layer", 50, 30),
+        a("flashrec.results", 170, 20),
+        a("ProfilerStep#1", 0, 300),  # profiler step markers never count
+    ]
+    s = idle_by_host(events)
+    rows = {r["span"]: r["idle_us"] for r in s["gpu_idle_by_host"]}
+    assert rows == {"flashrec.prefill": 100.0, "flashrec.results": 40.0, NO_SPAN: 30.0}
+    assert s["gpu_idle_us"] == 170.0
+    assert s["gpu_idle_by_host"][0]["pct_of_window"] == pytest.approx(100 * 100 / 210, abs=0.01)
+    assert s["limit"].startswith("host-bound") and "flashrec.prefill" in s["limit"]
+    assert "launch-bound" in s["limit"]  # the prefill launches a forward
+    # the same gaps with the host in the scheduler's results span instead of a forward
+    between = [k(0, 15), k(115, 5), a("flashrec.results", 15, 100)]
+    limit = idle_by_host(between)["limit"]
+    assert limit.startswith("host-bound (host work between forwards)"), limit
+    assert idle_by_host([k(0, 10), k(200, 10)])["limit"].startswith("host-bound (between steps)")
+    busy = [k(0, 90), k(95, 5), a("flashrec.decode", 0, 100)]
+    assert idle_by_host(busy)["limit"].startswith("gpu-bound: the GPU is busy 95.0%")
+    assert idle_by_host([a("x", 0, 5)]) == {}  # no GPU work: nothing to say
+
+
+def test_trace_summary_command(tmp_path):
+    import subprocess
+    import sys
+
+    p = tmp_path / "t.trace.json.gz"
+    with gzip.open(p, "wt") as fh:
+        json.dump({"traceEvents": gpu_events()}, fh)
+    out = subprocess.run(
+        [sys.executable, "-m", "harness.trace.summary", str(p), "--top", "2"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    s = json.loads(out.stdout)
+    assert s["device"] == "gpu" and len(s["top_kernels"]) == 2 and s["cuda_graph_launches"] == 1
+
+
+def test_host_stalls_and_decode_cadence():
+    def rt(name, ts, dur):
+        return {
+            "ph": "X",
+            "cat": "cuda_runtime",
+            "name": name,
+            "ts": ts,
+            "dur": dur,
+        }
+
+    events = [
+        {"ph": "X", "cat": "kernel", "name": "k", "ts": 0, "dur": 10},
+        rt("cudaMalloc", 1, 300),
+        rt("cudaStreamSynchronize", 400, 50),
+        rt("cudaStreamSynchronize", 900, 30),
+        rt("cudaLaunchKernel", 2, 1),
+        _span("flashrec.decode", 100, 200),
+        _span("flashrec.decode", 1100, 400),
+        _span("flashrec.decode_step", 2100, 300),
+    ]
+    s = summarize_events(events)
+    assert s["host_stalls"] == {
+        "cudaMalloc": {"count": 1, "total_us": 300.0},
+        "cudaStreamSynchronize": {"count": 2, "total_us": 80.0},
+    }
+    assert s["decode_steps"] == 3 and s["decode_span_us_mean"] == 300.0
+    assert s["decode_interval_us_mean"] == 1000.0
+    assert s["decode_duty"] == 0.3  # 300 us of host decode per 1,000 us between steps
+    cpu = summarize_events([{"ph": "X", "cat": "cpu_op", "name": "op", "ts": 0, "dur": 5}])
+    assert cpu["host_stalls"] == "n/a" and cpu["decode_steps"] == 0
+
+
+def test_gpu_idle_by_python_frame():
+    """With Python stacks in the trace, each GPU gap goes to the innermost frame running on
+    the engine thread (the one with flashrec.* spans) at its midpoint."""
+
+    def k(ts, dur):
+        return {"ph": "X", "cat": "kernel", "name": "k", "ts": ts, "dur": dur, "tid": 9}
+
+    def py(name, ts, dur, tid=1):
+        return {"ph": "X", "cat": "python_function", "name": name, "ts": ts, "dur": dur,
+                "pid": 1, "tid": tid}  # fmt: skip
+
+    events = [
+        {"ph": "X", "cat": "user_annotation", "name": "flashrec.prefill", "ts": 0, "dur": 1000,
+         "pid": 1, "tid": 1},  # fmt: skip
+        py("runner.py(280): prefill", 0, 1000),
+        py("fp8.py(150): fp8_linear", 100, 300),
+        py("jit.py(700): run", 150, 100),
+        py("other_thread.py(1): spin", 0, 2000, tid=2),  # not the engine thread
+        k(0, 150), k(250, 10),  # gap 150-250, midpoint 200: in jit.py run
+        k(460, 40), k(560, 10),  # gap 260-460 (mid 360: fp8_linear), 500-560 (mid 530: prefill)
+        k(1800, 10),  # gap 570-1800, midpoint 1185: no frame on the engine thread
+    ]  # fmt: skip
+    s = summarize_events(events)
+    rows = {r["frame"]: r["idle_us"] for r in s["gpu_idle_by_python"]}
+    assert rows == {
+        "jit.py(700): run": 100.0,
+        "fp8.py(150): fp8_linear": 200.0,
+        "runner.py(280): prefill": 60.0,
+        "(no host span)": 1230.0,
+    }
+    assert summarize_events(events[:1] + events[6:])["gpu_idle_by_python"] == "n/a"
+
+
+def test_report_trace_lines_show_the_new_fields(tmp_path):
+    """REPORT.md's trace section prints the limit, the idle split by host span and by Python
+    frame, the allocator / sync calls and the decode cadence of a summary."""
+    events = gpu_events() + [
+        _span("flashrec.prefill", 40, 120),
+        _span("flashrec.decode", 300, 100),
+        {
+            "ph": "X",
+            "cat": "python_function",
+            "name": "runner.py(1): prefill",
+            "ts": 40,
+            "dur": 120,
+            "pid": 0,
+            "tid": 0,
+        },  # fmt: skip
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaStreamSynchronize", "ts": 450, "dur": 7},
+    ]
+    text = "\n".join(_report_lines(tmp_path, events))
+    assert "**limit: host-bound" in text and "GPU idle while the host is in" in text
+    (frames,) = [line for line in text.splitlines() if "GPU idle by Python frame" in line]
+    assert "runner.py(1): prefill 0.1 ms" in frames
+    assert "allocator calls and syncs: cudaStreamSynchronize x1" in text
+    assert "decode: 1 steps" in text
+
+
+def test_gpu_time_is_charged_to_the_outermost_device_span():
+    """Kernels fall in the outermost device-side annotation they start in (a layer span inside
+    a prefill span counts as the prefill), with per-kernel launches, mean, longest and
+    registers; kernels outside every device span go to (no host span)."""
+    events = [
+        _gspan("flashrec.prefill", 0, 100),
+        _gspan("flashrec.layer", 10, 50),  # nested: charged to the prefill
+        _gspan("flashrec.decode_step", 200, 100),
+        _kernel("gemm", 10, 30, 168),
+        _kernel("gemm", 45, 10, 168),
+        _kernel("norm", 80, 5),
+        _kernel("attn", 200, 40, 255),
+        _kernel("attn", 250, 20, 255),
+        _kernel("gemm", 275, 10, 168),
+        _kernel("copy", 400, 3),
+    ]
+    rows = summarize_events(events)["gpu_time_by_span"]
+    assert [r["span"] for r in rows] == ["flashrec.decode_step", "flashrec.prefill", NO_SPAN]
+    decode, prefill, rest = rows
+    assert decode["gpu_us"] == 70 and decode["ops"] == 3
+    assert decode["pct"] == pytest.approx(100 * 70 / 118, abs=0.01)
+    attn = decode["top"][0]
+    assert (attn["name"], attn["count"], attn["mean_us"], attn["max_us"], attn["registers"]) == (
+        "attn",
+        2,
+        30.0,
+        40.0,
+        255,
+    )
+    assert prefill["gpu_us"] == 45 and [t["name"] for t in prefill["top"]] == ["gemm", "norm"]
+    assert prefill["top"][1]["registers"] is None
+    assert rest["gpu_us"] == 3
+    # no device-side annotations (another engine's trace): not applicable
+    assert summarize_events(events[3:])["gpu_time_by_span"] == "n/a"
+
+
+def test_report_lists_gpu_time_by_span(tmp_path):
+    events = [_gspan("flashrec.decode_step", 0, 50), _kernel("Kernel", 0, 40, 255)]
+    text = "\n".join(_report_lines(tmp_path, events))
+    assert "GPU time by span" in text
+    assert (
+        "flashrec.decode_step 0.0 ms (100.0% of GPU time, 1 ops): Kernel 0.0 ms (1 x 40 us, max 40, 255 regs)"
+        in text
+    )
+
+
+def test_gpu_bound_limit_names_the_span_and_kernel_the_gpu_works_in():
+    events = [
+        _gspan("flashrec.prefill", 0, 300),
+        _gspan("flashrec.decode_step", 300, 100),
+        _kernel("gemm", 0, 200),
+        _kernel("norm", 200, 95),
+        _kernel("attn", 300, 95),
+    ]
+    s = summarize_events(events)
+    assert s["limit"] == (
+        "gpu-bound: the GPU is busy 98.7% of the traced window; most GPU time in "
+        "flashrec.prefill (76%), led by gemm (68% of it)"
+    )
+    # without device-side spans the limit stays as it was
+    assert summarize_events(events[2:])["limit"] == (
+        "gpu-bound: the GPU is busy 98.7% of the traced window"
+    )
+
+
+def test_report_counts_gpu_gaps_over_the_threshold(tmp_path):
+    """REPORT.md's trace lines say how many GPU gaps exceed 0.3 ms and how long they last
+    together (the GPU waiting for the host at step boundaries), and say nothing without one."""
+
+    def lines(events):
+        return [x for x in _report_lines(tmp_path, events) if "GPU gaps over" in x]
+
+    assert lines(gpu_events()) == []  # its longest gap is exactly 300 us: not over
+    (line,) = lines(gpu_events() + [_kernel("late", 1500, 10), _kernel("later", 2510, 10)])
+    assert "GPU gaps over 0.3 ms: 2, 2.0 ms together (79.0% of the window)" in line
+
+
+def test_span_breakdown_direct_children_self_time_and_launched_gpu_work(tmp_path, capsys):
+    """The inside of one host span: its direct children on its thread (nested events counted
+    once, at the outermost level), its own time, and the kernels its runtime calls launched
+    (matched by correlation id); another thread's events in the same window do not count."""
+
+    def ev(cat, name, ts, dur, tid=1, corr=None):
+        e = {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "pid": 0, "tid": tid}
+        if corr is not None:
+            e["args"] = {"correlation": corr}
+        return e
+
+    events = [
+        ev("user_annotation", "flashrec.prefill", 0, 1000),
+        ev("user_annotation", "flashrec.layer", 100, 300),
+        ev("cpu_op", "aten::mm", 150, 100),  # inside the layer: not a direct child
+        ev("cuda_runtime", "cudaLaunchKernel", 160, 10, corr=7),  # nested, still launched
+        ev("user_annotation", "flashrec.layer", 500, 200),
+        ev("cuda_runtime", "cudaGraphLaunch", 800, 100, corr=9),
+        ev("cpu_op", "aten::add", 300, 50, tid=2),  # another thread
+        ev("kernel", "gemm_kernel", 170, 40, corr=7),
+        ev("kernel", "graph_kernel", 900, 60, corr=9),
+        ev("kernel", "graph_kernel", 960, 60, corr=9),
+        ev("kernel", "other_kernel", 1200, 30, corr=11),  # launched elsewhere
+        ev("user_annotation", "flashrec.prefill", 2000, 100),  # a second, empty occurrence
+    ]
+    b = span_breakdown(events, "flashrec.prefill")
+    assert b["count"] == 2 and b["host_us"] == 1100.0 and b["host_us_mean"] == 550.0
+    kids = {c["name"]: (c["total_us"], c["count"]) for c in b["children"]}
+    assert kids == {"flashrec.layer": (500.0, 2), "cudaGraphLaunch": (100.0, 1)}
+    assert b["self_us"] == 1100.0 - 600.0
+    assert b["gpu_us"] == 160.0 and b["gpu_ops"] == 3
+    assert b["gpu_top"][0] == {"name": "graph_kernel", "total_us": 120.0, "count": 2}
+    assert span_breakdown(events, "flashrec.nothing") == {"span": "flashrec.nothing", "count": 0}
+    # the command line: python -m harness.trace.summary TRACE --span NAME
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    assert main([str(path), "--span", "flashrec.prefill", "--span", "flashrec.layer"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [x["span"] for x in out] == ["flashrec.prefill", "flashrec.layer"]
+    assert out[1]["count"] == 2 and out[1]["children"][0]["name"] == "aten::mm"
