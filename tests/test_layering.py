@@ -10,6 +10,10 @@ b`` counts as importing the module ``a.b`` where that is a module, else ``a``; a
 in-function imports too: a circle closed by one (as ``engine.request`` importing
 ``engine.engine.load_tokenizer`` did) is a tangle of responsibilities even when it loads.
 
+The harness gets the same two cycle checks, a third over its packages (each module folded
+into its wing: ``harness.load.client`` -> ``harness.load``), and may import nothing of the
+engine or the server (it talks to servers over HTTP).
+
 The layer rules (the packages below the engine, layers and the KV cache among them, know
 nothing of the engine or the server; kernels nothing of those or the layers; the engine nothing
 of the server) are checked on every import in a file, function-level and ``TYPE_CHECKING``
@@ -226,3 +230,60 @@ def test_engine_imports_nothing_of_the_server():
 def test_kernels_import_nothing_of_the_engine_server_or_layers():
     forbidden = ("flashrec.engine", "flashrec.server", "flashrec.layers")
     assert _upward("flashrec.kernels", forbidden) == {}
+
+
+def _package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """``graph`` with each module folded into its package one level below the root
+    (``harness.load.client`` -> ``harness.load``; top-level modules stay themselves)."""
+
+    def wing(m: str) -> str:
+        return ".".join(m.split(".")[:2])
+
+    out: dict[str, set[str]] = {}
+    for m, targets in graph.items():
+        out.setdefault(wing(m), set()).update(wing(t) for t in targets if wing(t) != wing(m))
+    return out
+
+
+def test_package_graph_folds_modules_and_finds_a_planted_circle():
+    planted = {"h.a.x": {"h.b.y"}, "h.a.z": set(), "h.b.y": {"h.a.z"}, "h.c": {"h.a.x"}}
+    folded = _package_graph(planted)
+    assert folded == {"h.a": {"h.b"}, "h.b": {"h.a"}, "h.c": {"h.a"}}
+    assert _cycles(folded) == [["h.a", "h.b"]]  # no circle between modules, one between wings
+
+
+def test_no_import_cycle_in_harness():
+    assert _cycles(_graph("harness")) == []
+
+
+def test_no_import_cycle_in_harness_counting_in_function_imports():
+    assert _cycles(_graph("harness", load_time_only=False)) == []
+
+
+def test_no_import_cycle_between_harness_packages():
+    assert _cycles(_package_graph(_graph("harness", load_time_only=False))) == []
+
+
+def test_harness_imports_nothing_of_the_engine_or_the_server():
+    assert _upward("harness", ("flashrec.engine", "flashrec.server")) == {}
+
+
+def test_harness_checks_see_planted_violations(tmp_path, monkeypatch):
+    # two planted wings closing a circle only through an in-function import, one of them also
+    # importing the engine inside a function: the load-time graph misses both; the checks above
+    # (in-function imports counted) see the circle between modules and between packages, and
+    # the engine import
+    a = tmp_path / "a.py"
+    a.write_text("import harness.zz_b.m\n")
+    b = tmp_path / "b.py"
+    b.write_text("def f():\n    import harness.zz_a.m\n    import flashrec.engine\n")
+    monkeypatch.setitem(MODULES, "harness.zz_a.m", a)
+    monkeypatch.setitem(MODULES, "harness.zz_b.m", b)
+    planted = ["harness.zz_a.m", "harness.zz_b.m"]
+    assert planted not in _cycles(_graph("harness"))
+    assert planted in _cycles(_graph("harness", load_time_only=False))
+    wings = _cycles(_package_graph(_graph("harness", load_time_only=False)))
+    assert ["harness.zz_a", "harness.zz_b"] in wings
+    assert _upward("harness", ("flashrec.engine", "flashrec.server")) == {
+        "harness.zz_b.m": ["flashrec.engine"]
+    }
