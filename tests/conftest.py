@@ -3,10 +3,30 @@
 from __future__ import annotations
 
 import json
+import os
+import sys
 from pathlib import Path
 
 import pytest
 import torch
+
+PLANTS = Path(__file__).resolve().parent / "plants"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def plants_on_pythonpath():
+    """``tests/plants`` first on ``PYTHONPATH`` (every process the tests start inherits it:
+    its ``sitecustomize`` installs the plants whose variables a test sets, see
+    ``flashrec_plants``) and on ``sys.path`` (tests that plant in process)."""
+    old = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PLANTS), old]))
+    sys.path.insert(0, str(PLANTS))
+    yield
+    sys.path.remove(str(PLANTS))
+    if old is None:
+        os.environ.pop("PYTHONPATH", None)
+    else:
+        os.environ["PYTHONPATH"] = old
 
 
 @pytest.fixture(scope="session")

@@ -50,17 +50,8 @@ def expand(
     if temperature > 0:
         key = total / temperature + gumbel_like(total, generator)
         key = key.masked_fill(torch.isinf(total), float("-inf"))
-    take = min(n, m * f)
-    order = torch.sort(key, dim=1, descending=True, stable=True).indices[:, :take]
-    parents = torch.div(order, f, rounding_mode="floor")
-    pos = order - parents * f
-    flat = parents * f + pos
-    res = StepResult(
-        parents,
-        cand_codes.reshape(b, -1).gather(1, flat),
-        cand_nodes.reshape(b, -1).gather(1, flat),
-        total.gather(1, order),
-    )
+    res = top_n(total, cand_codes, cand_nodes, n, f, key)
+    take = res.parents.shape[1]
     if take < n:
         pad = n - take
         z = torch.zeros(b, pad, dtype=torch.long, device=cum.device)
@@ -71,6 +62,61 @@ def expand(
             torch.cat([res.cum, torch.full((b, pad), float("-inf"), device=cum.device)], 1),
         )
     return res
+
+
+def top_n(
+    total: torch.Tensor,
+    cand_codes: torch.Tensor,
+    cand_nodes: torch.Tensor,
+    n: int,
+    f: int,
+    key: torch.Tensor | None = None,
+) -> StepResult:
+    """The ``n`` best of ``B`` requests' candidates: ``total [B, m * F]`` (cumulative logprobs,
+    parent-major), ``cand_codes`` / ``cand_nodes`` with ``B * m * F`` elements, ranked by
+    ``key`` (default ``total``) in ONE stable descending sort, so ties fall to the lowest
+    (parent, code). Returns ``[B, min(n, m * F)]`` tensors. Graph-safe: no host reads, shapes
+    from the arguments' shapes only. The eager expansion and the static step both select
+    here."""
+    b = total.shape[0]
+    order = torch.sort(total if key is None else key, dim=1, descending=True, stable=True)
+    order = order.indices[:, :n]
+    return StepResult(
+        torch.div(order, f, rounding_mode="floor"),
+        cand_codes.reshape(b, -1).gather(1, order),
+        cand_nodes.reshape(b, -1).gather(1, order),
+        total.gather(1, order),
+    )
+
+
+def candidates(
+    trie, level: int, nodes: torch.Tensor, codebook_size: int, depth: int, fanout: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Allowed next codes of beam rows at trie ``nodes [R]`` of ``level``: ``codes``,
+    ``child_nodes`` and ``valid``, each ``[R, F]`` (invalid slots never win a top-n).
+
+    - ``level >= depth``: the end token, one candidate (code 0, node 0) per row;
+    - ``trie`` None: every code of the level (unconstrained, smoke-only);
+    - ``fanout`` (the static step): nodes are clamped into the level first (rows at another
+      level hold other ids; their candidates are discarded) and the slots padded to
+      ``fanout``, so every level has one shape.
+
+    Branches on Python values only: graph-safe. The eager and static paths both call it."""
+    m = nodes.shape[0]
+    if level >= depth:
+        z = torch.zeros(m, 1, dtype=torch.long, device=nodes.device)
+        return z, z, torch.ones(m, 1, dtype=torch.bool, device=nodes.device)
+    if trie is None:
+        return unconstrained_candidates(m, codebook_size, nodes.device)
+    if fanout is None:
+        return trie.candidates(level, nodes)
+    codes, child, valid = trie.candidates(level, nodes.clamp(0, trie.num_nodes(level) - 1))
+    pad = fanout - codes.shape[1]
+    if pad:
+        codes = torch.nn.functional.pad(codes, (0, pad))
+        child = torch.nn.functional.pad(child, (0, pad))
+        valid = torch.nn.functional.pad(valid, (0, pad), value=False)
+    return codes, child, valid
 
 
 def unconstrained_candidates(

@@ -10,8 +10,9 @@ a tensor value on the host, branches on one, or allocates a shape that depends o
   (levels differ per request under continuous batching; an LM head is ~1% of a 1.7B forward);
 - every level's trie candidates are padded to the widest fan-out over the decode levels
   (padding slots are invalid, so they never win);
-- the top-n is one stable descending sort per request, as in ``flashrec.beam.search.expand``,
-  so ties fall to the lowest (parent, code) exactly as there: the alive beams are the same.
+- candidates and the top-n are those of the eager expansion (``flashrec.beam.search``:
+  ``candidates``, ``top_n``: one stable descending sort per request), so ties fall to the
+  lowest (parent, code) exactly as there: the alive beams are the same.
 
 Dead rows (cum = -inf) may take different (parent, code) pairs than the eager expansion, since
 padding changes the index of -inf candidates; they are never reported.
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from flashrec.beam.search import unconstrained_candidates
+from flashrec.beam.search import candidates, top_n
 
 
 @dataclass
@@ -56,20 +57,6 @@ class StaticStep:
         """False for a one-level catalog (no decode level before the end token)."""
         return bool(self.levels)
 
-    def _candidates(self, level: int, nodes: torch.Tensor):
-        """[R, F] codes / child nodes / valid of ``level``, padded to ``self.fanout``."""
-        r = nodes.shape[0]
-        if self.trie is None:
-            return unconstrained_candidates(r, self.k, nodes.device)
-        top = self.trie.num_nodes(level) - 1  # rows at another level may hold larger ids
-        codes, child, valid = self.trie.candidates(level, nodes.clamp(0, top))
-        pad = self.fanout - codes.shape[1]
-        if pad:
-            codes = torch.nn.functional.pad(codes, (0, pad))
-            child = torch.nn.functional.pad(child, (0, pad))
-            valid = torch.nn.functional.pad(valid, (0, pad), value=False)
-        return codes, child, valid
-
     def run(
         self, h: torch.Tensor, levels: torch.Tensor, cum: torch.Tensor, nodes: torch.Tensor
     ) -> StaticStepOut:
@@ -80,7 +67,7 @@ class StaticStep:
         flat_nodes = nodes.reshape(-1)
         codes = child = valid = lp = None
         for level in self.levels:
-            c, ch, v = self._candidates(level, flat_nodes)
+            c, ch, v = candidates(self.trie, level, flat_nodes, self.k, self.depth, self.fanout)
             score = self.lm_head.level_logprobs(h, level).gather(1, c)
             if codes is None:
                 codes, child, valid, lp = c, ch, v, score
@@ -92,14 +79,9 @@ class StaticStep:
             lp = torch.where(here, score, lp)
         f = codes.shape[1]
         total = (cum.reshape(-1, 1) + lp).masked_fill(~valid, float("-inf")).reshape(b, n * f)
-        order = torch.sort(total, dim=1, descending=True, stable=True).indices[:, :n]
-        parents = torch.div(order, f, rounding_mode="floor")
-        chosen = codes.reshape(b, n * f).gather(1, order)
+        best = top_n(total, codes, child, n, f)
         return StaticStepOut(
-            parents,
-            chosen + self.offsets[levels][:, None],
-            child.reshape(b, n * f).gather(1, order),
-            total.gather(1, order),
+            best.parents, best.codes + self.offsets[levels][:, None], best.nodes, best.cum
         )
 
 

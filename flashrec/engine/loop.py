@@ -4,7 +4,6 @@ front ends through futures. Every scheduler, model and profiler call happens on 
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -43,8 +42,6 @@ class EngineLoop:
         self._thread = threading.Thread(target=self._run, name="flashrec-engine", daemon=True)
         self._snapshot: dict[str, int] = {}
         self._take_snapshot()
-        delay_ms = float(os.environ.get("FLASHREC_TEST_STEP_DELAY_MS", "0") or 0)
-        self.scheduler.step_delay_s = delay_ms / 1000.0  # test-only planted slowdown (gate tests)
 
     # ---- front-end API (any thread) -----------------------------------------------------
     def start(self) -> None:

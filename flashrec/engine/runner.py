@@ -8,20 +8,18 @@ import itertools
 import logging
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from flashrec.beam.step import StaticStep, StaticStepOut, reorder_rows
 from flashrec.config import EngineConfig, ModelConfig
-from flashrec.kernels.beam_attention import choose_splits
-from flashrec.kvcache.pool import KVCache
-from flashrec.layers.attention import (
-    DecodeGroup,
-    DecodeMeta,
-    PackedDecode,
-    PrefillMeta,
-    create_backend,
+from flashrec.engine.meta import (  # noqa: F401 - host_to_device, make_prefill_meta: re-exported
+    BLOCK_M,
+    host_to_device,
+    make_decode_meta,
+    make_prefill_meta,
 )
+from flashrec.kvcache.pool import KVCache
+from flashrec.layers.attention import DecodeMeta, PrefillMeta, create_backend
 from flashrec.layers.logits import RestrictedLMHead
 from flashrec.layers.rotary import build_cos_sin
 from flashrec.models.loader import load_weights, read_checkpoint
@@ -57,6 +55,10 @@ def _kv_dtype(cfg: EngineConfig, act: torch.dtype) -> torch.dtype:
 
 
 class ModelRunner:
+    """Builds, in order: the model (weights loaded), the KV memory, the attention backend and
+    forward context, the LM head and the static decode step, then captures the decode graphs
+    and the two prefill graph kinds (each step below is one method)."""
+
     def __init__(
         self,
         config: EngineConfig,
@@ -70,21 +72,7 @@ class ModelRunner:
         self.device = torch.device(config.resolved_device)
         self.dtype = DTYPES[config.resolved_dtype]
         self.use_fp8 = self._resolve_fp8(model_config)
-        cls = get_model_class(model_config)
-        with torch.device("meta"):
-            model = cls(model_config)
-        model = model.to_empty(device="cpu")
-        tensors = read_checkpoint(config.model_path)
-        load_weights(
-            model,
-            tensors,
-            self.dtype,
-            quantize_fp8=self.use_fp8 and not model_config.is_fp8_checkpoint,
-            dequantize_fp8=model_config.is_fp8_checkpoint and not self.use_fp8,
-            block_size=model_config.fp8_block_size,
-        )
-        del tensors
-        self.model = model.to(self.device).eval()
+        self.model = self._load_model()
         self.depth = depth
         kv_dtype = _kv_dtype(config, self.dtype)
         pool = self._pool_tokens(model_config, kv_dtype)
@@ -99,15 +87,59 @@ class ModelRunner:
             model_config.num_key_value_heads,
             model_config.head_dim,
         )
+        self.ctx = self._forward_context(kv_dtype)
+        self.lm_head = RestrictedLMHead(self.model.lm_head(), layout, config.logprob_scope)
+        self.step = self._decode_step(layout, trie)
+        # decode forwards by how they ran (graph replays, eager): /metrics and the harness
+        # show them, so a decode that left the graphs is never silent
+        self.decode_forwards = {"graph": 0, "eager": 0}
+        self._eager_widths_logged: set[int] = set()
+        self.graphs = self._capture_decode_graphs()
+        self.prefill_graphs = None
+        self.piecewise = None
+        # scratch pool slots for the padding tokens of both prefill graph kinds, held for the
+        # engine's lifetime (the scheduler counts them as reserved)
+        self.pad_slots = None
+        self._capture_prefill_graphs()
+        log.info(
+            "model %s on %s: dtype %s, fp8 %s, KV pool %d tokens (%s), %d beam-row slots",
+            model_config.architecture,
+            self.device,
+            self.dtype,
+            self.use_fp8,
+            pool,
+            kv_dtype,
+            config.resolved_batch_slots,
+        )
+
+    def _load_model(self) -> torch.nn.Module:
+        """The model built on the meta device, loaded on the CPU (fused parameters, FP8
+        quantized or dequantized as ``use_fp8`` says), then moved to the device."""
+        mc = self.model_config
+        with torch.device("meta"):
+            model = get_model_class(mc)(mc)
+        model = model.to_empty(device="cpu")
+        tensors = read_checkpoint(self.config.model_path)
+        load_weights(
+            model,
+            tensors,
+            self.dtype,
+            quantize_fp8=self.use_fp8 and not mc.is_fp8_checkpoint,
+            dequantize_fp8=mc.is_fp8_checkpoint and not self.use_fp8,
+            block_size=mc.fp8_block_size,
+        )
+        del tensors
+        return model.to(self.device).eval()
+
+    def _forward_context(self, kv_dtype: torch.dtype) -> ForwardContext:
+        """The layers' per-model constants: RoPE table, attention backend, fused kernels."""
+        config, mc = self.config, self.model_config
         cos_sin = build_cos_sin(
-            model_config.max_position_embeddings,
-            model_config.head_dim,
-            model_config.rope_theta,
-            device=self.device,
+            mc.max_position_embeddings, mc.head_dim, mc.rope_theta, device=self.device
         )
         on_gpu = self.device.type == "cuda"
         half = on_gpu and self.dtype in (torch.bfloat16, torch.float16)
-        self.ctx = ForwardContext(
+        ctx = ForwardContext(
             self.attn,
             cos_sin,
             fused_rms_fp8=on_gpu and self.use_fp8 and config.enable_fused_rms_fp8,
@@ -117,44 +149,50 @@ class ModelRunner:
             last_rows=config.enable_prefill_last_rows,
         )
         if on_gpu and config.enable_fused_qk_rope_kv:
-            self.ctx.fused_qk_rope_kv = self._fused_qk_rope_kv
+            ctx.fused_qk_rope_kv = self._fused_qk_rope_kv
         # an FP8 KV cache: prefill attends to the stored values; the fused kernel hands them
         # back in the QKV row, so no backend gathers them from the pool (cold == warm hit)
         self._prefill_reads_qkv = kv_dtype == torch.float8_e4m3fn
-        self.lm_head = RestrictedLMHead(self.model.lm_head(), layout, config.logprob_scope)
+        return ctx
+
+    def _decode_step(self, layout: SidLayout, trie) -> StaticStep | None:
+        """Sets how many decode positions a beam reorder carries; returns the static decode
+        step (``--enable-step-graph``), None when off or unusable (a one-level catalog)."""
+        depth = self.depth
         # decode forwards per request: one per SID level after the first, plus the end token's
         # unless its logprob is free; a beam reorder carries what the next forward reads
         forwards = max(depth - 1, 0) + (0 if self.lm_head.end_step_is_free else 1)
         self.kv.reorder_positions = max(forwards - 1, 0)
-        self.step = None  # the static decode step (--enable-step-graph)
-        if config.resolved_enable_step_graph:
-            step = StaticStep(self.lm_head, trie, layout, depth, self.device)
-            self.step = step if step.usable else None
-        self.graphs = None
-        # decode forwards by how they ran (graph replays, eager): /metrics and the harness
-        # show them, so a decode that left the graphs is never silent
-        self.decode_forwards = {"graph": 0, "eager": 0}
-        self._eager_widths_logged: set[int] = set()
-        if config.graphs_on:
-            from flashrec.engine.graph import DecodeGraphRunner
+        if not self.config.resolved_enable_step_graph:
+            return None
+        step = StaticStep(self.lm_head, trie, layout, depth, self.device)
+        return step if step.usable else None
 
-            self.graphs = DecodeGraphRunner(self, BLOCK_M)
-            self.graphs.capture()
-            top = self.graphs.sizes[-1]
-            if self.kv.row_slots > top:
-                log.info(
-                    "decode batches wider than %d rows (--cuda-graph-max-bs) run as several "
-                    "graph replays of whole requests (--batch-slots %d); a request with n > %d "
-                    "decodes eagerly",
-                    top, self.kv.row_slots, top,
-                )  # fmt: skip
-        self.prefill_graphs = None
-        self.piecewise = None
+    def _capture_decode_graphs(self):
+        """The decode CUDA graphs (``DecodeGraphRunner``), captured; None without graphs."""
+        if not self.config.graphs_on:
+            return None
+        from flashrec.engine.graph import DecodeGraphRunner
+
+        graphs = DecodeGraphRunner(self, BLOCK_M)
+        graphs.capture()
+        top = graphs.sizes[-1]
+        if self.kv.row_slots > top:
+            log.info(
+                "decode batches wider than %d rows (--cuda-graph-max-bs) run as several "
+                "graph replays of whole requests (--batch-slots %d); a request with n > %d "
+                "decodes eagerly",
+                top, self.kv.row_slots, top,
+            )  # fmt: skip
+        return graphs
+
+    def _capture_prefill_graphs(self) -> None:
+        """The one-prompt prefill graphs and the piecewise prefill graphs, sharing one memory
+        pool with the decode graphs and one set of padding slots (``pad_slots``)."""
+        config = self.config
+        on_gpu = self.device.type == "cuda"
         max_tokens = config.resolved_prefill_graph_max_tokens
         pw_tokens = config.resolved_piecewise_prefill_max_tokens
-        # scratch pool slots for the padding tokens of both prefill graph kinds, held for the
-        # engine's lifetime (the scheduler counts them as reserved)
-        self.pad_slots = None
         graphs_ok = not (on_gpu and config.disable_cuda_graph)
         max_tokens = max_tokens if graphs_ok else 0
         pw_tokens = self._fit_piecewise(pw_tokens if graphs_ok else 0, max_tokens)
@@ -175,16 +213,6 @@ class ModelRunner:
             self.piecewise = PiecewisePrefill(self, pw_tokens, self.pad_slots, graph_pool)
             if on_gpu:
                 self.piecewise.capture()
-        log.info(
-            "model %s on %s: dtype %s, fp8 %s, KV pool %d tokens (%s), %d beam-row slots",
-            model_config.architecture,
-            self.device,
-            self.dtype,
-            self.use_fp8,
-            pool,
-            kv_dtype,
-            config.resolved_batch_slots,
-        )
 
     def _fit_piecewise(self, top: int, whole: int) -> int:
         """The piecewise prefill's largest bucket, within what the KV pool can spare for its
@@ -399,93 +427,3 @@ class ModelRunner:
                 lp = self.lm_head.level_logprobs(h[a:b], level)
             out.extend(lp[g.start - a : g.end - a] for g in same)
         return out
-
-
-ALIGN_BYTES = 16  # Triton specializes pointer arguments on 16-byte alignment
-
-
-def host_to_device(arrays: list, device, dtype=np.int64) -> list[torch.Tensor]:
-    """Many small integer host arrays -> device views through ONE copy (pinned on CUDA, so
-    the copy is asynchronous: no per-array launches, no sync).
-
-    Every view starts at a 16-byte boundary of the buffer. Triton compiles one variant of a
-    kernel per pattern of pointer alignments: a view at an offset set by the batch (``T``
-    positions before the KV slots, an odd ``T`` leaving them 8-byte aligned) would switch a
-    kernel such as the fused q/k norm + RoPE + KV write between two variants, and the first
-    batch of the unseen parity would stop the engine for a compile (~0.5 s) mid-run."""
-    step = max(1, ALIGN_BYTES // np.dtype(dtype).itemsize)
-    sizes = [len(a) for a in arrays]
-    starts, total = [], 0
-    for n in sizes:
-        starts.append(total)
-        total += -(-n // step) * step
-    host_np = np.zeros(total, dtype=dtype)
-    for a, start, n in zip(arrays, starts, sizes):
-        host_np[start : start + n] = a
-    host = torch.from_numpy(host_np)
-    dev = torch.device(device)
-    if dev.type == "cuda":
-        buf = host.pin_memory().to(dev, non_blocking=True)
-    else:
-        buf = host
-    return [buf[start : start + n] for start, n in zip(starts, sizes)]
-
-
-def make_prefill_meta(seqs, device, ids=None) -> PrefillMeta:
-    """seqs: list of (prefix_len, new_slots, all_slots) with slot lists or arrays; ``ids``:
-    the new tokens, concatenated (optional). One pinned asynchronous copy carries it all:
-    no pageable copy, so the host never waits here for the device to drain."""
-    new_lens = [len(new) for _, new, _ in seqs]
-    prefix_lens = [pre for pre, _, _ in seqs]
-    positions = np.concatenate([np.arange(p, p + n) for p, n in zip(prefix_lens, new_lens)])
-    out_loc = np.concatenate([np.asarray(new, dtype=np.int64) for _, new, _ in seqs])
-    last = np.cumsum(new_lens) - 1
-    head = [positions, out_loc, last, np.asarray(ids if ids is not None else [], dtype=np.int64)]
-    parts = host_to_device(head + [np.asarray(a) for _, _, a in seqs], device)
-    meta = PrefillMeta(parts[0], parts[1], parts[4:], new_lens, prefix_lens, parts[2])
-    if ids is not None:
-        meta.input_ids = parts[3]
-    return meta
-
-
-BLOCK_M = 64  # query rows per program of the beam-decode kernel
-
-
-def make_decode_meta(
-    groups_in,
-    depth: int,
-    device,
-    packed: bool = False,
-    group_size: int = 1,
-    num_kv_heads: int = 1,
-    sms: int = 1,
-    split_rows: int | None = None,
-    max_splits: int = 8,
-) -> DecodeMeta:
-    """groups_in: per request (rows_np, slots_np, slots_t, step, position); one host->device
-    copy carries positions, rows, out_loc and (``packed``) the fused kernel's metadata,
-    including the prompt split count (``choose_splits`` over ``split_rows`` rows, default the
-    batch's rows: a graph replay passes its padded size)."""
-    ns = [len(g[0]) for g in groups_in]
-    rows = np.concatenate([g[0] for g in groups_in])
-    steps = np.repeat([g[3] for g in groups_in], ns)
-    positions = np.repeat([g[4] for g in groups_in], ns)
-    arrays = [positions, rows, rows * depth + steps]
-    starts = np.concatenate([[0], np.cumsum(ns)[:-1]]).astype(np.int64)
-    dev = host_to_device(arrays, device)
-    groups = [DecodeGroup(int(a), int(a) + n, g[2], g[3]) for a, n, g in zip(starts, ns, groups_in)]
-    meta = DecodeMeta(dev[0], dev[1], dev[2], groups)
-    if packed:  # int32, as the kernel and the graph's static buffers take it
-        lens = [len(g[1]) for g in groups_in]
-        slot_start = np.concatenate([[0], np.cumsum(lens)[:-1]])
-        blocks = [(group_size * n + BLOCK_M - 1) // BLOCK_M for n in ns]
-        rows_total = split_rows if split_rows is not None else int(sum(ns))
-        splits = choose_splits(sum(blocks), num_kv_heads, rows_total, min(lens), sms, max_splits)
-        work = [(i, b, sp) for i, k in enumerate(blocks) for b in range(k) for sp in range(splits)]
-        pk = host_to_device(
-            [np.concatenate([g[1] for g in groups_in]), starts, ns, slot_start, lens,
-             [g[3] for g in groups_in], np.asarray(work).reshape(-1), [splits, len(work)]],
-            device, np.int32,
-        )  # fmt: skip
-        meta.packed = PackedDecode(*pk[:6], pk[6].view(-1, 3), pk[7], splits)
-    return meta

@@ -10,10 +10,13 @@ import json
 
 import pytest
 
-from flashrec.engine.scheduler import PLANT_ID_CACHE_ENV
 from harness.determinism import HOST_STATE, main, run_determinism
 
 pytestmark = pytest.mark.slow
+
+# the planted id()-keyed cache (tests/plants/flashrec_plants.py), installed in the servers by
+# the sitecustomize that tests/conftest.py puts on their PYTHONPATH
+PLANT_ID_CACHE_ENV = "FLASHREC_TEST_PLANT_ID_CACHE"
 
 
 def test_cli_sequential_is_bit_identical(tiny_model, tmp_path):

@@ -1,13 +1,16 @@
 """The scheduler's STEP_HASH lines (FLASHREC_DEBUG_STEP_HASH) and the planted id()-keyed cache
-(FLASHREC_TEST_PLANT_ID_CACHE), in process on the tiny model."""
+(FLASHREC_TEST_PLANT_ID_CACHE, tests/plants/flashrec_plants.py), in process on the tiny model;
+the plants installed by their sitecustomize in a fresh process."""
 
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
+import sys
 
 import pytest
 
-import flashrec.engine.scheduler as scheduler_module
 from flashrec.config import EngineConfig
 from flashrec.engine.engine import Engine
 from flashrec.synth import synth_prompts
@@ -90,15 +93,18 @@ def test_inputs_hash_ignores_allocation_but_not_content(tiny_model, step_log):
 
 
 def test_planted_id_cache_is_localised_to_decode_inputs(tiny_model, step_log, monkeypatch):
-    """Force the address reuse the planted bug waits for: every state gets the same id, so
+    """Force the address reuse the planted bug waits for: every state gets the same key, so
     the second request decodes against the first one's prompt slots."""
-    monkeypatch.setenv(scheduler_module.PLANT_ID_CACHE_ENV, "1")
-    monkeypatch.setattr(scheduler_module, "id", lambda obj: 0, raising=False)
-    e = engine(tiny_model)
-    assert e.scheduler._planted == {}
-    run(e, [(1, 4)], "p")
-    bad = run(e, [(2, 4)], "p")[0]
-    monkeypatch.delenv(scheduler_module.PLANT_ID_CACHE_ENV)
+    import flashrec_plants
+
+    from flashrec.engine.scheduler.prefill import PrefillManager
+
+    with monkeypatch.context() as m:
+        run_ = flashrec_plants.id_cached_run(PrefillManager.run, key=lambda st: 0)
+        m.setattr(PrefillManager, "run", run_)
+        e = engine(tiny_model)
+        run(e, [(1, 4)], "p")
+        bad = run(e, [(2, 4)], "p")[0]
     good = run(engine(tiny_model), [(2, 4)], "q")[0]
     assert beams(bad) != beams(good)
     h = parse_step_hashes("\n".join(step_log.text))
@@ -108,5 +114,40 @@ def test_planted_id_cache_is_localised_to_decode_inputs(tiny_model, step_log, mo
     assert (prefill_q.inputs, prefill_q.outputs) == (prefill_p.inputs, prefill_p.outputs)
 
 
-def test_plant_is_off_by_default(tiny_model):
-    assert engine(tiny_model).scheduler._planted is None
+PROBE = """
+import sys
+import flashrec.engine.loop as loop
+import flashrec.engine.scheduler as sched
+from flashrec.engine.scheduler.prefill import PrefillManager
+print(
+    "flashrec_plants" in sys.modules,
+    getattr(PrefillManager.run, "planted", False),
+    getattr(loop.EngineLoop.__init__, "planted", False),
+    getattr(sched.Scheduler.step, "planted", False),
+)
+"""
+
+
+@pytest.mark.parametrize(
+    "env, want",
+    [
+        ({}, "False False False False"),
+        ({"FLASHREC_TEST_PLANT_ID_CACHE": "1"}, "True True False False"),
+        ({"FLASHREC_TEST_STEP_DELAY_MS": "0"}, "True False False False"),
+        ({"FLASHREC_TEST_STEP_DELAY_MS": "25"}, "True False True False"),
+        ({"FLASHREC_CALIB_SPIN_US": "10"}, "True False False True"),
+    ],
+)
+def test_plants_install_from_the_environment_only(env, want):
+    """A process started by the tests (PYTHONPATH from tests/conftest.py) gets exactly the
+    plants its environment asks for, patched in as the engine modules load."""
+    clean = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("FLASHREC_TEST_", "FLASHREC_CALIB"))
+    }
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE], env={**clean, **env}, capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[-2] == want

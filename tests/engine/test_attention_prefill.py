@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from flashrec.config import ModelConfig
-from flashrec.engine.runner import make_prefill_meta
+from flashrec.engine.meta import make_prefill_meta
 from flashrec.kvcache.pool import KVCache
 from flashrec.layers.attention import TorchAttention, prefill_reference
 

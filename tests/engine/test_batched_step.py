@@ -94,9 +94,9 @@ def test_mixed_batches_equal_each_request_alone(staggered, tiny_model):
     ],
 )
 def test_row_chunks_cut_whole_requests_up_to_the_limit(widths, limit, runs):
-    from flashrec.engine.scheduler import _row_chunks
+    from flashrec.engine.scheduler import row_chunks
 
-    assert _row_chunks(widths, limit) == runs
+    assert row_chunks(widths, limit) == runs
     for a, b in runs:  # every run fits, unless it is one request wider than the limit
         assert limit is None or sum(widths[a:b]) <= limit or b - a == 1
 

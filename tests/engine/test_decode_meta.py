@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flashrec.engine.runner import BLOCK_M, make_decode_meta, make_prefill_meta
+from flashrec.engine.meta import BLOCK_M, make_decode_meta, make_prefill_meta
 
 
 def test_decode_meta_layout_and_packed_kernel_metadata():
@@ -135,7 +135,7 @@ def test_host_to_device_views_start_on_16_byte_boundaries(dtype):
     """Triton specializes kernels on pointer alignment: a view whose alignment depended on the
     batch (an odd token count before it) switched the fused q/k norm + RoPE + KV-write kernel
     between two compiled variants, and the first batch of the unseen kind compiled mid-run."""
-    from flashrec.engine.runner import host_to_device
+    from flashrec.engine.meta import host_to_device
 
     arrays = [np.arange(n, dtype=dtype) + 10 * n for n in (3, 0, 1, 5, 2, 7)]
     views = host_to_device(arrays, "cpu", dtype)

@@ -101,11 +101,11 @@ def test_held_results_survive_a_failed_step(tiny_model):
             sched.add(b)  # b waits while a finishes: a's result is held back
         assert sched.step() == []
     assert sched.has_work()
-    orig = sched._admit
-    sched._admit = lambda: (_ for _ in ()).throw(RuntimeError("planted"))
+    orig = sched.admission.admit
+    sched.admission.admit = lambda: (_ for _ in ()).throw(RuntimeError("planted"))
     with pytest.raises(RuntimeError, match="planted"):
         sched.step()
-    sched._admit = orig
+    sched.admission.admit = orig
     flushed = sched.flush_pending()
     assert [r.rid for r, _ in flushed] == ["a"] and flushed[0][1].beams
     assert sched.flush_pending() == []

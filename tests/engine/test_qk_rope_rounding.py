@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from prefill_helpers import make_engine, make_prompts
 
-from flashrec.engine.runner import make_prefill_meta
+from flashrec.engine.meta import make_prefill_meta
 
 
 def test_qk_rope_rounding_is_checked_and_reaches_the_fused_kernel(tiny_model, monkeypatch):
