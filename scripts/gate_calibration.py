@@ -7,13 +7,16 @@ Every repetition is one full ``flashrec-bench gate MATRIX --baseline-ref HEAD`` 
 baseline is HEAD in a worktree, the candidate this checkout (the same engine code when only
 harness or docs files differ). A/A runs must pass. Two planted slowdowns, candidate only:
 
-* ``--delays`` (ms): ``FLASHREC_TEST_STEP_DELAY_MS``, the engine's test-only sleep after every
-  step. A sleep also costs a wake-up, and a sleeping engine thread lets other threads run, so
+* ``--delays`` (ms): ``FLASHREC_TEST_STEP_DELAY_MS``, a sleep after every step of the engine
+  loop. A sleep also costs a wake-up, and a sleeping engine thread lets other threads run, so
   its real cost varies with the machine's load: the measured slowdown is what counts.
-* ``--spins`` (us): a busy-wait after every step (``Scheduler.step`` wrapped by a
-  ``sitecustomize`` this script puts on the servers' PYTHONPATH; active only where
-  ``FLASHREC_CALIB_SPIN_US`` is set, i.e. in the candidate). CPU work like a real regression,
-  so its cost is proportional: the sweep that finds the smallest slowdown caught.
+* ``--spins`` (us): ``FLASHREC_CALIB_SPIN_US``, a busy-wait after every ``Scheduler.step``.
+  CPU work like a real regression, so its cost is proportional: the sweep that finds the
+  smallest slowdown caught.
+
+Both are test plants (``tests/plants/flashrec_plants.py``), not product code: this script puts
+``tests/plants`` first on the servers' PYTHONPATH, and its ``sitecustomize`` installs a plant
+where its variable is set, i.e. in the candidate only.
 
 Runs are interleaved round-robin so that every kind sees the same machine over time. Writes
 ``DIR/calibration.json`` and prints a summary. Each run is a whole gate run (minutes with the CI
@@ -29,28 +32,10 @@ import os
 import platform
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-SITECUSTOMIZE = """
-import os
-_us = float(os.environ.get("FLASHREC_CALIB_SPIN_US", "0") or 0)
-if _us:
-    import time
-    from flashrec.engine import scheduler as _s
-
-    _step = _s.Scheduler.step
-
-    def step(self):
-        out = _step(self)
-        end = time.perf_counter() + _us / 1e6
-        while time.perf_counter() < end:
-            pass
-        return out
-
-    _s.Scheduler.step = step
-"""
+PLANTS = Path(__file__).resolve().parents[1] / "tests" / "plants"
 KNOBS = {"sleep_ms": "FLASHREC_TEST_STEP_DELAY_MS", "spin_us": "FLASHREC_CALIB_SPIN_US"}
 
 
@@ -113,10 +98,8 @@ def main() -> int:
     p.add_argument("--gate-arg", action="append", default=[], help="extra gate flag (repeat)")
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    hook = Path(tempfile.mkdtemp(prefix="gate-calibration-"))
-    (hook / "sitecustomize.py").write_text(SITECUSTOMIZE)
     os.environ["PYTHONPATH"] = os.pathsep.join(
-        filter(None, [str(hook), os.environ.get("PYTHONPATH")])
+        filter(None, [str(PLANTS), os.environ.get("PYTHONPATH")])
     )
     git = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True)
     dirty = subprocess.run(["git", "status", "--porcelain"], capture_output=True, text=True)

@@ -48,12 +48,18 @@ ENV_VARS = {
         "flashrec-bench 合成模型的缓存根目录（默认 ~/.cache/flashrec）",
     ),
     "FLASHREC_TEST_STEP_DELAY_MS": (
-        "TEST ONLY: sleep this long after every engine step (planted slowdown for the gate tests)",
-        "仅测试用：每个引擎 step 后休眠该毫秒数（性能门禁测试的人为减速）",
+        "TEST ONLY, not read by flashrec: where `tests/plants` is on PYTHONPATH (the tests, "
+        "scripts/gate_calibration.py), every step of the engine loop sleeps this long after it "
+        "(a planted slowdown for the gate tests)",
+        "仅测试用，flashrec 本身不读取：`tests/plants` 在 PYTHONPATH 上时（测试、"
+        "scripts/gate_calibration.py），引擎循环每个 step 后休眠该毫秒数（性能门禁测试的人为减速）",
     ),
     "FLASHREC_TEST_PLANT_ID_CACHE": (
-        "TEST ONLY: plant a host cache keyed by id(state) (the historical nondeterminism) for the determinism tests",
-        "仅测试用：植入以 id(state) 为键的 host 缓存（历史上的不确定性根因），供复现性测试使用",
+        "TEST ONLY, not read by flashrec: where `tests/plants` is on PYTHONPATH, plant a host "
+        "cache of prompt slots keyed by id(state) (the historical nondeterminism) for the "
+        "determinism tests",
+        "仅测试用，flashrec 本身不读取：`tests/plants` 在 PYTHONPATH 上时，植入以 id(state) 为键的"
+        " prompt slot host 缓存（历史上的不确定性根因），供复现性测试使用",
     ),
 }
 
