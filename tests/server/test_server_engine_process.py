@@ -21,22 +21,7 @@ import pytest
 import requests
 from server_helpers import ServerThread, process_server, real_config
 
-from flashrec.engine.request import (
-    BeamColumns,
-    BeamResult,
-    EngineError,
-    GenResult,
-    QueueFullError,
-)
-from flashrec.profiler import ProfileError
-from flashrec.server.engine_process import (
-    EngineProcessError,
-    _error_kind,
-    _make_error,
-    result_from_wire,
-    result_to_wire,
-    start_engine_process,
-)
+from flashrec.server.engine_process import EngineProcessError, start_engine_process
 
 SCORE_TOL = 1e-5
 
@@ -238,29 +223,6 @@ def test_a_failed_start_raises_with_the_cause(tmp_path: Path) -> None:
     with pytest.raises(EngineProcessError, match="config.json"):
         start_engine_process(config)
     assert time.monotonic() - t0 < 120
-
-
-def test_wire_round_trip_and_errors() -> None:
-    beams = [BeamResult([3, 4, 5], -1.5, -0.5, "stop", "t") for _ in range(3)]
-    res = GenResult("r", beams, 10, 2, queue_s=0.1, engine_s=0.2, done_at=5.0)
-    back = result_from_wire(result_to_wire(res), lambda ids: "-".join(map(str, ids)))
-    assert back.beams == res.beams and back.beams[0].text == "3-4-5"
-    assert (back.rid, back.prompt_tokens, back.cached_tokens, back.done_at) == ("r", 10, 2, 5.0)
-    cols = BeamColumns([[3, 4], [7]], [-1.0, -2.0], [-0.5, -2.0], ["stop", "length"], "x")
-    wire = result_to_wire(GenResult("c", cols, 4))
-    assert wire[1] == (cols.token_ids, cols.cum_logprobs, cols.sequence_scores, ["stop", "length"])
-    back = result_from_wire(wire, lambda ids: str(ids))
-    assert isinstance(back.beams, BeamColumns) and back.beams == cols
-    assert back.beams.texts() == ["[3, 4]", "[7]"]
-    for exc in (
-        CancelledError("x"),
-        QueueFullError("x"),
-        ValueError("x"),
-        EngineError("x"),
-        ProfileError("x"),
-    ):
-        assert type(_make_error(_error_kind(exc), "x")) is type(exc)
-    assert type(_make_error(_error_kind(KeyError("x")), "x")) is RuntimeError
 
 
 def test_engine_process_knob() -> None:

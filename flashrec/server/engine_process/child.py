@@ -1,0 +1,214 @@
+"""The engine process: builds the engine, then serves the pipe until told to stop.
+
+Three kinds of thread answer the server process: the reader (the main thread) takes
+messages and submits requests, a sender pickles and writes every outgoing message (so the
+engine thread never does), and each blocking ``Call`` (warm-up, stats, profiling) runs on a
+thread of its own.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import functools
+import logging
+import multiprocessing as mp
+import os
+import queue
+import signal
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any, NamedTuple
+
+from flashrec.server.engine_process.messages import (
+    Call,
+    CallError,
+    Cancel,
+    Failed,
+    Ready,
+    Reply,
+    RequestError,
+    Stop,
+    Submit,
+    decode,
+    encode,
+    result_to_wire,
+)
+
+_log = logging.getLogger("flashrec.server")
+
+STOP_TIMEOUT_S = 60.0  # the sender's last writes; the server process's wait for an exit
+
+
+def child_main(conn: Any, config: Any, log_level: int) -> None:
+    """Entry point of the engine process (``multiprocessing`` spawn target): sends ``Ready``
+    once the engine is built (or ``Failed`` and returns), then serves."""
+    logging.basicConfig(
+        level=log_level,
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s[engine]: %(message)s",
+    )
+    from flashrec.engine.engine import Engine
+    from flashrec.engine.loop import EngineLoop
+    from flashrec.profiler import ProfileController
+    from flashrec.server.gcwatch import GcWatch
+
+    # the server process decides when the engine stops (it drains first); a Ctrl-C or a
+    # SIGTERM sent to the whole process group must not kill the engine under a drain. A server
+    # process that dies closes the pipe, and this process then stops by itself.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    _exit_with_parent()  # also while the engine loads, before the pipe is read
+    # the reader thread must get the GIL soon after a request arrives (see the server's own)
+    sys.setswitchinterval(config.gil_switch_interval_ms / 1000.0)
+    try:
+        engine = Engine(config)
+        # a fatal signal (a segfault in a driver call) prints every thread's Python stack into
+        # the server log, then passes the signal to the handler installed before. That one is
+        # tvm-ffi's when FlashInfer is loaded: it prints native frames only and ends the process
+        # without passing the signal on, and it installs itself when the library loads. Hence
+        # here, after the engine (and FlashInfer) is up: this handler runs first, then that one
+        faulthandler.enable(file=sys.stderr, all_threads=True)
+        loop = EngineLoop(engine)
+        profiler = ProfileController(loop)
+        gcw = GcWatch().install()
+        loop.add_step_hook(gcw.report_slow)
+        ready = Ready(
+            server_info=engine.server_info(),
+            layout=engine.layout,
+            vocab_size=engine.vocab_size,
+            max_beam_rows=engine.max_beam_rows,
+            pool_tokens=engine.runner.kv.pool_tokens,
+            pid=os.getpid(),
+        )
+    except BaseException as exc:  # noqa: BLE001 - reported to the server process, which exits
+        conn.send(encode(Failed(f"{type(exc).__name__}: {exc}", traceback.format_exc())))
+        conn.close()
+        return
+    loop.start()
+    conn.send(encode(ready))
+    _Child(conn, loop, profiler, gcw).serve()
+
+
+def _exit_with_parent(grace_s: float = 2.0) -> None:
+    """End this process ``grace_s`` after the server process is gone, however it went (its
+    multiprocessing sentinel reads end-of-file), so an engine never outlives its server."""
+    parent = mp.parent_process()
+    if parent is None:
+        return
+
+    def watch() -> None:
+        from multiprocessing.connection import wait
+
+        wait([parent.sentinel])
+        time.sleep(grace_s)  # a server that stopped this engine: it is ending already
+        os._exit(1)
+
+    threading.Thread(target=watch, name="flashrec-parent-watch", daemon=True).start()
+
+
+class _Done(NamedTuple):
+    """A request's future, queued by the engine thread for the sender to encode and send."""
+
+    rid: str
+    fut: Future
+
+
+class _Child:
+    """The engine process's side of the pipe: a reader (this thread), a sender thread (so the
+    engine thread never pickles or writes) and one thread per blocking call."""
+
+    def __init__(self, conn, loop, profiler, gcw) -> None:
+        self.conn, self.loop, self.profiler, self.gcw = conn, loop, profiler, gcw
+        self.out: queue.SimpleQueue = queue.SimpleQueue()
+        self.sender = threading.Thread(target=self._send_all, name="flashrec-ipc-send")
+
+    def serve(self) -> None:
+        self.sender.start()
+        try:
+            while True:
+                try:
+                    msg = decode(self.conn.recv())
+                except (EOFError, OSError):  # the server process is gone
+                    _log.warning("the server process closed the pipe; the engine stops")
+                    break
+                if type(msg) is Stop:
+                    break
+                self._handle(msg)
+        finally:
+            self.loop.stop()
+            self.out.put(None)
+            self.sender.join(timeout=STOP_TIMEOUT_S)
+
+    def _handle(self, msg: Submit | Cancel | Call) -> None:
+        kind = type(msg)
+        if kind is Submit:
+            req = msg.req
+            try:
+                fut = self.loop.submit(req)
+            except BaseException as exc:  # noqa: BLE001
+                self.out.put(RequestError.of(req.rid, exc))
+                return
+            fut.add_done_callback(functools.partial(self._finished, req.rid))
+        elif kind is Cancel:
+            self.loop.cancel(msg.rid)
+        elif kind is Call:
+            threading.Thread(
+                target=self._call, args=(msg,), name=f"flashrec-call-{msg.name}"
+            ).start()
+        else:
+            _log.error("unknown message %r from the server process", kind.__name__)
+
+    def _finished(self, rid: str, fut: Future) -> None:
+        """On the engine thread: hand the future to the sender, nothing more."""
+        self.out.put(_Done(rid, fut))
+
+    def _call(self, call: Call) -> None:
+        try:
+            value = self._calls()[call.name](*call.args)
+            self.out.put(Reply(call.call_id, value))
+        except BaseException as exc:  # noqa: BLE001
+            self.out.put(CallError.of(call.call_id, exc))
+
+    def _calls(self) -> dict[str, Callable[..., Any]]:
+        lp, prof = self.loop, self.profiler
+        return {
+            "stats": lp.stats,
+            "flush_cache": lp.flush_cache,
+            "warmup": lp.warmup,
+            "gc_freeze": self._freeze_gc,
+            "gc_metrics": self.gcw.metrics,
+            "profile_start": prof.start,
+            "profile_stop": prof.stop,
+            "profile_shutdown": prof.shutdown,
+            "profile_state": lambda: prof.state,
+            # /metrics in one round trip: the loop's counters, the profiler's state, GC
+            "metrics": lambda: (lp.stats(), prof.state, self.gcw.metrics()),
+        }
+
+    def _freeze_gc(self) -> int:
+        """``--gc-freeze`` in this process (after the warm-up, as the server does in its own)."""
+        from flashrec.server.gcwatch import freeze_startup_objects
+
+        frozen = freeze_startup_objects(self.gcw)
+        _log.info("gc: %d start-up objects frozen", frozen)
+        return frozen
+
+    def _send_all(self) -> None:
+        while True:
+            item = self.out.get()
+            if item is None:
+                return
+            if type(item) is _Done:
+                exc = item.fut.exception()
+                if exc is None:
+                    item = result_to_wire(item.fut.result())
+                else:
+                    item = RequestError.of(item.rid, exc)
+            try:
+                self.conn.send(encode(item))
+            except (OSError, ValueError, EOFError):  # the server process is gone
+                return

@@ -1,0 +1,223 @@
+"""The server process's handle on the engine process: spawns it, sends requests and calls,
+and resolves their futures from a reader thread. If the process dies, every waiting future
+fails and ``on_death`` is told why."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import multiprocessing as mp
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import CancelledError, Future
+from typing import Any
+
+from flashrec.engine.request import EngineError, GenRequest
+from flashrec.server.engine_process.child import STOP_TIMEOUT_S, child_main
+from flashrec.server.engine_process.messages import (
+    Call,
+    CallError,
+    Cancel,
+    Failed,
+    Ready,
+    Reply,
+    RequestError,
+    Result,
+    Stop,
+    Submit,
+    decode,
+    encode,
+    result_from_wire,
+)
+
+_log = logging.getLogger("flashrec.server")
+
+CALL_TIMEOUT_S = 120.0  # a stats / flush / profile call; warm-up and drain pass their own
+
+
+class EngineProcessError(RuntimeError):
+    """The engine process failed to start, or exited."""
+
+
+class EngineProcess:
+    """Owns the engine process and the pipe; resolves request futures and call replies."""
+
+    def __init__(self, config: Any) -> None:
+        self.config = config
+        self.info: Ready | None = None  # what the engine process reported at start-up
+        self._ctx = mp.get_context("spawn")  # CUDA cannot be used in a forked child
+        self._conn, child_conn = self._ctx.Pipe(duplex=True)
+        self._child_conn = child_conn
+        self.proc = self._ctx.Process(
+            target=child_main,
+            args=(child_conn, config, logging.getLogger().getEffectiveLevel()),
+            name="flashrec-engine",
+            daemon=True,
+        )
+        self._send_lock = threading.Lock()
+        self._lock = threading.Lock()
+        # one thread at a time waits for the process (the reader when the pipe closes, stop()):
+        # of two concurrent waitpid calls the loser gets no exit status and, for a moment, sees
+        # a dead process as alive (stop() then warned and killed an already reaped pid)
+        self._reap_lock = threading.Lock()
+        self._futures: dict[str, Future] = {}
+        self._calls: dict[int, Future] = {}
+        self._ids = itertools.count()
+        self._reader: threading.Thread | None = None
+        self.dead: str | None = None  # why the engine process is gone (None while alive)
+        self._stopping = False
+        self.on_death: Callable[[str], None] | None = None
+
+    def start(self) -> EngineProcess:
+        """Spawn the child and wait until it built the engine; EngineProcessError otherwise."""
+        self.proc.start()
+        self._child_conn.close()  # the child holds its end; EOF here once it exits
+        try:
+            msg = decode(self._conn.recv())
+        except (EOFError, OSError):
+            self.proc.join(timeout=STOP_TIMEOUT_S)
+            raise EngineProcessError(
+                f"the engine process exited while building the engine "
+                f"(exit code {self.proc.exitcode}); its log is above"
+            ) from None
+        except BaseException:  # Ctrl-C while it builds: it has served nothing, kill it now
+            self.proc.kill()
+            self.proc.join(timeout=STOP_TIMEOUT_S)
+            raise
+        if type(msg) is Failed:
+            _log.error("engine process: %s", msg.traceback.rstrip())
+            self.proc.join(timeout=STOP_TIMEOUT_S)
+            raise EngineProcessError(f"the engine failed to start: {msg.message}")
+        self.info = msg
+        from flashrec.engine.request import SidText
+        from flashrec.prompt import load_tokenizer
+
+        # the SID text of the beams, over a tokenizer of this process (loaded here, before
+        # the reader thread exists: two threads importing transformers at once can fail)
+        self.text: Callable[[list[int]], str] = SidText(
+            load_tokenizer(self.config.model_path), msg.layout
+        )
+        self._reader = threading.Thread(target=self._read, name="flashrec-ipc-read", daemon=True)
+        self._reader.start()
+        _log.info("engine process %d ready", msg.pid)
+        return self
+
+    # ---- requests and calls (any thread) --------------------------------------------------
+    def _send(self, msg: Submit | Cancel | Call | Stop) -> None:
+        if self.dead is not None:
+            raise EngineProcessError(self.dead)
+        try:
+            with self._send_lock:
+                self._conn.send(encode(msg))
+        except (OSError, ValueError) as exc:
+            raise EngineProcessError(f"the engine process is gone ({exc})") from None
+
+    def submit(self, req: GenRequest) -> Future:
+        fut: Future = Future()
+        with self._lock:
+            if req.rid in self._futures:
+                raise ValueError(f"duplicate request id {req.rid!r}")
+            self._futures[req.rid] = fut
+        try:
+            self._send(Submit(req))
+        except EngineProcessError as exc:
+            with self._lock:
+                self._futures.pop(req.rid, None)
+            raise EngineError(str(exc)) from None
+        return fut
+
+    def cancel(self, rid: str) -> None:
+        try:
+            self._send(Cancel(rid))
+        except EngineProcessError:
+            pass  # nothing left to cancel
+
+    def call(self, name: str, *args: Any, timeout: float | None = CALL_TIMEOUT_S) -> Any:
+        """Run ``name`` in the engine process and return its value (its error raised here)."""
+        fut: Future = Future()
+        call_id = next(self._ids)
+        with self._lock:
+            self._calls[call_id] = fut
+        try:
+            self._send(Call(call_id, name, args))
+        except EngineProcessError:
+            with self._lock:
+                self._calls.pop(call_id, None)
+            raise
+        return fut.result(timeout=timeout)
+
+    def in_flight(self) -> int:
+        with self._lock:
+            return len(self._futures)
+
+    # ---- the reader thread ------------------------------------------------------------------
+    def _read(self) -> None:
+        text = self.text
+        while True:
+            try:
+                msg = decode(self._conn.recv())
+            except (EOFError, OSError):
+                break
+            kind = type(msg)
+            if kind is Result:
+                fut = self._pop(msg.rid)
+                if fut is not None and not fut.done():
+                    res = result_from_wire(msg, text)
+                    res.received_at = time.monotonic()
+                    fut.set_result(res)
+            elif kind is RequestError:
+                fut = self._pop(msg.rid)
+                if fut is not None and not fut.done():
+                    fut.set_exception(msg.exception())
+            elif kind is Reply or kind is CallError:
+                with self._lock:
+                    cfut = self._calls.pop(msg.call_id, None)
+                if cfut is not None and not cfut.done():
+                    if kind is Reply:
+                        cfut.set_result(msg.value)
+                    else:
+                        cfut.set_exception(msg.exception())
+        self._wait(5.0)
+        why = f"the engine process exited (exit code {self.proc.exitcode})"
+        self.dead = why
+        if not self._stopping:
+            _log.error("%s; every waiting request fails", why)
+        with self._lock:
+            futs = list(self._futures.values()) + list(self._calls.values())
+            self._futures.clear()
+            self._calls.clear()
+        for fut in futs:
+            if not fut.done():
+                fut.set_exception(CancelledError(why) if self._stopping else EngineError(why))
+        if not self._stopping and self.on_death is not None:
+            self.on_death(why)
+
+    def _pop(self, rid: str) -> Future | None:
+        with self._lock:
+            return self._futures.pop(rid, None)
+
+    def _wait(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` s for the process to exit (one waiting thread at a time, see
+        ``_reap_lock``); whether it has exited."""
+        with self._reap_lock:
+            self.proc.join(timeout=timeout)
+            return self.proc.exitcode is not None
+
+    def stop(self) -> None:
+        """Stop the engine process (its loop first) and wait for it."""
+        self._stopping = True
+        exited = self._wait(0.0)
+        if not exited:
+            try:
+                self._send(Stop())
+            except EngineProcessError:
+                pass
+            exited = self._wait(STOP_TIMEOUT_S)
+        if not exited:
+            _log.warning("the engine process did not stop in %.0f s; killing it", STOP_TIMEOUT_S)
+            self.proc.kill()
+            self._wait(5.0)
+        if self._reader is not None:
+            self._reader.join(timeout=5.0)
+        self._conn.close()
