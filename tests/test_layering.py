@@ -214,6 +214,7 @@ BELOW_ENGINE = (
     "flashrec.kvcache",
     "flashrec.layers",
     "flashrec.models",
+    "flashrec.parentwatch",
 )
 
 

@@ -84,8 +84,9 @@ def parser() -> argparse.ArgumentParser:
             action="append",
             default=[],
             metavar="KEY=VALUE",
-            help=f"extra environment of the {name} servers (e.g. the test-only "
-            "FLASHREC_TEST_STEP_DELAY_MS=0.3 planted slowdown)",
+            help=f"extra environment of the {name} servers (repeatable); e.g. a test plant: "
+            "FLASHREC_TEST_STEP_DELAY_MS=0.3 sleeps after every engine step where tests/plants "
+            "is on PYTHONPATH",
         )
     return p
 

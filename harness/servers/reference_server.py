@@ -31,7 +31,7 @@ from aiohttp import web
 ENGINE_NAME = "hf-reference"
 URL_LINE = "HF reference serving on http://{host}:{port}"
 DTYPES = ("float32", "bfloat16", "float16")
-_log = logging.getLogger("harness.reference_server")
+_log = logging.getLogger(__name__)
 
 
 class RequestError(ValueError):
@@ -302,7 +302,7 @@ def server_info(args: argparse.Namespace, ref: Any) -> dict:
     return {
         "engine": ENGINE_NAME,
         "reference": True,
-        "description": "HF transformers beam search (harness.hf_reference), not FlashRec",
+        "description": "HF transformers beam search (harness.servers.hf_reference), not FlashRec",
         "protocols": ["chat", "generate"],
         "model_path": args.model_path,
         "sid_vocab_file": args.sid_vocab_file,

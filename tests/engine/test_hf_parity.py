@@ -8,7 +8,7 @@ import pytest
 
 from flashrec.config import EngineConfig
 from flashrec.engine.engine import Engine
-from harness.hf_reference import HFReference
+from harness.servers.hf_reference import HFReference
 
 PROMPTS = [
     [{"role": "user", "content": "history: watched 12, clicked 7, bought 301"}],

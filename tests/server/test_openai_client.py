@@ -15,9 +15,9 @@ import aiohttp
 import pytest
 from server_helpers import ServerThread
 
-from harness.client import Record, Request, chat_body, send
-from harness.sids import SidChecker, load_catalog_sids, parse_sid
-from harness.workload import Prompt
+from harness.load.client import Record, Request, chat_body, send
+from harness.load.sids import SidChecker, load_catalog_sids, parse_sid
+from harness.load.workload import Prompt
 
 openai = pytest.importorskip("openai", reason="the openai package is not installed (dev extra)")
 

@@ -188,7 +188,7 @@ def test_server_timing_header_splits_the_request(real: ServerThread) -> None:
     """Generation responses carry ``Server-Timing`` (tokenize, queue, engine in ms, as the
     harness reads them): all present, non-negative, the engine's share positive, and their sum
     within the latency the client saw."""
-    from harness.client import parse_server_timing
+    from harness.load.client import parse_server_timing
 
     for path, body in (
         ("/v1/chat/completions", {"messages": user("timing"), "n": 4, "max_tokens": 4}),

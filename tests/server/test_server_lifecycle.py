@@ -33,7 +33,9 @@ class Proc:
 
     def __init__(self, argv: list[str], env: dict[str, str] | None = None) -> None:
         self.link = ParentLink()
-        full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {}), **self.link.env}
+        # ROOT first; the inherited PYTHONPATH keeps tests/plants (tests/conftest.py) for env plants
+        path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+        full_env = {**os.environ, "PYTHONPATH": path, **(env or {}), **self.link.env}
         self.p = subprocess.Popen(
             argv,
             cwd=ROOT,
