@@ -34,6 +34,9 @@
 # for a run whose server died, the first fatal line of its server logs. For intermittent faults
 # (a server crash in some runs of a cell only):
 #   STAGES=repeat REPEAT=6 ONLY="beam_width=512" bash scripts/gpu_bench.sh matrices/h200_targets.yaml
+# STAGES=gate runs `flashrec-bench gate MATRIX` (this tree against a baseline, interleaved) from
+# the two trees of .gate/repo.bundle (scripts/gate_bundle.sh BASE here; carry .gate):
+#   STAGES=gate ONLY="beam_width=50" bash scripts/gpu_bench.sh matrices/h200_targets.yaml
 # FLASHREC_SOURCE_COMMIT=<commit>: where this checkout is a working tree copied over another
 # .git (the lent H200's is older), the commit its files came from; the reports print it as the
 # "declared source commit" beside the files' tree id.
@@ -69,7 +72,7 @@ fi
 python -m flashrec.check_env --require gpu,fp8,triton | tee "$OUT/check_env.txt"
 python -c "import flashinfer" 2>/dev/null && python scripts/flashinfer_warmup.py --head-dims 128 64 | tee "$OUT/flashinfer_warmup.txt"
 [ "${SAVE_JIT:-0}" = 1 ] && tar czf "$OUT/fi.tgz" -C "$(dirname "$FLASHINFER_WORKSPACE_BASE")" "$(basename "$FLASHINFER_WORKSPACE_BASE")"
-case $STAGES in *" cells "*|*" ab "*|*" matrix "*|*" witness "*)  # the tests make their own tiny models
+case $STAGES in *" cells "*|*" ab "*|*" matrix "*|*" witness "*|*" gate "*)  # the tests make their own tiny models
   [ -f "$MODEL/synth_info.json" ] || python -m flashrec synth --preset onerec-1.7b --out "$MODEL" --catalog-size 1500000 > "$OUT/synth.log" 2>&1;; esac
 case $STAGES in *" tests "*)  # -v: one line per test as it ends, so a run cut short (a call's
   # time limit) still names what passed and failed; -rf: the failures' one-line summaries.
@@ -107,6 +110,16 @@ case $STAGES in *" ab "*)
     [ "$cells" = p1000_n256_c1_bf16 ] && OUT=$OUT CELLS=$cells SUFFIX=_noprefill \
       EXTRA="--hf-requests 0 --set prefill_graph_max_tokens=0" bash scripts/h200_bench.sh "$MODEL"
   done;; esac
+case $STAGES in *" gate "*)  # flashrec-bench gate MATRIX: this tree against a baseline commit,
+  # both served here, rounds interleaved. The lent machine's .git is older than the checkout, so
+  # the two trees come in .gate/repo.bundle (scripts/gate_bundle.sh BASE; carry .gate), cloned
+  # to /tmp; GATE_ARGS adds flags (--pairs, --sessions), ONLY narrows the cells.
+  rm -rf /tmp/gate-repo && git clone -q .gate/repo.bundle /tmp/gate-repo && git -C /tmp/gate-repo checkout -q candidate
+  only=(); for f in ${ONLY:-}; do only+=(--only "$f"); done
+  (cd /tmp/gate-repo && PYTHONPATH=/tmp/gate-repo:/tmp/flashrec-site MODEL_PATH=$MODEL SID_VOCAB_FILE=$MODEL/catalog.json \
+    python -m harness gate "$1" --baseline-ref baseline --out "$OUT/gate" "${only[@]}" ${GATE_ARGS:-}) \
+    > "$OUT/gate.log" 2>&1
+  echo "gate rc=$? ($(cat .gate/commits))"; tail -15 "$OUT/gate.log";; esac
 if [ $# -ge 1 ] && case $STAGES in *" repeat "*) true;; *) false;; esac; then
   bench="python -m harness"; command -v flashrec-bench >/dev/null && bench=flashrec-bench
   only=(); for f in ${ONLY:-}; do only+=(--only "$f"); done
