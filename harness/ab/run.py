@@ -205,13 +205,15 @@ class ABRun:
             s.name: {c.id: CellResult(c.id, dict(c.params)) for c in cells} for s in sides
         }
 
-    async def _start(self, session, side: str, cell: Cell) -> Server | None:
-        server = self.campaigns[side].new_server(cell)
+    async def _start(self, session, side: str, group: list[Cell]) -> Server | None:
+        """Start the server of one group of cells; a failed start fails those cells only."""
+        server = self.campaigns[side].new_server(group[0])
         try:
             await server.start(session)
         except ServerError as exc:
             self.log(f"{side} server failed to start: {exc}")
-            for res in self.results[side].values():
+            for cell in group:
+                res = self.results[side][cell.id]
                 res.status, res.error = "failed", f"{side} server start failed: {exc}"
                 res.log_tail = exc.log_tail
             return None
@@ -236,7 +238,7 @@ class ABRun:
         """One session of one server group: fresh servers for both sides, then ``pairs``."""
         names = [s.name for s in self.sides]
         groups = {n: group_by_server(self.cells[n])[index] for n in names}
-        started = await asyncio.gather(*(self._start(session, n, groups[n][0]) for n in names))
+        started = await asyncio.gather(*(self._start(session, n, groups[n]) for n in names))
         servers = dict(zip(names, started))
         try:
             for pair in pairs:

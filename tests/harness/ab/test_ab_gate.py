@@ -418,3 +418,31 @@ def test_holm_reason_markdown_and_matrix_setting(tmp_path):
     plain = compare_paired(a, b)
     assert plain["correction"]["method"] == "none"
     assert plain["regressions"] or plain["improvements"]
+
+
+def test_a_failed_start_fails_only_the_cells_of_its_server(tmp_path):
+    """One server group that cannot start (e.g. out of GPU memory beside the other side's
+    server) fails its own cells; cells already measured on other servers keep their results."""
+    import asyncio
+
+    from harness.ab.run import ABRun
+    from harness.gate.gates import load_cells
+    from harness.servers.launch import ServerError
+
+    path = _matrix(tmp_path, tmp_path, "unused", pairs=3)
+    spec, cells = load_cells(str(path))
+    assert len(cells) == 2
+    sides = [Side("baseline", tmp_path), Side("candidate", tmp_path)]
+    run = ABRun(spec, cells, sides, 3, tmp_path / "out", None, log=lambda _: None)
+
+    class NoStart:
+        async def start(self, session):
+            raise ServerError("exited with code 1 during start", log_tail="CUDA out of memory")
+
+    run.campaigns["candidate"].new_server = lambda cell: NoStart()
+    group = [c for c in run.cells["candidate"] if c.id == cells[1].id]
+    assert asyncio.run(run._start(None, "candidate", group)) is None
+    res = run.results["candidate"]
+    assert res[cells[1].id].status == "failed" and "out of memory" in res[cells[1].id].log_tail
+    assert res[cells[0].id].status == "ok", "a cell of another server is not failed with it"
+    assert all(r.status == "ok" for r in run.results["baseline"].values())
