@@ -258,29 +258,27 @@ TARGETS_NOTE = (
 )
 
 
+def _targets_title(report: dict) -> str:
+    return f"Targets: {(report.get('targets') or {}).get('status')}"
+
+
+# (title or title(report), table builder, note) of the optional sections, in report order
+SECTIONS = (
+    ("HF transformers baseline (same run)", baseline_table, BASELINE_NOTE),
+    ("Model-FLOP utilisation", mfu_table, MFU_NOTE),
+    ("Where the latency goes (Server-Timing)", server_timing_table, SERVER_TIMING_NOTE),
+    ("Bursts (requests sent together)", burst_table, BURST_NOTE),
+    ("Closed loop: round QPS and the steady rate", closed_table, CLOSED_NOTE),
+    (_targets_title, targets_table, TARGETS_NOTE),
+    ("Engine settings (from /get_server_info)", engine_settings_table, ENGINE_SETTINGS_NOTE),
+)
+
+
 def extra_tables(report: dict) -> list[tuple[str, Table, str]]:
     """(title, table, note) of the HF baseline, MFU and targets sections that have content."""
     out = []
-    b = baseline_table(report)
-    if b:
-        out.append(("HF transformers baseline (same run)", b, BASELINE_NOTE))
-    m = mfu_table(report)
-    if m:
-        out.append(("Model-FLOP utilisation", m, MFU_NOTE))
-    st = server_timing_table(report)
-    if st:
-        out.append(("Where the latency goes (Server-Timing)", st, SERVER_TIMING_NOTE))
-    bt = burst_table(report)
-    if bt:
-        out.append(("Bursts (requests sent together)", bt, BURST_NOTE))
-    ct = closed_table(report)
-    if ct:
-        out.append(("Closed loop: round QPS and the steady rate", ct, CLOSED_NOTE))
-    t = targets_table(report)
-    if t:
-        status = (report.get("targets") or {}).get("status")
-        out.append((f"Targets: {status}", t, TARGETS_NOTE))
-    es = engine_settings_table(report)
-    if es:
-        out.append(("Engine settings (from /get_server_info)", es, ENGINE_SETTINGS_NOTE))
+    for title, build, note in SECTIONS:
+        table = build(report)
+        if table:
+            out.append((title if isinstance(title, str) else title(report), table, note))
     return out
