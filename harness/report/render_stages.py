@@ -109,6 +109,13 @@ DRIFT_ROWS = ("index", "n", "process", "rank_changes", "top1_changed", "max_scor
               "bits_only")  # fmt: skip
 
 
+# the run's yes / no fields (harness/determinism/run.py writes them as booleans)
+RUN_FLAGS = (
+    ("acceptance", "counts for acceptance (enough distinct requests)"),
+    ("strict_concurrent", "concurrent drift fails the run (--strict-concurrent)"),
+)
+
+
 def determinism_blocks(det: dict) -> list[Block]:
     """The determinism stage: each mode's drift counts, its drifting requests (first 20), the
     localisation of any drift, and the run's settings."""
@@ -124,8 +131,10 @@ def determinism_blocks(det: dict) -> list[Block]:
     for mode, loc in (det.get("localisation") or {}).items():
         if isinstance(loc, dict) and loc:
             out.append((f"localisation ({mode})", (["field", "value"], _pairs(loc))))
-    if det.get("acceptance"):
-        out.append(("acceptance", (["field", "value"], _pairs(det["acceptance"]))))
+    run = [[label, "yes" if det[key] else "no"] for key, label in RUN_FLAGS
+           if isinstance(det.get(key), bool)]  # fmt: skip
+    if run:
+        out.append(("run", (["field", "value"], run)))
     if det.get("config"):
         out.append(("settings", (["setting", "value"], _pairs(det["config"]))))
     return out

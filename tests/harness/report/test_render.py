@@ -35,6 +35,8 @@ DETERMINISM = {
                       "max_score_diff": 2e-6, "bits_only": False}],
     },
     "localisation": {"sequential": {"verdicts": {"first_step": 2}, "reproduced": [3]}},
+    "strict_concurrent": False,
+    "acceptance": False,
 }  # fmt: skip
 
 TRACE_FILE = {
@@ -123,3 +125,20 @@ def test_readme_excerpt_is_the_reports_own_table():
     report = (REPO / source).read_text().split("## Cells", 1)[1].split("\n## ", 1)[0]
     table = [ln for ln in report.splitlines() if ln.startswith("|")]
     assert excerpt == table and excerpt[0].endswith("| notes |")
+
+
+def test_determinism_run_flags_as_written_by_the_run(tmp_path):
+    """``acceptance`` and ``strict_concurrent`` are booleans in determinism.json (a run of 120
+    requests is True): a row each, in both formats."""
+    det = {**DETERMINISM, "status": "pass", "passed": True, "acceptance": True}
+    blocks = dict(determinism_blocks(det))
+    assert blocks["run"][1] == [
+        ["counts for acceptance (enough distinct requests)", "yes"],
+        ["concurrent drift fails the run (--strict-concurrent)", "no"],
+    ]
+    report = {**_report(), "determinism": det}
+    write_markdown(report, tmp_path / "REPORT.md")
+    assert "| counts for acceptance (enough distinct requests) | yes |" in (
+        tmp_path / "REPORT.md"
+    ).read_text()
+    write_html(report, [], tmp_path / "report.html")
