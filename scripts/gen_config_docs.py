@@ -65,7 +65,7 @@ ENV_VARS = {
 
 ZH = {
     "model_path": "HF 格式 checkpoint 目录（config.json、tokenizer、safetensors）",
-    "sid_vocab_file": "合法 SID 目录（逗号键 JSON、RecIF sid2pid.json、列表 JSON 或文本行）；不设时对 SID codebook 做无约束解码（仅冒烟）",
+    "sid_vocab_file": "合法 SID 目录（逗号键 JSON、RecIF sid2pid.json 或 pid2sid parquet、列表 JSON 或文本行）；不设时对 SID codebook 做无约束解码（仅冒烟）",
     "sid": "覆盖 SID 布局：START:END/SIZE[,begin=ID][,end=ID]（token id START..END-1 为每级 SIZE 个 code 的 codebook）",
     "device": "cpu 或 cuda（默认：有 GPU 时 cuda）",
     "dtype": "激活 / 非量化权重的 dtype（默认 cuda 上 bfloat16，cpu 上 float32）",

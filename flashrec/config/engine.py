@@ -17,7 +17,7 @@ class EngineConfig:
     )
     sid_vocab_file: str | None = opt(
         None,
-        "catalog of valid SIDs (comma-key JSON, RecIF sid2pid.json, list-of-lists JSON or text lines); without it decoding is unconstrained (smoke only)",
+        "catalog of valid SIDs (comma-key JSON, RecIF sid2pid.json or pid2sid parquet, list-of-lists JSON or text lines); without it decoding is unconstrained (smoke only)",
     )
     sid: str | None = opt(
         None,
