@@ -239,7 +239,7 @@ def load_catalog(
 
 
 def _merge(raw: RawCatalog) -> Catalog:
-    unique, inverse = unique_rows(raw.codes)
+    unique, inverse = raw.unique
     if raw.values is None:
         return Catalog(unique, raw.source)
     if isinstance(raw.values, np.ndarray):  # one item id a row: a list of them per SID

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from flashrec.sid.layout import LEVEL_LETTERS, SidLayout
-from flashrec.sid.rows import RawCatalog, unique_rows
+from flashrec.sid.rows import RawCatalog
 
 EXAMPLES = 5
 
@@ -130,7 +130,7 @@ def build_report(
     examples: int = EXAMPLES,
 ) -> CatalogReport:
     """Report on ``raw`` against ``layout`` and/or ``codebook_size`` (either may be None)."""
-    unique, inverse = unique_rows(raw.codes)
+    unique, inverse = raw.unique
     size = codebook_size or (layout.codebook_size if layout else None)
     levels = tuple(
         LevelCodes(level, len(np.unique(col)), int(col.min()), int(col.max()))

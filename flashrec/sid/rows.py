@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -53,6 +54,11 @@ class RawCatalog:
 
     def __len__(self) -> int:
         return int(self.codes.shape[0])
+
+    @cached_property
+    def unique(self) -> tuple[np.ndarray, np.ndarray]:
+        """``unique_rows(codes)``, sorted once for the report and the merged catalog alike."""
+        return unique_rows(self.codes)
 
 
 def unique_rows(codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
