@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
 from flashrec.synth.catalog import synth_catalog, write_catalog_json
+from flashrec.synth.confidence import NORM_NAME, calibrate_sid_entropy
 from flashrec.synth.presets import PRESETS, SynthPreset
 from flashrec.synth.tokenizer import TokenLayout, write_tokenizer
 from flashrec.synth.weights import canonical_dtype, tensor_specs, write_safetensors
@@ -105,6 +108,7 @@ def build_checkpoint(
     dtype: str | None = None,
     catalog_size: int | None = None,
     progress: bool | None = None,
+    sid_entropy: float | None = None,
     **overrides: Any,
 ) -> Path:
     """Write a loadable HF checkpoint with random weights into ``out_dir`` and return its path.
@@ -115,7 +119,10 @@ def build_checkpoint(
     (decoder Linear weights FP8 with a per-row ``<name>_scale``, the rest bf16); None means the
     preset's ``default_dtype`` (float32 for the tiny presets, bf16 for onerec-1.7b). ``overrides``
     replace SynthPreset fields. ``progress`` (default: for models over 100M parameters) prints
-    one line per layer to stderr. Same arguments, same bytes.
+    one line per layer to stderr. ``sid_entropy`` (nats; default off) scales ``model.norm.weight``
+    so the mean per-step next-SID entropy under the level scope is that value (see
+    ``flashrec.synth.confidence``), prints the entropy before and after to stderr and records
+    both in synth_info.json under ``sid_entropy``. Same arguments, same bytes.
     """
     p = resolve_preset(preset, **overrides)
     dtype = canonical_dtype(dtype or p.default_dtype)
@@ -143,6 +150,19 @@ def build_checkpoint(
     elif (out / "catalog.json").exists():
         (out / "catalog.json").unlink()  # a stale catalog from an earlier build would mislead
     specs = tensor_specs(p, cfg["vocab_size"])
+    calib = None
+    if sid_entropy is not None:
+        calib = calibrate_sid_entropy(p, specs, seed, sid_entropy)
+        print(
+            f"synth: mean per-step SID entropy {calib.before:.3f} nats uncalibrated -> "
+            f"{calib.achieved:.3f} nats (target {calib.target:g}, {NORM_NAME} x {calib.scale:g}; "
+            f"per level {', '.join(f'{h:.3f}' for h in calib.per_level)})",
+            file=sys.stderr,
+            flush=True,
+        )
+        specs = [
+            dataclasses.replace(s, scale=calib.scale) if s.name == NORM_NAME else s for s in specs
+        ]
     if progress is None:
         progress = sum(math.prod(s.shape) for s in specs) > PROGRESS_PARAMS
     write_safetensors(out / "model.safetensors", specs, seed, dtype, progress=progress)
@@ -155,5 +175,7 @@ def build_checkpoint(
         "files": sorted(names),
         "content_hash": content_hash(out, names),
     }
+    if calib is not None:
+        info["sid_entropy"] = calib.info()
     _write_json(out / INFO_FILE, info)
     return out

@@ -60,6 +60,7 @@ class TensorSpec:
     gain: float = 1.0
     quantizable: bool = False  # decoder-layer Linear weight: stored FP8 when dtype == "fp8"
     layer: int | None = None
+    scale: float = 1.0  # multiplies the drawn values (the sid_entropy calibration's norm scale)
 
 
 def canonical_dtype(dtype: str) -> str:
@@ -126,11 +127,10 @@ def _blocks(spec: TensorSpec, seed: int) -> Iterator[torch.Tensor]:
     for start in range(0, rows, step):
         block = torch.empty((min(step, rows - start), *spec.shape[1:]), dtype=torch.float32)
         if spec.init == "norm":
-            yield block.uniform_(
-                NORM_RANGE[0] * spec.gain, NORM_RANGE[1] * spec.gain, generator=gen
-            )
+            block.uniform_(NORM_RANGE[0] * spec.gain, NORM_RANGE[1] * spec.gain, generator=gen)
         else:
-            yield block.normal_(0.0, spec.std, generator=gen)
+            block.normal_(0.0, spec.std, generator=gen)
+        yield block if spec.scale == 1.0 else block.mul_(spec.scale)
 
 
 def _entries(spec: TensorSpec, dtype: str) -> list[tuple[str, str, tuple[int, ...]]]:

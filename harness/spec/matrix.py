@@ -94,6 +94,8 @@ class ModelSpec(_Base):
     dtype: str | None = None
     catalog_size: int | None = Field(None, gt=0)
     cache_dir: str | None = None
+    # preset only: mean per-step next-SID entropy (nats) the synthetic model is calibrated to
+    sid_entropy: float | None = Field(None, gt=0)
 
     @field_validator("path", "preset")
     @classmethod

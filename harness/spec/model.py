@@ -63,6 +63,8 @@ def preset_key(model: ModelSpec, catalog_size: int | None) -> str:
         "catalog_size": catalog_size,
         "synth": _synth_source_hash(),
     }
+    if model.sid_entropy is not None:  # absent when unset, so existing keys do not move
+        params["sid_entropy"] = model.sid_entropy
     return hashlib.sha256(json.dumps(params, sort_keys=True).encode()).hexdigest()[:20]
 
 
@@ -92,11 +94,14 @@ def build_preset(model: ModelSpec, catalog_size: int | None, log=print) -> Path:
         return final
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=root))
-    log(f"building synthetic model {model.preset} (seed {model.seed}) into {final}")
+    calibrated = "" if model.sid_entropy is None else f", SID entropy {model.sid_entropy:g} nats"
+    log(f"building synthetic model {model.preset} (seed {model.seed}{calibrated}) into {final}")
     try:
         kwargs = {"seed": model.seed, "catalog_size": catalog_size}
         if model.dtype:
             kwargs["dtype"] = model.dtype
+        if model.sid_entropy is not None:
+            kwargs["sid_entropy"] = model.sid_entropy
         build_checkpoint(tmp, model.preset, **kwargs)
         try:
             tmp.rename(final)
@@ -150,6 +155,10 @@ def _resolve_model(spec: MatrixSpec, log=print) -> ResolvedModel:
             raise ModelError(f"model path {path} is not a directory")
         if spec.catalog and spec.catalog.size:
             raise ModelError("catalog 'size' needs a synthetic 'preset' model; give 'path'")
+        if spec.model.sid_entropy is not None:
+            raise ModelError(
+                "model 'sid_entropy' calibrates a synthetic 'preset' model, not 'path'"
+            )
         return ResolvedModel(str(path), catalog, path_hash(path), "path", _levels(spec, path))
     catalog_size = (spec.catalog.size if spec.catalog else None) or spec.model.catalog_size
     try:
