@@ -45,7 +45,7 @@ THRESHOLDS: dict[str, Thresholds] = {
     ),
     "fp8": Thresholds(exact=False, max_score_diff=0.3, min_top1=0.75, min_overlap=0.6),
 }
-_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp8_e4m3": "fp8"}
+ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp8_e4m3": "fp8"}
 
 
 # server flags a launched pair gets for a precision (explicit stage args override them)
@@ -58,13 +58,13 @@ PRECISION_ARGS: dict[str, tuple[dict, dict]] = {  # name -> (FlashRec, HF refere
 
 def precision_args(precision: str) -> tuple[dict, dict]:
     """(FlashRec flags, reference flags) that run a launched pair at ``precision``."""
-    cand, ref = PRECISION_ARGS[_ALIASES.get(precision, precision)]
+    cand, ref = PRECISION_ARGS[ALIASES.get(precision, precision)]
     return dict(cand), dict(ref)
 
 
 def thresholds_for(precision: str, overrides: dict | None = None) -> Thresholds:
     """The thresholds of ``precision`` (float32 | bfloat16 | fp8) with ``overrides`` applied."""
-    name = _ALIASES.get(precision, precision)
+    name = ALIASES.get(precision, precision)
     if name not in THRESHOLDS:
         raise ValueError(f"unknown precision {precision!r}; known: {sorted(THRESHOLDS)}")
     return replace(THRESHOLDS[name], **(overrides or {}))
@@ -144,6 +144,7 @@ def summarise(cases: list[Case]) -> dict[str, Any]:
         "top1_agreement": sum(x["top1"] for x in m) / len(m) if m else None,
         "overlap_mean": sum(x["overlap"] for x in m) / len(m) if m else None,
         "overlap_min": min((x["overlap"] for x in m), default=None),
+        "spearman_mean": sum(sp) / len(sp) if sp else None,
         "spearman_min": min(sp, default=None),
         "max_score_diff": max(diffs, default=None),
     }
@@ -151,11 +152,11 @@ def summarise(cases: list[Case]) -> dict[str, Any]:
 
 def evaluate(cases: list[Case], th: Thresholds) -> list[str]:
     """Failure messages (empty = pass)."""
-    out = [f"{_label(c)}: {c.error}" for c in cases if c.error]
+    out = [f"{case_label(c)}: {c.error}" for c in cases if c.error]
     s = summarise(cases)
     if th.exact:
         out += [
-            f"{_label(c)}: ranked beams differ from rank {c.metrics['first_diff_rank']} "
+            f"{case_label(c)}: ranked beams differ from rank {c.metrics['first_diff_rank']} "
             f"({c.metrics['ref_beams']} reference vs {c.metrics['cand_beams']} candidate beams)"
             for c in cases
             if not c.error and not c.metrics["exact"]
@@ -167,7 +168,7 @@ def evaluate(cases: list[Case], th: Thresholds) -> list[str]:
         )
         out.append(
             f"max |score diff| {s['max_score_diff']:.3g} > {th.max_score_diff:g} "
-            f"(worst: {_label(worst)})"
+            f"(worst: {case_label(worst)})"
         )
     if s["top1_agreement"] is not None and s["top1_agreement"] < th.min_top1:
         out.append(f"top-1 agreement {s['top1_agreement']:.3f} < {th.min_top1:g}")
@@ -182,7 +183,7 @@ def evaluate(cases: list[Case], th: Thresholds) -> list[str]:
     return out
 
 
-def _label(c: Case) -> str:
+def case_label(c: Case) -> str:
     return f"prompt {c.prompt} n={c.n} ({c.protocol})"
 
 
@@ -196,7 +197,7 @@ def _fmt_beam(b: Beam | None, width: int = 34) -> tuple[str, str]:
 def diff_table(case: Case, max_rows: int = 12) -> str:
     """Rank-by-rank reference vs candidate beams; ``!`` marks a different beam, ``~`` a score
     difference above 1e-6 on the same beam. Shows the first differing ranks."""
-    head = f"{_label(case)}: " + ", ".join(
+    head = f"{case_label(case)}: " + ", ".join(
         f"{k}={case.metrics.get(k)}" for k in ("exact", "top1", "overlap", "max_score_diff")
     )
     lines = [

@@ -257,3 +257,52 @@ async def default_max_tokens(session: aiohttp.ClientSession, *base_urls: str) ->
         if depth:
             return int(depth) + 1
     return 4
+
+
+CaseKey = tuple[str, int, int]  # (protocol, prompt index, n)
+
+
+async def fetch_all(
+    session: aiohttp.ClientSession,
+    base_url: str,
+    prompts: list[ParityPrompt],
+    ns: list[int],
+    protocols: list[str],
+    max_tokens: int = 4,
+    timeout_s: float = 300.0,
+) -> dict[CaseKey, list[Beam] | str]:
+    """One server's beams for every (protocol, prompt, n), one request at a time; a failed
+    request's entry is its error text."""
+    out: dict[CaseKey, list[Beam] | str] = {}
+    for protocol in protocols:
+        for p in prompts:
+            for n in ns:
+                req = request_for(p.messages, p.text, n, max_tokens, p.index)
+                try:
+                    out[(protocol, p.index, n)] = await fetch_beams(
+                        session, base_url, protocol, req, timeout_s
+                    )
+                except FETCH_ERRORS as exc:
+                    out[(protocol, p.index, n)] = f"{type(exc).__name__}: {exc}"[:300]
+    return out
+
+
+def cases_from(
+    ref: dict[CaseKey, list[Beam] | str], cand: dict[CaseKey, list[Beam] | str]
+) -> list[Case]:
+    """Cases of the keys both sides were asked (reference order); a side's error is the case's."""
+    cases = []
+    for key, r in ref.items():
+        if key not in cand:
+            continue
+        c = cand[key]
+        case = Case(*key)
+        if isinstance(r, str):
+            case.error = f"reference: {r}"
+        elif isinstance(c, str):
+            case.error = c
+        else:
+            case.ref, case.cand = r, c
+            case.metrics = compare_beams(r, c)
+        cases.append(case)
+    return cases

@@ -14,6 +14,7 @@ from typing import Any
 
 import aiohttp
 
+from harness.parity.candidates import reference_dtype
 from harness.parity.compare import failure_text, parity_result, precision_args, thresholds_for
 from harness.parity.fetch import (
     compare_servers,
@@ -25,7 +26,7 @@ from harness.parity.fetch import (
 from harness.servers.launch import fetch_info
 
 
-def _engines(device: str | None) -> dict[str, Any]:
+def _engines(device: str | None, startup_timeout_s: float = 600) -> dict[str, Any]:
     from harness.spec.matrix import EngineSpec
 
     return {
@@ -34,12 +35,49 @@ def _engines(device: str | None) -> dict[str, Any]:
             kind="command",
             command=["python", "-m", "harness.servers.reference_server"],
             device=device,
-            startup_timeout_s=600,
+            startup_timeout_s=startup_timeout_s,
         ),
         "candidate": EngineSpec(
-            name="flashrec", kind="flashrec", device=device, startup_timeout_s=600
+            name="flashrec", kind="flashrec", device=device, startup_timeout_s=startup_timeout_s
         ),
     }
+
+
+@contextlib.contextmanager
+def one_server(
+    role: str,
+    args: dict,
+    model_path: str | None,
+    catalog: str | None,
+    log_path: Path,
+    device: str | None = None,
+    url: str | None = None,
+    startup_timeout_s: float = 600,
+) -> Iterator[tuple[str, dict]]:
+    """``(URL, /get_server_info)`` of one server: ``url`` when given, else a launched HF
+    reference (``role`` "reference") or FlashRec ("candidate") server, stopped on exit."""
+    from harness.servers.launch import LaunchedServer
+    from harness.spec.model import ResolvedModel
+
+    if url:
+
+        async def info() -> dict:
+            async with aiohttp.ClientSession() as session:
+                return await fetch_info(session, url)
+
+        yield url, asyncio.run(info())
+        return
+    if not model_path:
+        raise ValueError(f"parity: no {role} URL and no model path to launch one on")
+    model = ResolvedModel(model_path, catalog, "-", "path", 0)
+    engine = _engines(device, startup_timeout_s)[role]
+    srv = LaunchedServer(engine, dict(args), model, log_path)
+    try:
+        srv.launch()
+        asyncio.run(_wait_all([srv]))
+        yield srv.base_url, srv.info
+    finally:
+        srv.stop()
 
 
 async def _wait_all(servers: list) -> None:
@@ -143,14 +181,26 @@ def run_parity_stage(
     ``system_prompt_tokens``, ``seed``, ``protocols`` ("auto" or a list), ``max_tokens``
     (SID depth + 1), ``precision`` (float32 | bfloat16 | fp8: the thresholds, and the
     launched servers' dtype / quantization flags, :data:`PRECISION_ARGS`), ``thresholds``
-    (field overrides of :class:`Thresholds`). Returns the :func:`parity_result` dict (``status``
+    (field overrides of :class:`Thresholds`), ``reference_dtype`` (the reference server's
+    dtype, else the precision's), ``startup_timeout_s`` (600). With ``candidates`` (a list) the
+    stage compares several candidates with one reference instead (:mod:`harness.parity.multi`,
+    keys in :mod:`harness.parity.candidates`). Returns the :func:`parity_result` dict (``status``
     "error" with ``error`` when the stage could not run), also written to
     ``out_dir/parity.json``.
     """
     out = Path(out_dir)
     t0 = time.monotonic()
     try:
+        if "candidates" in spec:
+            from harness.parity.multi import run_candidates
+
+            result = run_candidates(spec, model_path, sid_vocab_file, out, log)
+            return _finish(result, out, t0, log)
+        if "ns" in spec and not spec["ns"]:
+            raise ValueError("parity: 'ns' is empty: no beam width to compare")
         cand_args, ref_args = precision_args(str(spec.get("precision", "float32")))
+        if spec.get("reference_dtype"):
+            ref_args["dtype"] = reference_dtype(spec["reference_dtype"])
         with serving(
             model_path,
             sid_vocab_file,
@@ -167,6 +217,11 @@ def run_parity_stage(
         result = {"status": "error", "passed": False, "error": f"{type(exc).__name__}: {exc}"}
         if getattr(exc, "log_tail", ""):
             result["log_tail"] = exc.log_tail
+    return _finish(result, out, t0, log)
+
+
+def _finish(result: dict, out: Path, t0: float, log: Any) -> dict:
+    """Time the result, write ``parity.json``, print a failure's details."""
     result["duration_s"] = round(time.monotonic() - t0, 2)
     out.mkdir(parents=True, exist_ok=True)
     (out / "parity.json").write_text(json.dumps(result, indent=1, default=str))
@@ -185,6 +240,10 @@ def compact(result: dict, tables: int = 3) -> dict:
     """The result for report.json: without per-case rows, at most ``tables`` diff tables
     (the full result stays in ``parity.json``)."""
     out = {k: v for k, v in result.items() if k != "cases"}
+    if "candidates" in out:  # each candidate's diff tables stay in parity.json
+        out["candidates"] = [
+            {k: v for k, v in c.items() if k != "diff_tables"} for c in out["candidates"]
+        ]
     if "diff_tables" in out:
         out["diff_tables"] = out["diff_tables"][:tables]
     return out

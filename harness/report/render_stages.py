@@ -75,17 +75,48 @@ def _diff_rows(text: str) -> Table | None:
     return head, rows
 
 
-def parity_blocks(parity: dict) -> list[Block]:
-    """The parity stage: its summary (overall and per protocol), thresholds, failures and the
-    first differing beams of the worst cases."""
+TABLE_COLUMNS = ("cases", "errors", "top1_agreement", "overlap_mean", "overlap_min",
+                 "spearman_mean", "spearman_min", "max_score_diff", "exact_rate")  # fmt: skip
+RULE_COLUMNS = ("candidate", "than", "n", "metric", "value", "other", "margin")
+
+
+def _candidate_blocks(parity: dict) -> list[Block]:
+    """The ``candidates:`` form: one row per candidate x n against the reference, the
+    no_worse_than checks, and each candidate's verdict."""
     out: list[Block] = []
+    ref = parity.get("reference") or {}
+    title = f"against the {ref.get('dtype') or parity.get('reference_dtype', '?')} reference"
+    rows = [[str(r.get("candidate")), str(r.get("precision")), str(r.get("n")),
+             *(_num(r.get(k)) for k in TABLE_COLUMNS)]
+            for r in parity.get("table") or []]  # fmt: skip
+    if rows:
+        out.append((title, (["candidate", "precision", "n", *TABLE_COLUMNS], rows)))
+    rules = [[*(_num(c.get(k)) for k in RULE_COLUMNS), "pass" if c.get("passed") else "FAIL"]
+             for c in parity.get("rules") or []]  # fmt: skip
+    if rules:
+        out.append(("no_worse_than", ([*RULE_COLUMNS, "result"], rules)))
+    verdicts = [[str(c.get("name")), str(c.get("kind")), str(c.get("status")),
+                 "yes" if c.get("gate") else "no (reported)",
+                 "; ".join(c.get("failures") or c.get("notes") or []) or "-"]
+                for c in parity.get("candidates") or []]  # fmt: skip
+    if verdicts:
+        out.append(("candidates", (["candidate", "kind", "status", "gated", "findings"], verdicts)))
+    return out
+
+
+def parity_blocks(parity: dict) -> list[Block]:
+    """The parity stage: its summary (overall and per protocol) or, with several candidates,
+    the candidate x n table and rule checks; thresholds, failures and the first differing
+    beams of the worst cases."""
+    out: list[Block] = _candidate_blocks(parity)
     summary = parity.get("summary")
     if summary:
         rows = [["all", *(_num(summary.get(k)) for k in PARITY_COLUMNS)]]
         for proto, s in (parity.get("by_protocol") or {}).items():
             rows.append([proto, *(_num(s.get(k)) for k in PARITY_COLUMNS)])
         out.append(("summary", (["protocol", *PARITY_COLUMNS], rows)))
-    settings = {k: parity[k] for k in ("precision", "protocols", "servers") if k in parity}
+    keys = ("precision", "reference_dtype", "reference", "ns", "prompts", "protocols", "servers")
+    settings = {k: parity[k] for k in keys if k in parity}
     settings.update(parity.get("thresholds") or {})
     if settings:
         out.append(("settings and thresholds", (["setting", "value"], _pairs(settings))))

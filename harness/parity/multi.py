@@ -1,0 +1,131 @@
+"""The ``candidates:`` form of the parity stage: one HF reference (``reference_dtype``,
+float32 by default) answers every (protocol, prompt, n) first; then each candidate (FlashRec
+at a precision, or the HF reference at another dtype) is launched alone, asked the same
+cases, compared and stopped. One server at a time: each gets the whole GPU, and every
+candidate is judged against the very same reference beams."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from harness.parity.candidates import Candidate, Plan, candidate_result, multi_result, parse_plan
+from harness.parity.fetch import (
+    PROTOCOLS,
+    default_max_tokens,
+    detect_protocols,
+    fetch_all,
+    make_prompts,
+    no_shared_protocol,
+)
+from harness.parity.fetch import cases_from as _cases_from
+from harness.parity.stage import one_server
+
+_ROLE = {"flashrec": "candidate", "reference": "reference"}
+
+
+async def _fetch(spec: dict, url: str, prompts: list, ns: list[int], max_tokens: int | None,
+                 wanted: list[str] | None) -> tuple[dict, list[str], int, dict]:  # fmt: skip
+    """(beams per case, protocols asked, max_tokens, why a protocol was left out)."""
+    why: dict[str, str] = {}
+    async with aiohttp.ClientSession() as session:
+        protocols = spec.get("protocols") or "auto"
+        if protocols == "auto":
+            protocols = await detect_protocols(session, url, why)
+        protocols = [p for p in protocols if wanted is None or p in wanted]
+        if not protocols:
+            raise ValueError(no_shared_protocol(why))
+        max_tokens = max_tokens or spec.get("max_tokens") or await default_max_tokens(session, url)
+        beams = await fetch_all(
+            session, url, prompts, ns, protocols, int(max_tokens), float(spec.get("timeout_s", 300))
+        )
+    return beams, protocols, int(max_tokens), why
+
+
+def _run_candidate(
+    cand: Candidate, spec: dict, plan: Plan, ref: dict, ctx: dict, log: Any
+) -> tuple[dict, list[dict]]:
+    """Launch (or reach) one candidate, ask it every reference case, judge it."""
+    t0 = time.monotonic()
+    try:
+        with one_server(
+            _ROLE[cand.kind],
+            cand.args,
+            ctx["model_path"],
+            ctx["catalog"],
+            ctx["out"] / "servers" / f"{cand.name}.log",
+            spec.get("device"),
+            cand.url,
+            float(spec.get("startup_timeout_s", 600)),
+        ) as (url, info):
+            beams, _, _, _ = asyncio.run(
+                _fetch(spec, url, ctx["prompts"], plan.ns, ctx["max_tokens"], ctx["protocols"])
+            )
+    except Exception as exc:  # noqa: BLE001 - one candidate's failure is its row, not the stage's
+        res = {"name": cand.name, "kind": cand.kind, "precision": cand.precision,
+               "args": cand.args, "gate": cand.gate, "status": "error", "passed": False,
+               "failures": [f"{type(exc).__name__}: {exc}"]}  # fmt: skip
+        if getattr(exc, "log_tail", ""):
+            res["log_tail"] = exc.log_tail
+        log(f"parity: {cand.name}: {res['failures'][0]}")
+        return res, []
+    cases = _cases_from(ref, beams)
+    res = candidate_result(cand, cases, plan.ns)
+    res.update(url=url, engine=info.get("engine"), duration_s=round(time.monotonic() - t0, 2))
+    log(f"parity: {cand.name} ({cand.precision}): {res['status']} in {res['duration_s']} s")
+    return res, [{"candidate": cand.name, **c.row()} for c in cases]
+
+
+def run_candidates(
+    spec: dict, model_path: str | None, catalog: str | None, out: Path, log: Any = print
+) -> dict:
+    """The multi-candidate stage result (:func:`harness.parity.candidates.multi_result`)."""
+    plan = parse_plan(spec)
+    prompts = make_prompts(
+        int(spec.get("prompts", 8)),
+        int(spec.get("median_tokens", 96)),
+        int(spec.get("seed", 0)),
+        int(spec.get("system_prompt_tokens", 32)),
+        model_path,
+    )
+    if not prompts:
+        raise ValueError("parity: 'prompts' must be >= 1")
+    wanted = spec.get("protocols")
+    if wanted not in (None, "auto") and not set(wanted) <= set(PROTOCOLS):
+        raise ValueError(f"parity: protocols {wanted} are not among {PROTOCOLS}")
+    t0 = time.monotonic()
+    with one_server(
+        "reference",
+        plan.reference_args,
+        model_path,
+        catalog,
+        out / "servers" / "reference.log",
+        spec.get("device"),
+        spec.get("reference_url"),
+        float(spec.get("startup_timeout_s", 600)),
+    ) as (ref_url, _):
+        ref, protocols, max_tokens, _ = asyncio.run(
+            _fetch(spec, ref_url, prompts, plan.ns, None, None)
+        )
+    log(f"parity: reference ({plan.reference_dtype}): {len(ref)} cases in "
+        f"{time.monotonic() - t0:.1f} s")  # fmt: skip
+    ctx = {"model_path": model_path, "catalog": catalog, "out": out, "prompts": prompts,
+           "max_tokens": max_tokens, "protocols": protocols}  # fmt: skip
+    results, rows = [], []
+    for cand in plan.candidates:
+        res, cand_rows = _run_candidate(cand, spec, plan, ref, ctx, log)
+        results.append(res)
+        rows += cand_rows
+    result = multi_result(plan, results, protocols, rows)
+    result["reference"] = {
+        "dtype": plan.reference_dtype,
+        "url": ref_url,
+        "args": plan.reference_args,
+    }
+    result["prompts"] = len(prompts)
+    result["max_tokens"] = max_tokens
+    return result
