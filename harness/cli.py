@@ -22,6 +22,8 @@ from harness.spec.matrix import SpecError
 COMMANDS: dict[str, str] = {
     "compare": "harness.cli:compare_main",
     "determinism": "harness.determinism:main",
+    "eval": "harness.quality.cli:main",
+    "eval-dataset": "harness.quality.generate:main",
     "gate": "harness.ab.gate:main",
     "quick": "harness.quick:main",
     "reference-server": "harness.servers.reference_server:main",

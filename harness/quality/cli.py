@@ -1,0 +1,197 @@
+"""``flashrec-bench eval DATASET``: recommendation quality of a beam server on a RecIF-style
+dataset (pass@k, position1_pass@k, recall@k by SID and by PID; invalid and duplicate rates;
+per task, with 95% intervals over samples).
+
+Exit codes: 0 ok; 2 bad input (dataset, mapping, options); 3 the server failed (every request,
+or its start).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import sys
+from pathlib import Path
+
+import aiohttp
+
+from harness.quality.dataset import default_sid2pid, load_dataset
+from harness.quality.pids import load_pid_map
+from harness.quality.run import (
+    OFFICIAL_BEAMS,
+    OFFICIAL_KS,
+    OFFICIAL_TOKENS,
+    EvalOptions,
+    ask,
+    progress_printer,
+    score,
+)
+
+EXIT_OK, EXIT_USAGE, EXIT_SERVER = 0, 2, 3
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="flashrec-bench eval",
+        description="Recommendation quality of a beam server on a RecIF-Bench parquet "
+        "(file or benchmark_data/ tree) or a JSONL dataset. Reference: docs/harness.md.",
+    )
+    p.add_argument("dataset", help="RecIF parquet file or folder, or a JSONL file")
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--url", help="a running server (FlashRec, SGLang, the HF reference)")
+    where.add_argument("--model-path", help="launch FlashRec on this checkpoint (127.0.0.1)")
+    p.add_argument("--protocol", choices=["chat", "generate"], default="chat",
+                   help="chat completions, or SGLang /generate (chat template + <|sid_begin|>)")  # fmt: skip
+    p.add_argument("--official", action="store_true",
+                   help=f"the benchmark's protocol: {OFFICIAL_BEAMS} beams, {OFFICIAL_TOKENS} "
+                   "tokens, k in {1, 32}; prints the published numbers beside ours on an "
+                   "official test set")  # fmt: skip
+    p.add_argument("--beams", type=int, help=f"beam width (default {OFFICIAL_BEAMS})")
+    p.add_argument("--max-tokens", type=int, help="tokens to generate (default: SID depth + 1)")
+    p.add_argument("--ks", help="cut-offs, comma separated (default 1,32)")
+    p.add_argument("--catalog", help="valid SIDs for the invalid rate (default: the sid2pid "
+                   "mapping, else the launched model's catalog)")  # fmt: skip
+    p.add_argument("--sid2pid", help="SID -> item id mapping for the PID metrics (default: "
+                   "sid2pid.json beside the dataset; without one, SID metrics only)")  # fmt: skip
+    p.add_argument("--tokenizer", help="chat template for --protocol generate (default: "
+                   "--model-path, else the built-in ChatML)")  # fmt: skip
+    p.add_argument("--served-model-name", default="default", help="the chat 'model' field")
+    p.add_argument("--levels", type=int, default=3, help="SID depth (default 3)")
+    p.add_argument("--limit", type=int, help="evaluate only the first N samples")
+    p.add_argument("--concurrency", type=int, default=8, help="requests in flight (default 8)")
+    p.add_argument("--timeout", type=float, default=300.0, help="per request, seconds")
+    p.add_argument("--device", help="launched server's device (cpu, cuda)")
+    p.add_argument("--server-arg", action="append", metavar="KEY=VALUE",
+                   help="a flashrec serve flag for the launched server (repeatable)")  # fmt: skip
+    p.add_argument("--out", type=Path, help="write the result as JSON here")
+    return p
+
+
+def _options(args: argparse.Namespace) -> EvalOptions:
+    ks = tuple(sorted({int(k) for k in args.ks.split(",") if k.strip()})) if args.ks else None
+    if args.official:
+        clash = [
+            f"{name} {got}"
+            for name, got, want in (
+                ("--beams", args.beams, OFFICIAL_BEAMS),
+                ("--max-tokens", args.max_tokens, OFFICIAL_TOKENS),
+                ("--ks", ks, OFFICIAL_KS),
+            )
+            if got is not None and got != want
+        ]
+        if clash:
+            raise ValueError(f"--official fixes the protocol; drop {', '.join(clash)}")
+        beams, tokens, ks = OFFICIAL_BEAMS, OFFICIAL_TOKENS, OFFICIAL_KS
+    else:
+        beams, tokens = args.beams or OFFICIAL_BEAMS, args.max_tokens or args.levels + 1
+        ks = ks or OFFICIAL_KS
+    if beams < 1 or tokens < 1 or not ks or min(ks) < 1:
+        raise ValueError("--beams, --max-tokens and every k must be >= 1")
+    if args.concurrency < 1:
+        raise ValueError("--concurrency must be >= 1")
+    return EvalOptions(
+        beams, tokens, ks, args.protocol, args.concurrency, args.timeout,
+        args.served_model_name, args.levels,
+    )  # fmt: skip
+
+
+def _fmt(m: dict) -> str:
+    v, lo, hi = m["value"], m["ci_low"], m["ci_high"]
+    if not math.isfinite(v):
+        return "n/a"
+    return f"{v:.4f}  [{lo:.4f}, {hi:.4f}]"
+
+
+def render(result: dict, official: bool) -> str:
+    """The result as a table per task (and overall with several tasks)."""
+    lines = []
+    proto = result["protocol"]
+    lines.append(
+        f"protocol: {proto['endpoint']}, {proto['beam_width']} beams, {proto['max_tokens']} "
+        f"tokens, k in {proto['ks']}; 95% CI: {proto['ci']}"
+    )
+    blocks = dict(result["tasks"])
+    if len(blocks) > 1:
+        blocks["(all tasks)"] = result["overall"]
+    for task, b in blocks.items():
+        lines.append(f"\n{task}: {b['samples']} samples, {b['failed_requests']} failed requests")
+        pub = b.get("published", {})
+        for name, m in b["metrics"].items():
+            ref = pub.get(name)
+            extra = "   published: " + ", ".join(f"{k} {v}" for k, v in ref.items()) if ref else ""
+            lines.append(f"  {name:<24} {_fmt(m)}{extra}")
+        for name in ("invalid_rate", "duplicate_rate"):
+            r = b[name]
+            lines.append(f"  {name:<24} {_fmt(r)}  ({r['count']} of {r['n']} beams)")
+    if not result["catalog_checked"]:
+        lines.append("\ninvalid_rate counts malformed beams only: no catalog was given")
+    if not result["pid_mode"]:
+        lines.append("PID metrics: none (no sid2pid mapping found; pass --sid2pid)")
+    if official:
+        for f in result["files"]:
+            if not f["official"]:
+                lines.append(f"published numbers not shown for {f['path']}: {f['official_why']}")
+    return "\n".join(lines)
+
+
+async def _run(url: str, samples, opts: EvalOptions, renderer) -> list:
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        return await ask(session, url, samples, opts, renderer, progress_printer(len(samples)))
+
+
+def main(argv: list[str] | None = None) -> int:
+    from harness.load.sids import load_catalog_sids
+    from harness.load.workload import PromptRenderer, load_tokenizer
+
+    args = parser().parse_args(argv)
+    try:
+        opts = _options(args)
+        files = load_dataset(args.dataset, args.levels)
+        samples = [s for f in files for s in f.samples][: args.limit or None]
+        if not samples:
+            raise ValueError("--limit leaves no sample")
+        mapping = args.sid2pid or default_sid2pid(args.dataset)
+        pid_map = load_pid_map(mapping) if mapping else None
+        catalog_path = args.catalog or mapping
+        if catalog_path is None and args.model_path:
+            model_catalog = Path(args.model_path) / "catalog.json"
+            catalog_path = str(model_catalog) if model_catalog.is_file() else None
+        catalog = load_catalog_sids(catalog_path) if catalog_path else None
+        tok = args.tokenizer or args.model_path
+        renderer = PromptRenderer(load_tokenizer(tok)) if args.protocol == "generate" else None
+    except (ValueError, OSError) as exc:
+        print(f"eval: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    print(
+        f"eval: {len(samples)} samples from {len(files)} file(s); PID mapping: {mapping or 'none'}",
+        file=sys.stderr,
+    )
+    try:
+        if args.url:
+            answers = asyncio.run(_run(args.url.rstrip("/"), samples, opts, renderer))
+        else:
+            from harness.quality.serve import launched, parse_args
+
+            log = (args.out.parent if args.out else Path(".")) / "eval-server.log"
+            with launched(
+                "flashrec", args.model_path, catalog_path, log, args.device,
+                parse_args(args.server_arg),
+            ) as srv:  # fmt: skip
+                answers = asyncio.run(_run(srv.base_url, samples, opts, renderer))
+    except (RuntimeError, OSError) as exc:
+        print(f"eval: {exc}", file=sys.stderr)
+        tail = getattr(exc, "log_tail", "")
+        if tail:
+            print(tail, file=sys.stderr)
+        return EXIT_SERVER
+    result = score(answers, opts, catalog, pid_map, files)
+    result["server"] = args.url or f"launched FlashRec on {args.model_path}"
+    result["dataset"] = str(args.dataset)
+    print(render(result, args.official))
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=1, default=str))
+    return EXIT_OK

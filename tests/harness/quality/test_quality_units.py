@@ -1,0 +1,138 @@
+"""Metric definitions, intervals, the PID mapping, dataset reading and official detection."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from harness.quality.dataset import OFFICIAL_MIN_ROWS, load_dataset, official_check
+from harness.quality.metrics import bootstrap_mean, sample_metrics, summarize_metric, wilson
+from harness.quality.pids import load_pid_map, pack
+
+A, B, C, D = (1, 2, 3), (4, 5, 6), (7, 8, 9), (1, 1, 1)
+
+
+def test_metrics_follow_the_benchmark_definitions():
+    m = sample_metrics([B, A, None, C], [A, C, D], [1, 2, 4])
+    assert (m["pass@1"], m["pass@2"]) == (0.0, 1.0)
+    assert (m["position1_pass@1"], m["position1_pass@2"]) == (0.0, 1.0)  # A is the first truth
+    assert m["recall@2"] == pytest.approx(1 / 3) and m["recall@4"] == pytest.approx(2 / 3)
+    # the first truth found only by a later beam: pass@k but not position1_pass@k
+    m = sample_metrics([C], [A, C], [1])
+    assert m["pass@1"] == 1.0 and m["position1_pass@1"] == 0.0 and m["recall@1"] == 0.5
+    # duplicates keep their slot (first_k): the second beam does not reach B
+    assert sample_metrics([A, A, B], [B], [2])["pass@2"] == 0.0
+    assert sample_metrics([], [A], [1])["recall@1"] == 0.0
+    assert sample_metrics([A], [], [1]) == {"pass@1": 0.0, "position1_pass@1": 0.0, "recall@1": 0.0}
+
+
+def test_intervals():
+    lo, hi = wilson(5, 10)
+    assert lo == pytest.approx(0.2366, abs=1e-4) and hi == pytest.approx(0.7634, abs=1e-4)
+    assert wilson(0, 20)[0] == 0.0 and 0 < wilson(0, 20)[1] < 0.2
+    a = np.array([0.0, 0.5, 1.0, 0.5] * 25)
+    lo, hi = bootstrap_mean(a)
+    assert lo < a.mean() < hi and hi - lo < 0.25
+    s = summarize_metric("recall@32", a)
+    assert s["ci"] == "bootstrap" and s["value"] == pytest.approx(0.5) and s["n"] == 100
+    assert summarize_metric("pid_pass@1", [1, 0])["ci"] == "wilson"
+    with pytest.raises(ValueError, match="no samples"):
+        summarize_metric("pass@1", [])
+
+
+def test_pid_map_both_key_forms_and_downsampled_popularity(tmp_path):
+    items = [
+        {"pid": 11, "count": 90, "count_after_downsample": 5},
+        {"pid": 12, "count": 40, "count_after_downsample": 30},
+        {"pid": 13, "count": 10, "count_after_downsample": 30},  # a tie: list order wins
+    ]
+    path = tmp_path / "sid2pid.json"
+    path.write_text(json.dumps({str(pack((3, 2, 1))): items, "4,5,6": [{"iid": 7, "count": 1}]}))
+    got = load_pid_map(path)
+    assert pack((3, 2, 1)) == 3 * 8192**2 + 2 * 8192 + 1
+    assert got == {(3, 2, 1): 12, (4, 5, 6): 7}
+    path.write_text(json.dumps({"1": []}))
+    with pytest.raises(ValueError, match="maps no SID"):
+        load_pid_map(path)
+    path.write_text(json.dumps({str(8192**3): items}))
+    with pytest.raises(ValueError, match="exceeds"):
+        load_pid_map(path)
+
+
+def _parquet(path, rows):
+    pd = pytest.importorskip("pandas")
+    pytest.importorskip("pyarrow")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame(rows).to_parquet(path, index=False)
+
+
+def _row(answer, pids=None):
+    meta = {"answer": answer} | ({"answer_pid": pids} if pids else {})
+    return {"messages": [{"role": "user", "content": "hi"}], "metadata": json.dumps(meta)}
+
+
+def test_dataset_reading_and_errors(tmp_path):
+    f = tmp_path / "ad" / "ad_test.parquet"
+    _parquet(f, [_row("<|sid_begin|><s_a_1><s_b_2><s_c_3><|sid_end|><s_a_7><s_b_8><s_c_9>", [5])])
+    (file,) = load_dataset(tmp_path)
+    s = file.samples[0]
+    assert (file.task, s.task, s.truth, s.truth_pids) == ("ad", "ad", (A, C), (5,))
+    assert s.messages == [{"role": "user", "content": "hi"}]
+    assert not file.official and "benchmark_data" in file.official_why
+    _parquet(f, [_row("no sid here")])
+    with pytest.raises(ValueError, match="row 0: no ground-truth SID"):
+        load_dataset(f)
+    _parquet(f, [{"text": "x"}])
+    with pytest.raises(ValueError, match="'messages' column"):
+        load_dataset(f)
+    empty = tmp_path / "e"
+    empty.mkdir()
+    with pytest.raises(ValueError, match="no .parquet"):
+        load_dataset(empty)
+    with pytest.raises(FileNotFoundError):
+        load_dataset(tmp_path / "missing.parquet")
+    j = tmp_path / "d.jsonl"
+    j.write_text(
+        json.dumps(
+            {
+                "messages": [{"role": "user", "content": "q"}],
+                "answer": "<s_a_4><s_b_5><s_c_6>",
+                "task": "video",
+            }
+        )
+        + "\n"
+    )
+    (jf,) = load_dataset(j)
+    assert jf.samples[0].truth == (B,) and jf.samples[0].task == "video"
+    j.write_text("")
+    with pytest.raises(ValueError, match="holds no samples"):
+        load_dataset(j)
+
+
+def test_official_detection(tmp_path):
+    p = tmp_path / "benchmark_data" / "video" / "video_test.parquet"
+    assert official_check(p, OFFICIAL_MIN_ROWS) == (
+        True,
+        f"official layout, task video, {OFFICIAL_MIN_ROWS} rows",
+    )
+    ok, why = official_check(p, 50)
+    assert not ok and "cut" in why
+    ok, why = official_check(tmp_path / "benchmark_data" / "foo" / "foo_test.parquet", 5000)
+    assert not ok and "not one of" in why
+    ok, _ = official_check(tmp_path / "video" / "video_test.parquet", 5000)
+    assert not ok
+
+
+def test_official_flag_fixes_the_protocol(tmp_path, capsys):
+    from harness.quality.cli import main
+
+    f = tmp_path / "v" / "v_test.parquet"
+    _parquet(f, [_row("<s_a_1><s_b_2><s_c_3>")])
+    assert main([str(f), "--url", "http://127.0.0.1:9", "--official", "--beams", "8"]) == 2
+    assert "--official fixes the protocol; drop --beams 8" in capsys.readouterr().err
+    assert main([str(tmp_path / "nope.parquet"), "--url", "http://127.0.0.1:9"]) == 2
+    # nothing listens: every request fails, which is a server error, not a zero score
+    assert main([str(f), "--url", "http://127.0.0.1:9", "--timeout", "2"]) == 3
+    assert "every one of 1 requests failed" in capsys.readouterr().err
