@@ -21,6 +21,7 @@ from harness.parity.compare import (
 
 KINDS = ("flashrec", "reference")
 REFERENCE_DTYPES = ("float32", "bfloat16", "float16")
+DTYPE_NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 # what no_worse_than compares unless a rule names its own metrics (higher is closer)
 RULE_METRICS = ("top1_agreement", "overlap_mean")
 CANDIDATE_KEYS = {"name", "kind", "precision", "dtype", "quantization", "kv_cache_dtype",
@@ -81,7 +82,7 @@ def _precision(c: dict) -> str:
 def reference_dtype(value: Any, default: str = "float32") -> str:
     """The HF reference server's dtype (``reference_dtype``; bf16 / fp32 aliases accepted)."""
     name = str(value or default)
-    name = ALIASES.get(name, name)
+    name = DTYPE_NAMES.get(name, name)
     if name not in REFERENCE_DTYPES:
         raise ValueError(f"parity: reference_dtype {value!r} is not one of {REFERENCE_DTYPES}")
     return name
@@ -97,8 +98,13 @@ def _candidate(c: Any, base: dict, ref_base: dict, i: int) -> Candidate:
     kind = str(c.get("kind", "flashrec"))
     if kind not in KINDS:
         raise ValueError(f"parity: candidate {name!r}: kind {kind!r} is not one of {KINDS}")
-    precision = _precision(c)
+    try:
+        precision = _precision(c)
+    except ValueError as exc:
+        raise ValueError(f"parity: candidate {name!r}: {exc}") from None
     own = {k: c[k] for k in ("dtype", "quantization", "kv_cache_dtype") if c.get(k) is not None}
+    if "dtype" in own:  # the servers' --dtype takes full names only
+        own["dtype"] = DTYPE_NAMES.get(str(own["dtype"]), str(own["dtype"]))
     if kind == "reference":
         if precision == "fp8" or set(own) - {"dtype"}:
             raise ValueError(

@@ -1,0 +1,206 @@
+"""The ``candidates:`` form of the parity stage without servers: the section's checks, the
+candidate x n table, the no_worse_than rule on planted beams, the report's rendering, and the
+H200 matrix that uses it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from harness.parity.candidates import candidate_result, multi_result, parse_plan
+from harness.parity.compare import Beam, Case, compare_beams
+from harness.parity.stage import compact, run_parity_stage
+from harness.report.render_stages import parity_blocks
+
+REPO = Path(__file__).resolve().parents[2]
+H200 = REPO / "matrices" / "h200_parity_fp32.yaml"
+SECTION = {
+    "ns": [1, 4],
+    "candidates": [
+        {"name": "fr-bf16", "dtype": "bf16", "no_worse_than": "hf-bf16"},
+        {"name": "fr-fp8", "quantization": "fp8", "kv_cache_dtype": "fp8_e4m3"},
+        {"name": "hf-bf16", "kind": "reference", "dtype": "bfloat16"},
+    ],
+}
+
+
+def test_plan_flags_precisions_and_gates():
+    plan = parse_plan({**SECTION, "server_args": {"batch_slots": 512}})
+    bf16, fp8, hf = plan.candidates
+    assert plan.reference_dtype == "float32" and plan.reference_args == {"dtype": "float32"}
+    assert bf16.precision == "bfloat16" and bf16.gate
+    assert bf16.args == {"dtype": "bfloat16", "quantization": "none", "batch_slots": 512}
+    assert fp8.precision == "fp8" and fp8.thresholds.min_top1 == 0.75
+    assert fp8.args == {"dtype": "bfloat16", "quantization": "fp8", "kv_cache_dtype": "fp8_e4m3",
+                        "batch_slots": 512}  # fmt: skip
+    # the HF yardstick: reference-server flags only (no FlashRec server_args), reported only
+    assert hf.kind == "reference" and hf.args == {"dtype": "bfloat16"} and not hf.gate
+    assert [(r.candidate, r.than, r.metrics) for r in plan.rules] == [
+        ("fr-bf16", "hf-bf16", ("top1_agreement", "overlap_mean"))
+    ]
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"candidates": []}, "'candidates' is empty"),
+        ({"ns": None}, "'ns'"),
+        ({"ns": []}, "'ns'"),
+        ({"ns": [0, 4]}, "n must be >= 1"),
+        ({"candidate_url": "http://127.0.0.1:9"}, "single-candidate form"),
+        ({"candidates": [{"name": "a"}, {"name": "a"}]}, "unique"),
+        ({"candidates": [{"dtype": "bfloat16"}]}, "needs a 'name'"),
+        ({"candidates": [{"name": "a", "kind": "sglang"}]}, "kind 'sglang'"),
+        ({"candidates": [{"name": "a", "dtyp": "bfloat16"}]}, "unknown keys ['dtyp']"),
+        ({"candidates": [{"name": "a", "precision": "int4"}]}, "unknown precision"),
+        (
+            {"candidates": [{"name": "a", "kind": "reference", "quantization": "fp8"}]},
+            "only a dtype",
+        ),
+        ({"candidates": [{"name": "a", "no_worse_than": "b"}]}, "name another candidate"),
+        ({"candidates": [{"name": "a", "no_worse_than": "a"}]}, "name another candidate"),
+        ({"reference_dtype": "fp8"}, "reference_dtype"),
+    ],
+)
+def test_plan_errors_are_clear(change, message):
+    with pytest.raises(ValueError, match="parity: ") as err:
+        parse_plan({**SECTION, **change})
+    assert message in str(err.value)
+
+
+def test_stage_reports_a_bad_section_as_an_error_not_a_pass(tmp_path):
+    """No server is launched: the section is refused first, and the single-candidate form
+    refuses an empty ns too (it used to compare nothing and pass)."""
+    for spec in ({**SECTION, "candidates": []}, {"ns": []}):
+        res = run_parity_stage(spec, None, None, tmp_path, log=lambda *a: None)
+        assert res["status"] == "error" and not res["passed"], res
+        assert "empty" in res["error"]
+        assert (tmp_path / "parity.json").is_file()
+
+
+def _case(n: int, prompt: int, ref: list[Beam], cand: list[Beam]) -> Case:
+    case = Case("chat", prompt, n, ref=ref, cand=cand)
+    case.metrics = compare_beams(ref, cand)
+    return case
+
+
+def _beams(n: int, seed: int) -> list[Beam]:
+    return [Beam((seed, 2, i), -0.1 * i - 0.01 * seed) for i in range(n)]
+
+
+def _results(plan, worse: dict[int, list[int]]) -> list[dict]:
+    """Each candidate answers the reference's beams exactly, except ``worse``: at those n the
+    listed prompts come back with the best beam moved last and one beam swapped for a new one."""
+    out = []
+    for cand in plan.candidates:
+        cases = []
+        for n in plan.ns:
+            for p in range(4):
+                ref = _beams(n, p)
+                got = list(ref)
+                if cand.name == "fr-bf16" and p in worse.get(n, []) and n > 1:
+                    got = got[1:] + got[:1]
+                    got[-2] = Beam((99, p, n), got[-2].score)
+                cases.append(_case(n, p, ref, got))
+        out.append(candidate_result(cand, cases, plan.ns))
+    return out
+
+
+def test_no_worse_than_fails_a_planted_worse_candidate_by_how_much():
+    plan = parse_plan(SECTION)
+    res = multi_result(plan, _results(plan, {4: [0, 1]}), ["chat"], [])
+    assert not res["passed"] and res["status"] == "fail"
+    # one row per candidate x n
+    assert [(r["candidate"], r["n"]) for r in res["table"]] == [
+        (c, n) for c in ("fr-bf16", "fr-fp8", "hf-bf16") for n in (1, 4)
+    ]
+    row = next(r for r in res["table"] if (r["candidate"], r["n"]) == ("fr-bf16", 4))
+    assert row["top1_agreement"] == 0.5 and row["overlap_mean"] == 0.875
+    failed = [c for c in res["rules"] if not c["passed"]]
+    assert {(c["n"], c["metric"]) for c in failed} == {(4, "top1_agreement"), (4, "overlap_mean")}
+    top1 = next(c for c in failed if c["metric"] == "top1_agreement")
+    assert top1["value"] == 0.5 and top1["other"] == 1.0 and top1["margin"] == -0.5
+    assert (
+        "fr-bf16 no_worse_than hf-bf16 n=4 top1_agreement: 0.5000 < 1.0000 (by 0.5000)"
+        in (res["failures"])
+    )
+    # the same candidates without the planted fault pass every check, margins 0
+    ok = multi_result(plan, _results(plan, {}), ["chat"], [])
+    assert ok["passed"] and all(c["passed"] and c["margin"] == 0 for c in ok["rules"])
+    assert len(ok["rules"]) == 4  # 2 ns x 2 metrics
+
+
+def test_a_tolerance_forgives_only_what_it_says():
+    section = {**SECTION, "candidates": [dict(c) for c in SECTION["candidates"]]}
+    section["candidates"][0]["no_worse_than"] = {"than": "hf-bf16", "tolerance": 0.2,
+                                                 "metrics": ["overlap_mean"]}  # fmt: skip
+    plan = parse_plan(section)
+    res = multi_result(plan, _results(plan, {4: [0, 1]}), ["chat"], [])
+    (n4,) = [c for c in res["rules"] if c["n"] == 4]
+    assert n4["margin"] == -0.125 and n4["passed"]  # overlap 0.875 vs 1.0 within 0.2
+    # the per-precision threshold (bf16 top-1 >= 0.9) still catches it: 6 of 8 cases
+    assert not res["passed"] and "fr-bf16: top-1 agreement 0.750 < 0.9" in res["failures"]
+
+
+def test_a_candidate_with_nothing_compared_fails_and_so_does_its_rule():
+    plan = parse_plan(SECTION)
+    results = _results(plan, {})
+    results[2] = candidate_result(plan.candidates[2], [], plan.ns)  # the yardstick answered none
+    res = multi_result(plan, results, ["chat"], [])
+    assert "hf-bf16: n=1: no case returned beams" in res["failures"]
+    assert all(not c["passed"] and c["margin"] is None for c in res["rules"])
+    # errors fail even a candidate that is not gated
+    errs = [Case("chat", 0, n, error="HTTP 500") for n in plan.ns]
+    hf = candidate_result(plan.candidates[2], errs, plan.ns)
+    assert not hf["passed"] and "n=4: every case failed" in hf["failures"]
+
+
+def test_report_renders_one_row_per_candidate_and_n():
+    plan = parse_plan(SECTION)
+    res = compact(multi_result(plan, _results(plan, {4: [0]}), ["chat"], []))
+    res["reference"] = {"dtype": "float32"}
+    blocks = dict(parity_blocks(res))
+    head, rows = blocks["against the float32 reference"]
+    assert head[:5] == ["candidate", "precision", "n", "cases", "errors"]
+    assert [r[:3] for r in rows] == [
+        [c, p, n] for c, p in (("fr-bf16", "bfloat16"), ("fr-fp8", "fp8"),
+                               ("hf-bf16", "bfloat16")) for n in ("1", "4")
+    ]  # fmt: skip
+    assert rows[1][head.index("top1_agreement")] == "0.75"
+    head, rules = blocks["no_worse_than"]
+    assert [r[-1] for r in rules] == ["pass", "pass", "FAIL", "FAIL"]
+    head, verdicts = blocks["candidates"]
+    assert [v[:4] for v in verdicts] == [
+        ["fr-bf16", "flashrec", "fail", "yes"],
+        ["fr-fp8", "flashrec", "pass", "yes"],
+        ["hf-bf16", "reference", "pass", "no (reported)"],
+    ]
+
+
+def test_h200_matrix_loads_and_its_section_is_the_issue_s():
+    import yaml
+
+    from harness.gate.gates import load_cells
+
+    spec, cells = load_cells(str(H200))
+    assert cells and spec.model.preset == "onerec-1.7b" and spec.model.sid_entropy
+    section = yaml.safe_load(H200.read_text())["parity"]
+    plan = parse_plan(section)
+    assert plan.reference_dtype == "float32" and plan.ns == [1, 50, 256]
+    assert 8 <= section["prompts"] <= 16
+    kinds = {c.name: (c.kind, c.precision, c.gate) for c in plan.candidates}
+    assert kinds == {
+        "flashrec-bf16": ("flashrec", "bfloat16", True),
+        "flashrec-fp8": ("flashrec", "fp8", True),
+        "hf-bf16": ("reference", "bfloat16", False),
+    }
+    assert [(r.candidate, r.than) for r in plan.rules] == [("flashrec-bf16", "hf-bf16")]
+    assert plan.candidates[1].args["kv_cache_dtype"] == "fp8_e4m3"
+
+
+def test_h200_matrix_dry_run(capsys):
+    from harness.cli import main
+
+    assert main([str(H200), "--dry-run"]) == 0
+    assert "--device cuda" in capsys.readouterr().out

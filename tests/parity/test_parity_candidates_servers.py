@@ -1,0 +1,101 @@
+"""``pytest -m parity``: the ``candidates:`` stage against a real launched float32 HF
+reference on the tiny synthetic model: FlashRec float32 agrees exactly, a bf16 FlashRec and
+HF bf16 report their distance, a planted worse candidate fails no_worse_than; and a CPU copy
+of matrices/h200_parity_fp32.yaml runs end to end through flashrec-bench."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from perturb_proxy import PerturbProxy
+
+from harness.parity import precision_args, run_parity_stage
+from harness.parity.stage import one_server
+
+pytestmark = pytest.mark.parity
+REPO = Path(__file__).resolve().parents[2]
+NS = [1, 4, 16]
+
+
+def test_candidates_against_an_fp32_reference(synth_model, tmp_path):
+    path = synth_model("tiny", catalog_size=2000)
+    catalog = str(path / "catalog.json")
+    fp32 = precision_args("float32")[0]
+    log = tmp_path / "perturbed-backend.log"
+    with one_server("candidate", fp32, str(path), catalog, log, "cpu") as (backend, _):
+        with PerturbProxy(backend) as proxy:
+            spec = {
+                "device": "cpu", "reference_dtype": "float32", "ns": NS, "prompts": 2,
+                "protocols": ["chat"], "startup_timeout_s": 300, "timeout_s": 120,
+                "candidates": [
+                    {"name": "flashrec-fp32", "dtype": "float32", "no_worse_than": "hf-bf16"},
+                    {"name": "flashrec-bf16", "dtype": "bfloat16", "gate": False},
+                    {"name": "hf-bf16", "kind": "reference", "dtype": "bfloat16"},
+                    {"name": "perturbed", "url": proxy.url, "gate": False,
+                     "no_worse_than": "hf-bf16"},
+                ],
+            }  # fmt: skip
+            res = run_parity_stage(spec, str(path), catalog, tmp_path / "out", log=print)
+            perturbed = proxy.perturbed
+    assert res["status"] == "fail", res.get("error")
+    saved = json.loads((tmp_path / "out" / "parity.json").read_text())
+    assert saved["table"] == res["table"] and saved["reference"]["dtype"] == "float32"
+    rows = {(r["candidate"], r["n"]): r for r in res["table"]}
+    assert len(rows) == 4 * len(NS) and all(
+        r["cases"] == 2 and r["errors"] == 0 for r in rows.values()
+    )
+    # FlashRec float32 against the float32 HF reference: the same ranked beams
+    for n in NS:
+        r = rows[("flashrec-fp32", n)]
+        assert r["exact_rate"] == 1.0 and r["top1_agreement"] == 1.0 and r["overlap_mean"] == 1.0
+        assert r["max_score_diff"] <= 1e-4
+    # the bf16 engines report how far from fp32 they are (rounding moves every score)
+    for name in ("flashrec-bf16", "hf-bf16"):
+        assert max(rows[(name, n)]["max_score_diff"] for n in NS) > 1e-4
+    cands = {c["name"]: c for c in res["candidates"]}
+    assert cands["flashrec-fp32"]["passed"] and cands["flashrec-fp32"]["args"]["dtype"] == "float32"
+    assert cands["hf-bf16"]["engine"] == "hf-reference" and not cands["hf-bf16"]["gate"]
+    # the rule: fp32 FlashRec is at least as close as HF bf16; the perturbed proxy is not
+    good = [c for c in res["rules"] if c["candidate"] == "flashrec-fp32"]
+    assert len(good) == 2 * len(NS) and all(c["passed"] and c["margin"] >= 0 for c in good)
+    bad = [c for c in res["rules"] if c["candidate"] == "perturbed" and not c["passed"]]
+    assert perturbed > 0 and {(c["n"], c["metric"]) for c in bad} == {
+        (4, "top1_agreement"),
+        (16, "top1_agreement"),
+    }
+    assert all(c["value"] == 0.0 and c["margin"] == -c["other"] < 0 for c in bad)
+    assert res["failures"] and all(f.startswith("perturbed no_worse_than") for f in res["failures"])
+
+
+def test_cpu_copy_of_the_h200_matrix(synth_model, tmp_path):
+    """The H200 matrix with only its size and device changed (tiny preset, CPU, 2 prompts,
+    n 1 / 4 / 16) runs its cell and the three-candidate parity stage end to end."""
+    from harness.cli import main
+
+    m = yaml.safe_load((REPO / "matrices" / "h200_parity_fp32.yaml").read_text())
+    m["engine"].update(device="cpu", startup_timeout_s=300)
+    m["model"].update(path="", preset="tiny", dtype="float32", catalog_size=2000)
+    m["model"]["cache_dir"] = str(tmp_path / "models")
+    m.pop("catalog")
+    m["workload"].update(requests=4, warmup_requests=1, median_tokens=64, system_prompt_tokens=16)
+    m["axes"] = {"beam_width": [4], "concurrency": [1]}
+    m["parity"].update(ns=NS, prompts=2, median_tokens=64, system_prompt_tokens=16,
+                       startup_timeout_s=300, timeout_s=120)  # fmt: skip
+    # bf16 on a tiny random model may miss the bf16 thresholds: the run must still finish
+    m["gates"] = [g for g in m["gates"] if g.get("path") != "parity.passed"]
+    matrix = tmp_path / "cpu.yaml"
+    matrix.write_text(yaml.safe_dump(m))
+    assert main([str(matrix), "--out", str(tmp_path / "run")]) == 0
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    parity = report["parity"]
+    assert parity["status"] in ("pass", "fail"), parity.get("error")
+    assert [(r["candidate"], r["n"]) for r in parity["table"]] == [
+        (c, n) for c in ("flashrec-bf16", "flashrec-fp8", "hf-bf16") for n in NS
+    ]
+    assert all(r["cases"] == 2 and r["errors"] == 0 for r in parity["table"])
+    assert {(c["candidate"], c["than"]) for c in parity["rules"]} == {("flashrec-bf16", "hf-bf16")}
+    md = (tmp_path / "run" / "REPORT.md").read_text()
+    assert "### against the float32 reference" in md and "| flashrec-fp8 | fp8 | 16 | 2 | 0 |" in md
