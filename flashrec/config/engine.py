@@ -59,9 +59,7 @@ class EngineConfig:
         8,
         "most prompt splits (split-K) of the GPU beam-decode attention on narrow batches (1-8; 1 = never split)",
     )
-    disable_cuda_graph: bool = opt(
-        False, "run decode eagerly (never a silent fallback)", flag=True
-    )
+    disable_cuda_graph: bool = opt(False, "run decode eagerly (never a silent fallback)", flag=True)
     enable_step_graph: bool | None = opt(
         None,
         "capture each decode step whole (forward, LM head, trie mask, top-n, beam expansion, KV "
@@ -95,9 +93,7 @@ class EngineConfig:
         8192, "longest accepted prompt (tokens); longer prompts are rejected with 400"
     )
     max_prefill_tokens: int = opt(16384, "tokens prefilled together in one forward")
-    mem_fraction_static: float = opt(
-        0.85, "fraction of free GPU memory given to weights + KV pool"
-    )
+    mem_fraction_static: float = opt(0.85, "fraction of free GPU memory given to weights + KV pool")
     kv_pool_tokens: int | None = opt(
         None, "prompt KV pool size in tokens (default: from free memory, or 262144 on cpu)"
     )
@@ -132,6 +128,13 @@ class EngineConfig:
         "inline-PTX conversion, faster) or emulated (integer arithmetic); both give HF's bits",
         ("emulated", "hardware"),
     )
+    deterministic: bool = opt(
+        False,
+        "batch-invariant serving: a request's beams, scores and order do not depend on what "
+        "else is batched with it (decode GEMMs with a fixed reduction order, one prompt per "
+        "prefill forward, no prefix cache, no prompt split in decode attention)",
+        flag=True,
+    )
     enable_prefill_last_rows: bool = opt(
         True,
         "prefill runs the last layer's o_proj, post-attention norm and MLP on each prompt's last "
@@ -156,6 +159,12 @@ class EngineConfig:
         ):
             raise ValueError(
                 f"--prefill-graph-max-tokens must be in 0..65536, got {self.prefill_graph_max_tokens}"
+            )
+        if self.deterministic and self.prefill_graph_max_tokens:
+            raise ValueError(
+                "--deterministic prefills a prompt the same way whatever else runs; the "
+                "one-prompt prefill graph is used only when nothing else runs: leave "
+                "--prefill-graph-max-tokens unset or 0"
             )
         if not 1 <= self.decode_max_splits <= 8:
             raise ValueError(f"--decode-max-splits must be in 1..8, got {self.decode_max_splits}")
@@ -213,7 +222,18 @@ class EngineConfig:
     def resolved_prefill_graph_max_tokens(self) -> int:
         if self.prefill_graph_max_tokens is not None:
             return self.prefill_graph_max_tokens
-        return 2048 if self.graphs_on else 0
+        return 2048 if self.graphs_on and not self.deterministic else 0
+
+    @property
+    def resolved_enable_prefix_cache(self) -> bool:
+        """Radix prefix cache: off under ``--deterministic`` (a prompt always prefills whole)."""
+        return self.enable_prefix_cache and not self.deterministic
+
+    @property
+    def resolved_decode_max_splits(self) -> int:
+        """Prompt splits of the GPU beam-decode attention: 1 under ``--deterministic`` (how
+        many splits a narrow batch gets depends on the batch)."""
+        return 1 if self.deterministic else self.decode_max_splits
 
     @property
     def resolved_piecewise_prefill_max_tokens(self) -> int:
@@ -225,4 +245,3 @@ class EngineConfig:
     @property
     def resolved_batch_slots(self) -> int:
         return self.batch_slots or self.cuda_graph_max_bs
-

@@ -18,6 +18,8 @@ from flashrec.engine.meta import (  # noqa: F401 - host_to_device, make_prefill_
     make_decode_meta,
     make_prefill_meta,
 )
+from flashrec.kernels.invariant import CPU_ROWS as INVARIANT_ROWS
+from flashrec.kernels.invariant import batch_invariant
 from flashrec.kvcache.pool import KVCache
 from flashrec.layers.attention import DecodeMeta, PrefillMeta, create_backend
 from flashrec.layers.logits import RestrictedLMHead
@@ -111,6 +113,16 @@ class ModelRunner:
             kv_dtype,
             config.resolved_batch_slots,
         )
+        if config.deterministic:
+            log.info(
+                "deterministic (batch-invariant): decode GEMMs and LM head %s, one prompt per "
+                "prefill forward (%s attention), no prefix cache, no one-prompt prefill graph, "
+                "decode attention unsplit",
+                "in Triton with a fixed tile and K order"
+                if self.device.type == "cuda"
+                else f"in {INVARIANT_ROWS}-row library GEMMs",
+                self.attention_backend,
+            )
 
     def _load_model(self) -> torch.nn.Module:
         """The model built on the meta device, loaded on the CPU (fused parameters, FP8
@@ -175,7 +187,8 @@ class ModelRunner:
         from flashrec.engine.graph import DecodeGraphRunner
 
         graphs = DecodeGraphRunner(self, BLOCK_M)
-        graphs.capture()
+        with batch_invariant(self.config.deterministic):  # the kernels the replays run
+            graphs.capture()
         top = graphs.sizes[-1]
         if self.kv.row_slots > top:
             log.info(
@@ -302,7 +315,7 @@ class ModelRunner:
             num_kv_heads=mc.num_key_value_heads,
             sms=self.num_sms,
             split_rows=rows,
-            max_splits=self.config.decode_max_splits,
+            max_splits=self.config.resolved_decode_max_splits,
         )
 
     @functools.cached_property
@@ -356,7 +369,7 @@ class ModelRunner:
     ) -> list[torch.Tensor]:
         """One decode forward over all beam rows; returns per group the logprobs of the level
         it decodes next (``levels[i]``; level == depth means the end token)."""
-        with trace_range("flashrec.decode"):
+        with trace_range("flashrec.decode"), batch_invariant(self.config.deterministic):
             return self._head(self._decode_forward(input_ids, meta), meta.groups, levels)
 
     @property
@@ -403,7 +416,7 @@ class ModelRunner:
         ``cum`` / ``nodes [B, n]``): one graph replay on GPU when a step graph of that size was
         captured; else the model forward (graph or eager) and the same static step eagerly.
         The decode KV is reordered by parent inside. Returns views the next call overwrites."""
-        with trace_range("flashrec.decode_step"):
+        with trace_range("flashrec.decode_step"), batch_invariant(self.config.deterministic):
             if self.graphs is not None and self.graphs.has_step(input_ids.shape[0]):
                 self.decode_forwards["graph"] += 1
                 return self.graphs.run_step(input_ids, meta, levels, cum, nodes)

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from flashrec.kernels import fp8 as fp8k
+from flashrec.kernels import invariant
 
 
 class Linear(nn.Module):
@@ -62,6 +63,8 @@ class Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.is_fp8:
+            if invariant.active():  # --deterministic decode: a fixed reduction order per row
+                return invariant.linear(x, self.weight, self.bias)
             return nn.functional.linear(x, self.weight, self.bias)
         x_fp8, scale = fp8k.per_token_quant_fp8(x)
         return self.forward_fp8(x_fp8, scale, out_dtype=x.dtype)
@@ -71,6 +74,5 @@ class Linear(nn.Module):
     ) -> torch.Tensor:
         """GEMM on an activation that was already quantized per token upstream."""
         assert self.is_fp8, "forward_fp8 on an unquantized Linear"
-        return fp8k.fp8_linear(
-            x_fp8, a_scale, self.weight, self.weight_scale, self.bias, out_dtype=out_dtype
-        )
+        gemm = invariant.fp8_linear if invariant.active() else fp8k.fp8_linear
+        return gemm(x_fp8, a_scale, self.weight, self.weight_scale, self.bias, out_dtype=out_dtype)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from flashrec.kernels import invariant
 from flashrec.sid.layout import SidLayout
 
 
@@ -34,7 +35,11 @@ class RestrictedLMHead:
         return self.scope == "level"
 
     def _normalised(self, hidden: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-        return torch.log_softmax(torch.matmul(hidden, rows.t()).float(), dim=-1)
+        if invariant.active():  # --deterministic decode: the same bits whatever the batch
+            logits = invariant.matmul_nt(hidden, rows)
+        else:
+            logits = torch.matmul(hidden, rows.t())
+        return torch.log_softmax(logits.float(), dim=-1)
 
     def level_logprobs(self, hidden: torch.Tensor, level: int) -> torch.Tensor:
         """[m, H] -> [m, K] float32 logprobs of level ``level``'s codes under the scope."""

@@ -76,8 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--strict-concurrent",
         action="store_true",
-        help="concurrent-mode drift fails the run too (results must not depend on what else "
-        "is batched with a request); by default it is reported only",
+        help="concurrent-mode drift, across processes or against the sequential answers, fails "
+        "the run too (results must not depend on what else is batched with a request; needs "
+        "--mode both); by default it is reported only",
     )
     return p
 
@@ -90,6 +91,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.processes < 2 or args.requests < 1:
         print("determinism: need --processes >= 2 and --requests >= 1", file=sys.stderr)
+        return 2
+    if args.strict_concurrent and args.mode != "both":
+        print("determinism: --strict-concurrent needs --mode both", file=sys.stderr)
         return 2
     if not Path(args.model_path).is_dir():
         print(f"determinism: --model-path {args.model_path} is not a directory", file=sys.stderr)

@@ -76,12 +76,18 @@ ACCEPTANCE_REQUESTS = 120  # distinct requests a run needs to count for acceptan
 
 
 def verdict(result: dict, modes: list[str], strict_concurrent: bool = False) -> str:
-    """``error`` when requests failed; ``fail`` on sequential drift (and, with
-    ``strict_concurrent``, on concurrent drift); else ``pass``."""
+    """``error`` when requests failed; ``fail`` on sequential drift; with
+    ``strict_concurrent`` also on concurrent drift across processes or against the sequential
+    answers (``vs_sequential``), and ``error`` when no concurrent run is there to judge;
+    else ``pass``."""
     if sum(result[m]["errors"] for m in modes):
         return "error"
-    counted = ["sequential", "concurrent"] if strict_concurrent else ["sequential"]
-    drift = sum(result.get(m, {}).get("drifting_requests", 0) for m in counted)
+    drift = result.get("sequential", {}).get("drifting_requests", 0)
+    if strict_concurrent:
+        conc = result.get("concurrent")
+        if conc is None or "vs_sequential" not in conc:
+            return "error"  # the claim is sequential == concurrent: both must have run
+        drift += conc["drifting_requests"] + conc["vs_sequential"]["drifting_requests"]
     return "fail" if drift else "pass"
 
 
@@ -108,13 +114,16 @@ def run_determinism(
     ``out_dir/determinism.json`` and returns the same dict.
 
     ``status`` is "fail" when sequential mode drifts, "error" when requests failed, else
-    "pass"; concurrent drift is reported (``concurrent.drifting_requests``) and fails only
-    with ``strict_concurrent`` (results that must not depend on what else is in the batch).
+    "pass"; concurrent drift (across processes, and against the sequential answers:
+    ``concurrent.vs_sequential``) is reported and fails only with ``strict_concurrent``
+    (results that must not depend on what else is in the batch; needs ``mode="both"``).
     ``acceptance`` says whether the run is big enough to count for acceptance (>= 120
     distinct requests, the design notes' N).
     """
     if processes < 2:
         raise ValueError("--processes must be >= 2 (3 or more recommended)")
+    if strict_concurrent and mode != "both":
+        raise ValueError("--strict-concurrent compares concurrent with sequential: use --mode both")
     modes = ["sequential", "concurrent"] if mode == "both" else [mode]
     out = Path(out_dir or Path("reports") / f"determinism-{dt.datetime.now():%Y%m%d-%H%M%S}")
     logs = out / "servers"

@@ -161,21 +161,42 @@ def test_matrix_stage_adapter(monkeypatch, tmp_path):
 def test_verdict_concurrent_drift_fails_only_when_strict():
     from harness.determinism.run import verdict
 
+    agree = {"drifting_requests": 0}
     res = {
         "sequential": {"errors": 0, "drifting_requests": 0},
-        "concurrent": {"errors": 0, "drifting_requests": 3},
+        "concurrent": {"errors": 0, "drifting_requests": 3, "vs_sequential": agree},
     }
     modes = ["sequential", "concurrent"]
     assert verdict(res, modes) == "pass"
     assert verdict(res, modes, strict_concurrent=True) == "fail"
+    # concurrent processes agree with each other but not with the sequential answers
+    res["concurrent"] = {
+        "errors": 0,
+        "drifting_requests": 0,
+        "vs_sequential": {"drifting_requests": 5},
+    }
+    assert verdict(res, modes) == "pass"
+    assert verdict(res, modes, strict_concurrent=True) == "fail"
+    res["concurrent"]["vs_sequential"] = agree
+    assert verdict(res, modes, strict_concurrent=True) == "pass"
     res["sequential"]["drifting_requests"] = 1
     assert verdict(res, modes) == "fail"
     res["concurrent"]["errors"] = 2
     assert verdict(res, modes, strict_concurrent=True) == "error"
-    assert (
-        verdict({"sequential": {"errors": 0, "drifting_requests": 0}}, ["sequential"], True)
-        == "pass"
-    )
+    # strict without a concurrent run has nothing to judge: never a pass
+    seq_only = {"sequential": {"errors": 0, "drifting_requests": 0}}
+    assert verdict(seq_only, ["sequential"], True) == "error"
+    assert verdict(seq_only, ["sequential"]) == "pass"
+
+
+def test_strict_concurrent_needs_both_modes(tmp_path):
+    from harness.determinism import main
+    from harness.determinism.run import run_determinism
+
+    with pytest.raises(ValueError, match="--mode both"):
+        run_determinism(str(tmp_path), mode="sequential", strict_concurrent=True, out_dir=tmp_path)
+    rc = main(["--model-path", str(tmp_path), "--strict-concurrent", "--mode", "sequential"])
+    assert rc == 2
 
 
 def test_cli_flag_strict_concurrent():

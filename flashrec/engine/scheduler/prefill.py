@@ -33,7 +33,14 @@ class PrefillManager:
     def run(self, batch: list[ReqState], running: list[ReqState]) -> Finished:
         """Prefill ``batch`` and expand its first beams; on success the batch joins
         ``running``, on failure its requests are released and answered with the error. Alone
-        (nothing in ``running``), a lone prompt may replay a prefill graph."""
+        (nothing in ``running``), a lone prompt may replay a prefill graph. Under
+        ``--deterministic`` each prompt runs in a forward of its own (its activations then
+        depend on the prompt alone)."""
+        if self.runner.config.deterministic and len(batch) > 1:
+            out: Finished = []
+            for st in batch:
+                out.extend(self.run([st], running))
+            return out
         seqs = [(st.cached_tokens, st.private_slots, st.prompt_slots) for st in batch]
         ids = [t for st in batch for t in st.req.input_ids[st.cached_tokens :]]
         try:

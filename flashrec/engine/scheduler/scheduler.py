@@ -40,7 +40,7 @@ class Scheduler:
         self.depth = runner.depth
         self.kv = runner.kv
         self.device = runner.device
-        self.radix = RadixCache() if cfg.enable_prefix_cache else None
+        self.radix = RadixCache() if cfg.resolved_enable_prefix_cache else None
         self.stats = SchedulerStats()
         self._text = SidText(tokenizer, layout)
         # shorter radix matches are recomputed (--prefix-cache-min-match); with prefill graphs
