@@ -15,6 +15,8 @@
 # TAR=1 also writes $OUT/all.tgz: everything this run wrote under $OUT, in one file (and
 # $OUT/matrix.tgz, the report directory alone), for transfers that return only a few files and
 # no deep paths.
+# STAGES=determinism runs matrices/h200_deterministic.yaml's determinism run with --deterministic
+# off (DET_PROCESSES, default 3; DET_ARGS adds flags), into $OUT/determinism_off.
 # STAGES=witness runs `flashrec-bench witness` (GuideLLM beside flashrec-bench) on the n=50 c=32
 # FP8 cell into $OUT/witness (carry .whl/witness, from scripts/witness_wheels.sh).
 # STAGES=probes runs the side-by-side probe scripts into $OUT: scripts/probes/reorder_probe.py
@@ -72,8 +74,9 @@ fi
 python -m flashrec.check_env --require gpu,fp8,triton | tee "$OUT/check_env.txt"
 python -c "import flashinfer" 2>/dev/null && python scripts/flashinfer_warmup.py --head-dims 128 64 | tee "$OUT/flashinfer_warmup.txt"
 [ "${SAVE_JIT:-0}" = 1 ] && tar czf "$OUT/fi.tgz" -C "$(dirname "$FLASHINFER_WORKSPACE_BASE")" "$(basename "$FLASHINFER_WORKSPACE_BASE")"
-case $STAGES in *" cells "*|*" ab "*|*" matrix "*|*" witness "*|*" gate "*)  # the tests make their own tiny models
-  [ -f "$MODEL/synth_info.json" ] || python -m flashrec synth --preset onerec-1.7b --out "$MODEL" --catalog-size 1500000 > "$OUT/synth.log" 2>&1;; esac
+case $STAGES in *" cells "*|*" ab "*|*" matrix "*|*" witness "*|*" gate "*|*" determinism "*)  # tests: own models
+  # SYNTH_ARGS adds synth flags, e.g. "--sid-entropy 3.0" (the confident model; give it a MODEL of its own)
+  [ -f "$MODEL/synth_info.json" ] || python -m flashrec synth --preset onerec-1.7b --out "$MODEL" --catalog-size 1500000 ${SYNTH_ARGS:-} > "$OUT/synth.log" 2>&1;; esac
 case $STAGES in *" tests "*)  # -v: one line per test as it ends, so a run cut short (a call's
   # time limit) still names what passed and failed; -rf: the failures' one-line summaries.
   # TESTS_TIMEOUT_S (default none) bounds the stage, e.g. a call's limit minus the setup.
@@ -90,6 +93,15 @@ case $STAGES in *" probes "*)  # kernel-level A/Bs, both forms side by side in o
   python tests/kernels/bench_kernels.py --qk-sweep | tee "$OUT/qk_sweep.txt"
   python tests/kernels/bench_kernels.py --silu-sweep | tee "$OUT/silu_sweep.txt"
   python tests/kernels/bench_kernels.py --attn-sweep | tee "$OUT/attn_sweep.txt";; esac
+case $STAGES in *" determinism "*)  # the determinism run of matrices/h200_deterministic.yaml with
+  # the mode off (the matrix runs it on): what drifts by default; DET_ARGS adds flags
+  python -m harness determinism --model-path "$MODEL" --sid-vocab-file "$MODEL/catalog.json" \
+    --device cuda --requests 120 --processes "${DET_PROCESSES:-3}" --mode both --concurrency 16 \
+    --no-localise --server-arg quantization=fp8 --server-arg kv_cache_dtype=fp8_e4m3 \
+    --server-arg cuda_graph_max_bs=512 --server-arg batch_slots=512 \
+    --server-arg kv_pool_tokens=200000 ${DET_ARGS:-} --out "$OUT/determinism_off" \
+    > "$OUT/determinism_off.log" 2>&1
+  echo "determinism (mode off) rc=$?"; tail -2 "$OUT/determinism_off.log";; esac
 case $STAGES in *" cells "*) OUT=$OUT bash scripts/h200_bench.sh "$MODEL";; esac
 case $STAGES in *" witness "*)  # flashrec-bench and GuideLLM on the n=50 c=32 FP8 cell, one run
   # (.whl/witness from scripts/witness_wheels.sh; WITNESS_ARGS adds or overrides flags)
