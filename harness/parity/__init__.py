@@ -11,9 +11,12 @@ identified by their token ids (FlashRec's chat ``sglext.token_ids``; SGLang's
 ``beam_results[i].output_ids``), or by their text when a server returns no ids. Thresholds depend on the precision (:data:`THRESHOLDS`); a failure carries a
 per-prompt diff table (:func:`diff_table`). :func:`run_parity_stage` is the matrix stage.
 
-    compare.py  thresholds, per-case metrics, evaluation, diff tables (no network)
-    fetch.py    beam requests per protocol, protocol detection, prompts, the case loop
-    stage.py    launched or given servers, the matrix stage, parity.json
+    compare.py     thresholds, per-case metrics, evaluation, diff tables (no network)
+    fetch.py       beam requests per protocol, protocol detection, prompts, the case loops
+    servers.py     launched or given servers (a pair, or one at a time)
+    stage.py       the matrix stage, parity.json
+    candidates.py  the ``candidates:`` form: its checks, the candidate x n table, no_worse_than
+    multi.py       several candidates against one reference (``reference_dtype``)
 
 NOTE: :func:`run_stage` (the runner adapter) lives here, not in stage.py, so that it finds
 :func:`run_parity_stage` in this namespace, where tests replace it.
@@ -58,7 +61,8 @@ from harness.parity.fetch import (
     post,
     request_for,
 )
-from harness.parity.stage import compact, engine_device, run_parity_stage, serving
+from harness.parity.servers import one_server, serving
+from harness.parity.stage import compact, engine_device, run_parity_stage
 
 __all__ = [
     "CHAT_NOT_BEAMS",
@@ -85,6 +89,7 @@ __all__ = [
     "fetch_beams",
     "make_prompts",
     "no_shared_protocol",
+    "one_server",
     "parity_result",
     "parse_beams",
     "post",

@@ -23,7 +23,7 @@ from harness.parity.fetch import (
     no_shared_protocol,
 )
 from harness.parity.fetch import cases_from as _cases_from
-from harness.parity.stage import one_server
+from harness.parity.servers import one_server
 
 _ROLE = {"flashrec": "candidate", "reference": "reference"}
 

@@ -6,6 +6,7 @@ of matrices/h200_parity_fp32.yaml runs end to end through flashrec-bench."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -13,9 +14,15 @@ import yaml
 from perturb_proxy import PerturbProxy
 
 from harness.parity import precision_args, run_parity_stage
-from harness.parity.stage import one_server
+from harness.parity.servers import one_server
 
-pytestmark = pytest.mark.parity
+# these launch their own servers: a run pointed at external ones (SGLANG_BEAM_URL) is about those
+pytestmark = [
+    pytest.mark.parity,
+    pytest.mark.skipif(
+        bool(os.environ.get("SGLANG_BEAM_URL")), reason="SGLANG_BEAM_URL: external servers"
+    ),
+]
 REPO = Path(__file__).resolve().parents[2]
 NS = [1, 4, 16]
 
