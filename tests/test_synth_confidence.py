@@ -44,7 +44,7 @@ def _hf_mean_entropy(path: Path) -> tuple[float, list[float]]:
     level l > 0 follows the greedy codes of the earlier levels.
     """
     tok = transformers.AutoTokenizer.from_pretrained(path)
-    model = transformers.AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32)
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     model.eval()
     hs = []
     for messages in synth_prompts(NUM_PROMPTS, median_tokens=PROMPT_TOKENS, seed=0):

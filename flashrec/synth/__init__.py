@@ -6,6 +6,7 @@ Module map::
     tokenizer   byte-level tokenizer + ChatML specials + contiguous SID tokens, HF files
     weights     random init, per-channel FP8, streaming safetensors writer
     checkpoint  build_checkpoint: config.json, tokenizer, weights, catalog, synth_info.json
+    confidence  calibrate_sid_entropy: scale model.norm.weight to a target next-SID entropy
     catalog     synth_catalog / write_catalog_json (comma-key JSON)
     prompts     synth_prompts: chat requests with log-normal lengths
     cli         add_synth_args / run_synth (``flashrec synth``)

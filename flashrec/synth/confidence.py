@@ -16,6 +16,8 @@ drawn in float32 before any dtype cast, so float32, bf16 and fp8 builds of a see
 from __future__ import annotations
 
 import math
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
@@ -90,18 +92,25 @@ def _rope(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
 
 
 class _Model:
-    """A plain float64 forward of a synthetic checkpoint with a per-layer KV cache."""
+    """A plain float64 forward of a synthetic checkpoint over packed sequences with a KV cache.
+
+    Tokens of several sequences travel in one pass (weights are cast to float64 once per pass);
+    a token attends to the cached and new tokens of its own sequence at positions <= its own.
+    """
 
     def __init__(self, p: SynthPreset, specs: list[TensorSpec], seed: int, rows: int) -> None:
         self.p, self.dev = p, _device()
-        by_name = {s.name: s for s in specs}
-        self.w = {}
-        for s in specs:
-            limit = rows if s.name in ("model.embed_tokens.weight", "lm_head.weight") else None
-            self.w[s.name] = _draw(s, seed, limit).to(self.dev)
-        head = "lm_head.weight" if "lm_head.weight" in by_name else "model.embed_tokens.weight"
-        self.head = self.w[head]
+        heads = ("model.embed_tokens.weight", "lm_head.weight")
+        with ThreadPoolExecutor(max(1, min(8, os.cpu_count() or 1))) as pool:  # draws drop the GIL
+            futs = {
+                s.name: pool.submit(_draw, s, seed, rows if s.name in heads else None)
+                for s in specs
+            }
+            self.w = {name: f.result().to(self.dev) for name, f in futs.items()}
+        self.head = self.w.get("lm_head.weight", self.w["model.embed_tokens.weight"])
         self.cache: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.seg = torch.empty(0, dtype=torch.long, device=self.dev)  # sequence of each cached key
+        self.pos = torch.empty(0, dtype=torch.long, device=self.dev)  # its position
 
     def _get(self, name: str) -> torch.Tensor | None:
         w = self.w.get(name)
@@ -112,15 +121,13 @@ class _Model:
         b = self._get(name + ".bias")
         return y if b is None else y + b
 
-    def reset(self) -> None:
-        self.cache = []
-
-    def forward(self, ids: list[int]) -> torch.Tensor:
-        """Final-normed hidden state (g = 1) of the last of ``ids``, appended to the cache."""
-        p = self.p
-        start = self.cache[0][0].shape[1] if self.cache else 0
-        pos = torch.arange(start, start + len(ids), device=self.dev)
-        x = self.w["model.embed_tokens.weight"][torch.tensor(ids, device=self.dev)].double()
+    def forward(self, ids: list[int], seg: list[int], pos: list[int]) -> torch.Tensor:
+        """Final-normed hidden states (g = 1) of tokens ``ids`` of sequences ``seg`` at ``pos``."""
+        p, dev = self.p, self.dev
+        seg_t, pos_t = torch.tensor(seg, device=dev), torch.tensor(pos, device=dev)
+        self.seg, self.pos = torch.cat([self.seg, seg_t]), torch.cat([self.pos, pos_t])
+        allowed = (seg_t[:, None] == self.seg[None, :]) & (pos_t[:, None] >= self.pos[None, :])
+        x = self.w["model.embed_tokens.weight"][torch.tensor(ids, device=dev)].double()
         nh, nkv, d, eps = p.num_attention_heads, p.num_key_value_heads, p.head_dim, p.rms_norm_eps
         T = len(ids)
         for i in range(p.num_hidden_layers):
@@ -132,7 +139,7 @@ class _Model:
             if p.arch.qk_norm:
                 q = _rms(q, self._get(pre + "self_attn.q_norm.weight"), eps)
                 k = _rms(k, self._get(pre + "self_attn.k_norm.weight"), eps)
-            q, k = _rope(q, pos, p.rope_theta), _rope(k, pos, p.rope_theta)
+            q, k = _rope(q, pos_t, p.rope_theta), _rope(k, pos_t, p.rope_theta)
             if i < len(self.cache):
                 k = torch.cat([self.cache[i][0], k], 1)
                 v = torch.cat([self.cache[i][1], v], 1)
@@ -141,17 +148,14 @@ class _Model:
                 self.cache.append((k, v))
             rep = nh // nkv
             kk, vv = k.repeat_interleave(rep, 0), v.repeat_interleave(rep, 0)
-            s = q @ kk.transpose(1, 2) / math.sqrt(d)  # [nh, T, S]
-            S = kk.shape[1]
-            causal = pos[:, None] >= torch.arange(S, device=self.dev)[None, :]
-            s = s.masked_fill(~causal, float("-inf")).softmax(-1)
-            a = (s @ vv).transpose(0, 1).reshape(T, nh * d)
+            att = (q @ kk.transpose(1, 2) / math.sqrt(d)).masked_fill(~allowed, float("-inf"))
+            a = (att.softmax(-1) @ vv).transpose(0, 1).reshape(T, nh * d)
             x = x + self._lin(a, pre + "self_attn.o_proj")
             h = _rms(x, self._get(pre + "post_attention_layernorm.weight"), eps)
             gate = self._lin(h, pre + "mlp.gate_proj")
             up = self._lin(h, pre + "mlp.up_proj")
             x = x + self._lin(torch.nn.functional.silu(gate) * up, pre + "mlp.down_proj")
-        return _rms(x[-1], self._get(NORM_NAME), eps)
+        return _rms(x, self._get(NORM_NAME), eps)
 
     def level_logits(self, h: torch.Tensor, layout: TokenLayout, level: int) -> torch.Tensor:
         lo = layout.code_id(level, 0)
@@ -176,18 +180,21 @@ def sid_logits(p: SynthPreset, specs: list[TensorSpec], seed: int) -> torch.Tens
     """
     layout = TokenLayout(p.codebook_size, p.num_levels)
     model = _Model(p, specs, seed, layout.size)
-    rows = []
+    prompts = prompt_ids(layout, NUM_PROMPTS, seed)
+    seg = [i for i, ids in enumerate(prompts) for _ in ids]
+    pos = [j for ids in prompts for j in range(len(ids))]
+    last = torch.tensor([len(ids) for ids in prompts]).cumsum(0) - 1
+    levels = []
     with torch.no_grad():
-        for ids in prompt_ids(layout, NUM_PROMPTS, seed):
-            model.reset()
-            h, levels = model.forward(ids), []
-            for level in range(p.num_levels):
-                z = model.level_logits(h, layout, level)
-                levels.append(z.cpu())
-                if level + 1 < p.num_levels:
-                    h = model.forward([layout.code_id(level, int(z.argmax()))])
-            rows.append(torch.stack(levels))
-    return torch.stack(rows)
+        h = model.forward([t for ids in prompts for t in ids], seg, pos)[last.to(model.dev)]
+        for level in range(p.num_levels):
+            z = model.level_logits(h, layout, level)
+            levels.append(z.cpu())
+            if level + 1 < p.num_levels:
+                codes = [layout.code_id(level, int(c)) for c in z.argmax(-1)]
+                steps = [len(ids) + level for ids in prompts]
+                h = model.forward(codes, list(range(len(prompts))), steps)
+    return torch.stack(levels, 1)
 
 
 def entropy(logits: torch.Tensor) -> torch.Tensor:
