@@ -1,7 +1,7 @@
 """Calibrate a synthetic model's next-SID confidence to a target mean per-step entropy.
 
-A trained generative recommender is confident: its next-SID-code distribution has a few nats of
-entropy over thousands of codes, while a random model is close to uniform. Logits are linear in
+A trained generative recommender's next-SID-code distribution has a few nats of entropy over
+thousands of codes; a random-init model's is whatever its init gives. Logits are linear in
 the final RMSNorm weight (``model.norm.weight``), so scaling it by ``g`` scales every logit by
 ``g`` and leaves the argmax alone. ``calibrate_sid_entropy`` runs the model (float32 draws of the
 checkpoint's own weights, computed in float64 so the result does not depend on the device) on a
