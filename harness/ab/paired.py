@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from harness.gate.compare import compare_cell_metrics, correct_verdicts, report_side
+from harness.gate.quality import compare_samples, is_sample_metric
 from harness.metrics.rounds import direction
 from harness.metrics.stats import t_two_sided_p
 
@@ -179,6 +180,9 @@ def compare_paired(
             continue
 
         def one(m: str, b=b, n=n) -> dict:
+            bm, nm = b.get("metrics", {}).get(m), n.get("metrics", {}).get(m)
+            if is_sample_metric(bm) and is_sample_metric(nm):  # quality: paired by sample
+                return compare_samples(m, bm, nm, alpha)  # type: ignore[arg-type]
             keys, a_vals, b_vals = _aligned(b, n, m)
             groups = np.array([sessions.get(k, -1) for k in keys]) if sessions else None
             return paired_metric(m, a_vals, b_vals, alpha, test, band_k, groups)

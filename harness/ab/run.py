@@ -174,6 +174,8 @@ def _merge(into: CellResult, visit: CellResult, pair: int) -> None:
     into.duration_s = round(into.duration_s + visit.duration_s, 3)
     into.notes += [n for n in visit.notes if n not in into.notes]
     into.server = visit.server
+    if visit.quality is not None:  # evaluated in the first pair only (a deterministic decode)
+        into.quality = visit.quality
     if visit.status != "ok":
         into.status, into.error, into.log_tail = visit.status, visit.error, visit.log_tail
 
@@ -224,7 +226,10 @@ class ABRun:
     async def _visit(self, session, side: str, server: Server, cell: Cell, pair: int) -> dict:
         campaign = self.campaigns[side]
         ctx = dataclasses.replace(
-            campaign.context(session, server, cell), on_request=None, on_phase=None
+            campaign.context(session, server, cell),
+            on_request=None,
+            on_phase=None,
+            run_quality=self.results[side][cell.id].quality is None,
         )
         visit = await run_cell(ctx, cell)
         res = self.results[side][cell.id]

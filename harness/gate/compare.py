@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.gate.gates import is_metric, metric_names, unknown
+from harness.gate.quality import compare_samples, is_sample_metric
 from harness.metrics.rounds import direction
 from harness.metrics.stats import holm, significance
 
@@ -38,6 +39,8 @@ def _finite(x: Any) -> bool:
 
 def compare_metric(name: str, base: dict, new: dict, alpha: float, test: str) -> dict:
     """Verdict for one metric of one cell: improved / regressed / within_noise / n/a."""
+    if is_sample_metric(base) and is_sample_metric(new):  # a quality eval's: by sample
+        return compare_samples(name, base, new, alpha)
     b, n = base.get("median"), new.get("median")
     out: dict[str, Any] = {"base": b, "new": n}
     if not (_finite(b) and _finite(n)):
@@ -221,6 +224,8 @@ def admit_drift(comparison: dict) -> dict:
     )
     for cell in comparison["cells"]:
         for r in cell.get("metrics", {}).values():
+            if r.get("unit") == "samples":  # a decode's quality does not drift with the machine
+                continue
             p = r.get("p_value")
             supported = (
                 _finite(p)

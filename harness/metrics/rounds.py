@@ -56,10 +56,18 @@ DIRECTIONS: dict[str, int] = {
     "server_gc_pause_ms": 0,
     "server_gc_full_collections": 0,
     "server_gc_slow_pauses": 0,
+    # the quality: section's eval (harness.quality): beams not in the catalog, repeated beams
+    "quality_invalid_rate": -1,
+    "quality_duplicate_rate": -1,
 }
 SERVER_PHASES = ("tokenize", "queue", "engine")
 OPTIONAL_SERVER_PHASES = ("ipc", "respond")  # counted where every timed request of a round has it
-QUALITY_PREFIXES = ("hit@", "recall@", "ndcg@", "mrr@")
+# hit / recall / NDCG / MRR of a workload with ground truth; pass, position1_pass and recall by
+# SID and PID of the quality: section's eval (harness.quality): higher is better for all
+QUALITY_PREFIXES = (
+    "hit@", "recall@", "ndcg@", "mrr@",
+    "pass@", "position1_pass@", "pid_pass@", "pid_position1_pass@", "pid_recall@",
+)  # fmt: skip
 KEY_METRICS = (
     "qps",
     "latency_mean_ms",

@@ -173,9 +173,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.url:
             answers = asyncio.run(_run(args.url.rstrip("/"), samples, opts, renderer))
         else:
+            import tempfile
+
             from harness.quality.serve import launched, parse_args
 
-            log = (args.out.parent if args.out else Path(".")) / "eval-server.log"
+            logs = args.out.parent if args.out else Path(tempfile.mkdtemp(prefix="flashrec-eval-"))
+            log = logs / "eval-server.log"
+            print(f"eval: server log {log}", file=sys.stderr)
             with launched(
                 "flashrec", args.model_path, catalog_path, log, args.device,
                 parse_args(args.server_arg),

@@ -28,6 +28,8 @@ from harness.metrics.rounds import (
     round_metrics,
 )
 from harness.metrics.server import chain, round_extra
+from harness.quality.stage import cell_metrics as quality_cell_metrics
+from harness.quality.stage import report_entry as quality_report_entry
 from harness.report.render_html import write_html
 from harness.report.render_md import write_markdown
 from harness.run.cell import CellResult
@@ -66,7 +68,7 @@ REPORT_SECTIONS = (
 CELL_FIELDS = (
     "id", "engine", "params", "status", "error", "log_tail", "rounds", "round_metrics",
     "metrics", "notes", "trace", "excluded_requests", "warmup", "server", "duration_s",
-    "baseline", "mfu", "measured", "resumed",
+    "baseline", "mfu", "measured", "resumed", "quality",
 )  # fmt: skip
 
 
@@ -83,6 +85,13 @@ def cell_entry(res: CellResult, spec: MatrixSpec) -> dict:
         closed_extra(res.closed) if res.closed else None,
     )
     metrics = cell_metrics(res.records, spec.stats, extra) if res.status == "ok" else {}
+    notes_q = []
+    if res.status == "ok" and res.quality:
+        q = quality_cell_metrics(res.quality)
+        clash = sorted(set(q) & set(metrics))
+        if clash:
+            notes_q.append(f"{', '.join(clash)}: the quality eval's, not the workload's")
+        metrics.update(q)
     rounds = [
         {"round": rnd, "requests": len(recs), **round_metrics(recs, extra)}
         for rnd, recs in by_round(res.records).items()
@@ -97,7 +106,7 @@ def cell_entry(res: CellResult, spec: MatrixSpec) -> dict:
         "rounds": res.rounds_done,
         "round_metrics": rounds,
         "metrics": metrics,
-        "notes": res.notes + (notes(metrics, spec.stats) if res.status == "ok" else []),
+        "notes": res.notes + notes_q + (notes(metrics, spec.stats) if res.status == "ok" else []),
         "trace": res.trace,
         "excluded_requests": {"count": sum(excluded.values()), "reasons": dict(excluded)},
         "warmup": {
@@ -111,6 +120,7 @@ def cell_entry(res: CellResult, spec: MatrixSpec) -> dict:
         "mfu": _mfu_entry(res.mfu, metrics),
         "measured": res.measured or None,
         "resumed": res.resumed,
+        "quality": quality_report_entry(res.quality),
     }
 
 

@@ -15,6 +15,7 @@ from harness.report.render import (
     quality_table,
     stage_blocks,
 )
+from harness.report.render_quality import quality_html
 from harness.report.render_sections import extra_tables
 from harness.report.render_stages import Table, trace_blocks
 
@@ -51,6 +52,7 @@ def write_html(report: dict, records: list[Record], path: Path) -> None:
     q = quality_table(report)
     if q:
         parts += ["<h2>Quality</h2>", _html_table(q)]
+    parts += quality_html(report, _html_table)
     for title, table, note in extra_tables(report):
         parts += [f"<h2>{html.escape(title)}</h2><p>{html.escape(note)}</p>", _html_table(table)]
     plots = all_plots(report, records)

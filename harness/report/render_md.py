@@ -11,6 +11,7 @@ from harness.report.render import (
     quality_table,
     stage_blocks,
 )
+from harness.report.render_quality import quality_md
 from harness.report.render_sections import extra_tables
 from harness.report.render_stages import Table, trace_lines
 
@@ -35,6 +36,7 @@ def write_markdown(report: dict, path: Path) -> None:
     q = quality_table(report)
     if q:
         lines += ["## Quality", ""] + md_table(q)
+    lines += quality_md(report, md_table)
     for title, table, note in extra_tables(report):
         lines += [f"## {title}", "", note, ""] + md_table(table)
     traces = trace_lines(report)

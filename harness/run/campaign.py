@@ -143,6 +143,11 @@ def plan(spec: MatrixSpec, cells: list[Cell], model: ResolvedModel | None) -> st
         )
     for t in spec.targets:
         lines.append(f"target: {t.label}" + (f" on {t.cells}" if t.cells else ""))
+    q = spec.quality
+    if q.evaluates:
+        src = q.dataset or f"generated ({q.generate.samples} planted samples)"  # type: ignore[union-attr]
+        beams = "32 (official)" if q.official else q.beam_width or "the cell's n"
+        lines.append(f"quality eval after each cell: {src}, beams {beams}, ks {q.ks}")
     return "\n".join(lines)
 
 
@@ -346,6 +351,7 @@ class _Campaign:
             trace_dir=self.trace_dir(),
             on_request=self.progress.request_done,
             on_phase=self.progress.set_phase,
+            quality_dir=self.opts.out_dir / "quality",
         )
 
     def server_meta(self, server: Server) -> dict:

@@ -27,6 +27,7 @@ from harness.load.loop import Target, closed_loop, make_requests, prepare_radix,
 from harness.load.sids import SidChecker
 from harness.load.workload import PromptRenderer, PromptSet
 from harness.metrics.server import capacity_notes, gc_delta, scrape
+from harness.quality import stage as quality_stage
 from harness.servers.launch import Server, healthy
 from harness.spec.cells import Cell
 from harness.spec.matrix import MatrixSpec
@@ -73,6 +74,7 @@ class CellResult:
     # where and when it was measured (harness.run.environment.measured_stamp), saved with the cell
     measured: dict = field(default_factory=dict)
     resumed: bool = False  # loaded from an earlier run's cell.json by --resume
+    quality: dict | None = None  # the quality: section's eval of this cell (harness.quality)
 
 
 @dataclass
@@ -90,6 +92,8 @@ class CellContext:
     trace_dir: Path
     on_request: Any = None  # callable(Record)
     on_phase: Any = None  # callable(str)
+    quality_dir: Path | None = None  # where the quality: section's dataset and results go
+    run_quality: bool = True  # False: skip the quality: eval (A/B pairs after the first)
 
 
 def _health_timeout(cell: Cell) -> float:
@@ -253,6 +257,11 @@ async def run_cell(ctx: CellContext, cell: Cell) -> CellResult:
                 await asyncio.sleep(ctx.spec.load.cooldown_s)
         if cell.traced:
             await _traced_round(ctx, cell, target, reqs, prime, res)
+        if ctx.run_quality and quality_stage.applies(ctx.spec.quality, cell):
+            _phase(ctx, "quality eval")
+            res.quality = await quality_stage.evaluate_cell(ctx, cell)
+            if res.quality.get("status") != "ok":
+                res.notes.append(f"quality eval failed: {res.quality.get('error')}")
 
     try:
         await asyncio.wait_for(body(), ctx.spec.load.cell_timeout_s)

@@ -15,6 +15,8 @@ from typing import Any, Literal, Union
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from harness.spec.quality import QualitySpec
+
 Scalar = Union[bool, int, float, str, None]
 _NAME = r"^[A-Za-z0-9_.-]+$"
 _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(:-([^}]*))?\}")
@@ -196,12 +198,6 @@ class StatsSpec(_Base):
     # ``compare`` of two runs calls a change only beyond it; unset, it calls none (inconclusive)
     between_run_band_pct: float | None = Field(None, ge=0)
     seed: int = 0
-
-
-class QualitySpec(_Base):
-    """Cut-offs for recall / hit / NDCG / MRR when the workload has ground truth."""
-
-    ks: list[int] = Field(default_factory=lambda: [1, 10])
 
 
 class StageSpec(BaseModel):

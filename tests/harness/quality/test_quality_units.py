@@ -136,3 +136,25 @@ def test_official_flag_fixes_the_protocol(tmp_path, capsys):
     # nothing listens: every request fails, which is a server error, not a zero score
     assert main([str(f), "--url", "http://127.0.0.1:9", "--timeout", "2"]) == 3
     assert "every one of 1 requests failed" in capsys.readouterr().err
+
+
+def test_published_numbers_only_beside_an_official_set(tmp_path):
+    from harness.quality.cli import render
+    from harness.quality.dataset import DatasetFile, Sample
+    from harness.quality.run import Answer, EvalOptions, score
+
+    s = Sample("video", 0, [{"role": "user", "content": "x"}], (A,))
+    answers = [Answer(s, ["<s_a_1><s_b_2><s_c_3>", "<s_a_1><s_b_2><s_c_3>", "junk"])]
+    path = tmp_path / "benchmark_data" / "video" / "video_test.parquet"
+    for official in (True, False):
+        f = DatasetFile(path, "video", [s], official, "why not")
+        got = score(answers, EvalOptions(), None, None, [f])
+        block = got["tasks"]["video"]
+        assert block["metrics"]["recall@32"]["value"] == 1.0
+        assert (block["invalid_rate"]["count"], block["duplicate_rate"]["count"]) == (1, 1)
+        text = render(got, official=True)
+        if official:
+            assert block["published"] == {"recall@32": {"OneRec-1.7B": 0.0272, "OneRec-8B": 0.0355}}
+            assert "published: OneRec-1.7B 0.0272, OneRec-8B 0.0355" in text
+        else:
+            assert "published" not in block and "not shown" in text and "why not" in text
