@@ -15,8 +15,8 @@
 # TAR=1 also writes $OUT/all.tgz: everything this run wrote under $OUT, in one file (and
 # $OUT/matrix.tgz, the report directory alone), for transfers that return only a few files and
 # no deep paths.
-# STAGES=determinism runs matrices/h200_deterministic.yaml's determinism run with --deterministic
-# off (DET_PROCESSES, default 3; DET_ARGS adds flags), into $OUT/determinism_off.
+# STAGES=determinism runs the determinism run of --deterministic (DET_ON=1) or of the defaults
+# (DET_PROCESSES, default 3; DET_ARGS adds flags) into $OUT/determinism_on|off.
 # STAGES=witness runs `flashrec-bench witness` (GuideLLM beside flashrec-bench) on the n=50 c=32
 # FP8 cell into $OUT/witness (carry .whl/witness, from scripts/witness_wheels.sh).
 # STAGES=probes runs the side-by-side probe scripts into $OUT: scripts/probes/reorder_probe.py
@@ -72,7 +72,7 @@ if [ -f .fijit/fi.tgz ] && ! find "$FLASHINFER_WORKSPACE_BASE" -name '*.so' 2>/d
   tar xzf .fijit/fi.tgz -C "$(dirname "$FLASHINFER_WORKSPACE_BASE")"
 fi
 python -m flashrec.check_env --require gpu,fp8,triton | tee "$OUT/check_env.txt"
-python -c "import flashinfer" 2>/dev/null && python scripts/flashinfer_warmup.py --head-dims 128 64 | tee "$OUT/flashinfer_warmup.txt"
+python -c "import flashinfer" 2>/dev/null && python scripts/flashinfer_warmup.py --head-dims ${FI_HEAD_DIMS:-128 64} | tee "$OUT/flashinfer_warmup.txt"
 [ "${SAVE_JIT:-0}" = 1 ] && tar czf "$OUT/fi.tgz" -C "$(dirname "$FLASHINFER_WORKSPACE_BASE")" "$(basename "$FLASHINFER_WORKSPACE_BASE")"
 case $STAGES in *" cells "*|*" ab "*|*" matrix "*|*" witness "*|*" gate "*|*" determinism "*)  # tests: own models
   # SYNTH_ARGS adds synth flags, e.g. "--sid-entropy 3.0" (the confident model; give it a MODEL of its own)
@@ -93,15 +93,17 @@ case $STAGES in *" probes "*)  # kernel-level A/Bs, both forms side by side in o
   python tests/kernels/bench_kernels.py --qk-sweep | tee "$OUT/qk_sweep.txt"
   python tests/kernels/bench_kernels.py --silu-sweep | tee "$OUT/silu_sweep.txt"
   python tests/kernels/bench_kernels.py --attn-sweep | tee "$OUT/attn_sweep.txt";; esac
-case $STAGES in *" determinism "*)  # the determinism run of matrices/h200_deterministic.yaml with
-  # the mode off (the matrix runs it on): what drifts by default; DET_ARGS adds flags
+case $STAGES in *" determinism "*)  # 120 requests x DET_PROCESSES (3) fresh processes, sequential
+  # and at concurrency 16, widths 1-32, FP8 W8A8 + FP8 KV; DET_ON=1: with --deterministic, where
+  # any drift (across processes, or concurrent against sequential) fails; DET_ARGS adds flags
+  det=off; strict=(); [ "${DET_ON:-0}" = 1 ] && det=on strict=(--strict-concurrent --server-arg deterministic=true)
   python -m harness determinism --model-path "$MODEL" --sid-vocab-file "$MODEL/catalog.json" \
     --device cuda --requests 120 --processes "${DET_PROCESSES:-3}" --mode both --concurrency 16 \
     --no-localise --server-arg quantization=fp8 --server-arg kv_cache_dtype=fp8_e4m3 \
     --server-arg cuda_graph_max_bs=512 --server-arg batch_slots=512 \
-    --server-arg kv_pool_tokens=200000 ${DET_ARGS:-} --out "$OUT/determinism_off" \
-    > "$OUT/determinism_off.log" 2>&1
-  echo "determinism (mode off) rc=$?"; tail -2 "$OUT/determinism_off.log";; esac
+    --server-arg kv_pool_tokens=200000 "${strict[@]}" ${DET_ARGS:-} --out "$OUT/determinism_$det" \
+    > "$OUT/determinism_$det.log" 2>&1
+  echo "determinism (mode $det) rc=$?"; tail -2 "$OUT/determinism_$det.log";; esac
 case $STAGES in *" cells "*) OUT=$OUT bash scripts/h200_bench.sh "$MODEL";; esac
 case $STAGES in *" witness "*)  # flashrec-bench and GuideLLM on the n=50 c=32 FP8 cell, one run
   # (.whl/witness from scripts/witness_wheels.sh; WITNESS_ARGS adds or overrides flags)

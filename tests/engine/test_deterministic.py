@@ -82,18 +82,30 @@ CASES = [
 ]  # fmt: skip
 
 
-def _skip_unusable(device: str, kw: dict) -> None:
+HD128 = dict(hidden_size=256, num_attention_heads=2, num_key_value_heads=1, head_dim=128)
+
+
+def _model(synth_model, tiny_model, device: str, kw: dict):
+    """The tiny model; with head_dim 128 for FlashInfer (which takes 64 / 128 / 256 only)."""
     if device == "cuda" and kw.get("attention_backend") == "flashinfer":
         pytest.importorskip("flashinfer")
+        return synth_model("tiny", catalog_size=2000, **HD128)
+    return tiny_model
+
+
+def _check_backend(eng: Engine, kw: dict) -> Engine:
+    want = kw.get("attention_backend")
+    assert want is None or eng.runner.attention_backend == want  # no silent fallback
+    return eng
 
 
 @pytest.mark.parametrize("device,kw", CASES)
-def test_mixed_batches_bit_identical_to_each_request_alone(tiny_model, device, kw):
-    _skip_unusable(device, kw)
-    alone = _alone(_engine(tiny_model, device, deterministic=True, **kw))
+def test_mixed_batches_bit_identical_to_each_request_alone(synth_model, tiny_model, device, kw):
+    model = _model(synth_model, tiny_model, device, kw)
+    alone = _alone(_check_backend(_engine(model, device, deterministic=True, **kw), kw))
     order = list(range(len(WIDTHS)))
     for per_step, o in ((2, order), (3, order[::-1]), (len(order), order)):
-        mixed = _staggered(_engine(tiny_model, device, deterministic=True, **kw), o, per_step)
+        mixed = _staggered(_engine(model, device, deterministic=True, **kw), o, per_step)
         for i in order:
             assert _bits(mixed[i]) == _bits(alone[i]), (per_step, i, WIDTHS[i])
 
@@ -107,11 +119,11 @@ def test_without_the_mode_a_mixed_batch_changes_scores(tiny_model):
 
 
 @pytest.mark.parametrize("device,kw", CASES)
-def test_radix_state_and_step_hashes_do_not_change_answers(tiny_model, device, kw):
+def test_radix_state_and_step_hashes_do_not_change_answers(synth_model, tiny_model, device, kw):
     """The same prompts again (a prefix cache would hit) and with per-step input hashes on
     (the eager decode, not the step graph, on GPU): the same bits; no prefix ever reused."""
-    _skip_unusable(device, kw)
-    eng = _engine(tiny_model, device, deterministic=True, **kw)
+    model = _model(synth_model, tiny_model, device, kw)
+    eng = _check_backend(_engine(model, device, deterministic=True, **kw), kw)
     first = _alone(eng)
     again = _alone(eng)
     eng.scheduler.debug_hash = True
