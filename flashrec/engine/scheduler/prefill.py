@@ -35,33 +35,38 @@ class PrefillManager:
         ``running``, on failure its requests are released and answered with the error. Alone
         (nothing in ``running``), a lone prompt may replay a prefill graph. Under
         ``--deterministic`` each prompt runs in a forward of its own (its activations then
-        depend on the prompt alone)."""
-        if self.runner.config.deterministic and len(batch) > 1:
-            out: Finished = []
-            for st in batch:
-                out.extend(self.run([st], running))
-            return out
-        seqs = [(st.cached_tokens, st.private_slots, st.prompt_slots) for st in batch]
-        ids = [t for st in batch for t in st.req.input_ids[st.cached_tokens :]]
+        depend on the prompt alone); the first beams of all of them expand together."""
+        one_each = self.runner.config.deterministic
+        forwards = [[st] for st in batch] if one_each else [batch]
         try:
-            meta = make_prefill_meta(seqs, self.device, ids)
-            input_ids = meta.input_ids
-            logprobs = self.runner.prefill(input_ids, meta, alone=not running)
-            hasher = self.debug.hasher
-            if hasher is not None:
-                hasher.prefill(meta, input_ids, batch)
-            zero = torch.zeros(1, dtype=torch.float32, device=self.device)
-            root = torch.zeros(1, dtype=torch.long, device=self.device)
             items = []
-            for i, st in enumerate(batch):
-                self.cache.publish(st)
-                st.prompt_slots_t = meta.seq_slots[i]  # the prompt's slots, already on the device
-                st.prompt_slots_np = np.asarray(st.prompt_slots, dtype=np.int64)
-                items.append((st, zero, logprobs[i : i + 1], root))
-                self.stats.prompt_tokens_total += st.req.prompt_len
-                self.stats.prefix_hit_tokens_total += st.cached_tokens
+            for part in forwards:
+                items += self._forward(part, alone=not running)
             self.expander.advance(items, "prefill")
         except Exception as exc:  # noqa: BLE001 - one batch fails, the server goes on
             return self.cache.fail(batch, exc)
         running.extend(batch)
         return []
+
+    def _forward(self, batch: list[ReqState], alone: bool) -> list[tuple]:
+        """One prefill forward over ``batch``; the prompts published to the radix cache.
+        Returns the first expansion's items (state, cum, level-0 logprobs, trie root)."""
+        seqs = [(st.cached_tokens, st.private_slots, st.prompt_slots) for st in batch]
+        ids = [t for st in batch for t in st.req.input_ids[st.cached_tokens :]]
+        meta = make_prefill_meta(seqs, self.device, ids)
+        input_ids = meta.input_ids
+        logprobs = self.runner.prefill(input_ids, meta, alone=alone)
+        hasher = self.debug.hasher
+        if hasher is not None:
+            hasher.prefill(meta, input_ids, batch)
+        zero = torch.zeros(1, dtype=torch.float32, device=self.device)
+        root = torch.zeros(1, dtype=torch.long, device=self.device)
+        items = []
+        for i, st in enumerate(batch):
+            self.cache.publish(st)
+            st.prompt_slots_t = meta.seq_slots[i]  # the prompt's slots, already on the device
+            st.prompt_slots_np = np.asarray(st.prompt_slots, dtype=np.int64)
+            items.append((st, zero, logprobs[i : i + 1], root))
+            self.stats.prompt_tokens_total += st.req.prompt_len
+            self.stats.prefix_hit_tokens_total += st.cached_tokens
+        return items
