@@ -11,6 +11,7 @@ import functools
 import itertools
 import logging
 import platform
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -24,7 +25,7 @@ from flashrec.engine.scheduler import Scheduler
 from flashrec.prompt import build_prompt_ids, load_tokenizer
 from flashrec.sid.catalog import load_catalog
 from flashrec.sid.layout import resolve_sid_layout
-from flashrec.sid.trie import SidTrie
+from flashrec.sid.version import CatalogVersion, build_catalog_version, unconstrained
 
 log = logging.getLogger("flashrec")
 
@@ -55,27 +56,51 @@ class Engine:
             self.tokenizer, config.sid, catalog.depth if catalog else None
         )
         if catalog is not None:
-            catalog = load_catalog(config.sid_vocab_file, layout=self.layout)
-            self.trie = SidTrie(
-                catalog.codes, self.layout.codebook_size, device=config.resolved_device
+            version = build_catalog_version(
+                config.sid_vocab_file, self.layout, None, config.resolved_device
             )
-            self.depth = self.trie.depth
+            self.depth = version.depth
             log.info(
-                "catalog %s: %d SIDs, depth %d", config.sid_vocab_file, len(catalog), self.depth
-            )
+                "catalog %s: %d SIDs, depth %d, hash %s",
+                config.sid_vocab_file, version.size, self.depth, version.hash,
+            )  # fmt: skip
         else:
-            self.trie = None
             self.depth = self.layout.num_levels
+            version = unconstrained(self.depth)
             log.warning(
                 "no --sid-vocab-file: decoding is unconstrained over the SID codebooks (smoke only)"
             )
-        self.catalog = catalog
+        # the active catalog (a hot reload swaps it: ``build_catalog`` + ``swap_catalog``)
+        self.catalog_version: CatalogVersion = version
         self.runner = ModelRunner(
-            config, self.model_config, self.layout, self.depth, trie=self.trie
+            config, self.model_config, self.layout, self.depth, trie=version.trie
         )
-        self.scheduler = Scheduler(self.runner, self.layout, self.trie, self.tokenizer)
+        self.runner.step_catalog = version
+        self.scheduler = Scheduler(self.runner, self.layout, version, self.tokenizer)
         self.scheduler.debug_hash = env_flag("FLASHREC_DEBUG_STEP_HASH")
         self._ids = itertools.count()
+
+    @property
+    def trie(self):
+        """The active catalog's trie (None: unconstrained)."""
+        return self.catalog_version.trie
+
+    # ---- catalog hot reload -------------------------------------------------------------
+    def build_catalog(self, path: str) -> CatalogVersion:
+        """Load, validate and build ``path`` for this engine (any thread but the engine's:
+        nothing the engine reads changes); ValueError when it cannot serve here."""
+        return build_catalog_version(path, self.layout, self.depth, self.config.resolved_device)
+
+    def swap_catalog(self, version: CatalogVersion) -> float:
+        """Make ``version`` the active catalog (engine thread, between steps); returns the
+        milliseconds it took. Running requests keep theirs."""
+        t0 = time.perf_counter()
+        if version.depth != self.depth:
+            raise ValueError(f"catalog depth {version.depth} != the engine's {self.depth}")
+        self.catalog_version = version
+        self.scheduler.set_catalog(version)
+        self.runner.use_catalog(version)
+        return (time.perf_counter() - t0) * 1e3
 
     # ---- prompts ------------------------------------------------------------------------
     @property
@@ -168,11 +193,7 @@ class Engine:
                 "sid_begin": self.layout.sid_begin,
                 "sid_end": self.layout.sid_end,
             },
-            "catalog": {
-                "path": self.config.sid_vocab_file,
-                "sids": len(self.catalog) if self.catalog else None,
-                "depth": self.depth,
-            },
+            "catalog": self.catalog_version.info(),
             "device": str(self.runner.device),
             "dtype": str(self.runner.dtype),
             "fp8": self.runner.use_fp8,

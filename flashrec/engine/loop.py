@@ -10,6 +10,7 @@ from collections.abc import Callable
 from concurrent.futures import CancelledError, Future
 from typing import Any
 
+from flashrec.engine.catalogs import CatalogReloader
 from flashrec.engine.engine import Engine
 from flashrec.engine.request import GenRequest, GenResult, QueueFullError
 
@@ -41,6 +42,7 @@ class EngineLoop:
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="flashrec-engine", daemon=True)
         self._snapshot: dict[str, int] = {}
+        self.reloader = CatalogReloader(engine, self.call_on_engine_thread)
         self._take_snapshot()
 
     # ---- front-end API (any thread) -----------------------------------------------------
@@ -78,6 +80,15 @@ class EngineLoop:
     def add_step_hook(self, fn: Callable[[int], None]) -> None:
         self._hooks.append(fn)
 
+    def reload_catalog(self, path: str) -> dict[str, Any]:
+        """Catalog hot reload (``CatalogReloader.reload``); call it off the engine thread."""
+        return self.reloader.reload(path)
+
+    def catalog_info(self) -> dict[str, Any]:
+        """The active catalog (``CatalogVersion.info``), as ``/get_server_info`` shows it."""
+        version = getattr(self.engine, "catalog_version", None)
+        return version.info() if version is not None else {}
+
     def flush_cache(self) -> int:
         """Empty the radix cache on the engine thread; returns the tokens freed."""
         return self.call_on_engine_thread(self.scheduler.flush_cache).result()
@@ -88,6 +99,7 @@ class EngineLoop:
         with self._cond:
             snap = dict(self._snapshot)
             snap["queue_len"] = len(self._inbox) + snap.get("waiting", 0)
+        snap.update(self.reloader.stats())
         return snap
 
     def _take_snapshot(self) -> None:
@@ -107,6 +119,12 @@ class EngineLoop:
             "decode_graph_forwards_total": s.runner.decode_forwards["graph"],
             "decode_eager_forwards_total": s.runner.decode_forwards["eager"],
         }
+        live = getattr(s, "live_catalogs", None)
+        if live is not None:  # the active catalog's identity, and how many are alive
+            snap["catalog_hash"] = s.catalog.hash or "unconstrained"
+            snap["catalog_sids"] = s.catalog.size or 0
+            snap["catalogs_live"] = len(live())
+            snap["decode_other_catalog_steps_total"] = s.stats.other_catalog_steps_total
         with self._cond:
             self._snapshot = snap
 

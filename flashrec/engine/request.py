@@ -195,6 +195,9 @@ class GenResult:
     # time.monotonic() when the result reached the server process from an engine process of
     # its own (--engine-process); Server-Timing's "ipc" runs from done_at to here
     received_at: float | None = None
+    # content hash of the catalog the request was decoded with (None: unconstrained); it
+    # tells a client which side of a catalog hot reload its request started on
+    catalog_hash: str | None = None
 
     @property
     def completion_tokens(self) -> int:
@@ -209,6 +212,10 @@ class EngineError(RuntimeError):
 
 class QueueFullError(RuntimeError):
     """The waiting queue is at --max-queue-len."""
+
+
+class ReloadBusyError(RuntimeError):
+    """A catalog reload is already running (``POST /update_catalog`` answers 409)."""
 
 
 class SidText:

@@ -76,6 +76,10 @@ class ModelRunner:
         self.use_fp8 = self._resolve_fp8(model_config)
         self.model = self._load_model()
         self.depth = depth
+        self.layout = layout
+        # the catalog (CatalogVersion) the static step's trie belongs to; set by the engine
+        self.step_catalog = None
+        self._other_catalog_logged = False
         kv_dtype = _kv_dtype(config, self.dtype)
         pool = self._pool_tokens(model_config, kv_dtype)
         self.kv = KVCache(
@@ -402,6 +406,36 @@ class ModelRunner:
             return False
         bw = self.config.beam_width
         return all(w == bw for w in widths) and all(1 <= lv < self.depth for lv in levels)
+
+    def step_serves(self, catalogs: list) -> bool:
+        """Whether the static step (and its captured graph) may run a batch of requests of
+        ``catalogs``: only when all are the step's catalog (same content hash). Otherwise the
+        batch decodes through the regular forward and the eager expansion, each request with
+        its own trie (logged once per swap, counted in /metrics)."""
+        own = self.step_catalog.hash if self.step_catalog is not None else None
+        if all((c.hash if c is not None else None) == own for c in catalogs):
+            return True
+        if not self._other_catalog_logged:
+            self._other_catalog_logged = True
+            log.info(
+                "decode batches holding requests of a catalog other than the step graph's "
+                "(%s) expand eagerly (flashrec_decode_other_catalog_steps_total)",
+                own,
+            )
+        return False
+
+    def use_catalog(self, catalog) -> bool:
+        """On a catalog swap (engine thread, between steps): rebuild the static step for
+        ``catalog`` where no step graph captured the old one (a few small tensors); True when
+        rebuilt. A captured step graph keeps its catalog (re-capture is not done here)."""
+        self._other_catalog_logged = False
+        if self.step is None or (self.graphs is not None and self.graphs.step_sizes):
+            return False
+        step = StaticStep(self.lm_head, catalog.trie, self.layout, self.depth, self.device)
+        if not step.usable:
+            return False
+        self.step, self.step_catalog = step, catalog
+        return True
 
     @torch.inference_mode()
     def decode_step(

@@ -9,7 +9,7 @@ owns one serving process; start-up order (``/health`` is 503 until the last step
 Routes (see ``docs/api.md``)::
 
     GET  /health  /v1/models  /get_server_info  /metrics
-    POST /v1/chat/completions  /generate  /start_profile  /stop_profile
+    POST /v1/chat/completions  /generate  /start_profile  /stop_profile  /update_catalog
     POST|GET /flush_cache
 
 On SIGTERM or SIGINT: new generation requests get 503 (every answer then closes its
@@ -92,6 +92,7 @@ def create_app(engine: Any, loop: Any, config: ServerConfig) -> web.Application:
         ("GET", "/flush_cache", h.flush_cache),
         ("POST", "/start_profile", h.start_profile),
         ("POST", "/stop_profile", h.stop_profile),
+        ("POST", "/update_catalog", h.update_catalog),
     )
     for method, path, handler in routes:
         app.router.add_route(method, path, handler, expect_handler=expect_continue)

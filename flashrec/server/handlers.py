@@ -24,7 +24,7 @@ from aiohttp import web
 
 import flashrec
 from flashrec.config import ServerConfig
-from flashrec.engine.request import GenRequest
+from flashrec.engine.request import GenRequest, ReloadBusyError
 from flashrec.profiler import ProfileController, ProfileError
 from flashrec.server import protocol, responses, wire
 from flashrec.server.backend import Backend
@@ -347,7 +347,10 @@ async def server_info(request: web.Request) -> web.Response:
             "sid": layout.to_arg(),
         },
         "limits": dataclasses.asdict(st.limits),
-        "engine": engine.server_info() if hasattr(engine, "server_info") else {},
+        # an engine process answers the active catalog over the pipe: off the event loop
+        "engine": await asyncio.to_thread(engine.server_info)
+        if hasattr(engine, "server_info")
+        else {},
         "versions": {
             "flashrec": flashrec.__version__,
             "python": platform.python_version(),
@@ -427,3 +430,25 @@ async def stop_profile(request: web.Request) -> web.Response:
     except ProfileError as exc:
         raise bad_request(str(exc)) from None
     return web.json_response({"success": True, "message": "Stop profiling.", **info})
+
+
+async def update_catalog(request: web.Request) -> web.Response:
+    """``POST /update_catalog {"path": ...}``: catalog hot reload. The file is loaded,
+    validated and built off the engine thread, then swapped in between steps; requests in
+    flight finish on their catalog. 400 for a file that cannot serve (the old catalog keeps
+    serving), 409 while another reload runs."""
+    st = request.app[STATE]
+    body = protocol.require_object(await read_json(request))
+    path = body.get("path")
+    if not isinstance(path, str) or not path:
+        raise bad_request("'path' (a catalog file the server can read) is required", "path")
+    reload = getattr(st.backend.loop, "reload_catalog", None)
+    if reload is None:
+        raise bad_request("this engine cannot reload its catalog")
+    try:
+        info = await asyncio.to_thread(reload, path)
+    except ReloadBusyError as exc:
+        raise APIError(str(exc), 409) from None
+    except ValueError as exc:
+        raise bad_request(str(exc), "path") from None
+    return web.json_response(info)

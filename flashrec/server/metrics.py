@@ -66,6 +66,44 @@ ENGINE_METRICS = (
         "Decode forwards run eagerly (always on CPU or with --disable-cuda-graph; with graphs, "
         "a request wider than the largest decode graph).",
     ),
+    ("catalog_sids", "flashrec_catalog_sids", "gauge", "SIDs of the active catalog."),
+    (
+        "catalogs_live",
+        "flashrec_catalogs_live",
+        "gauge",
+        "Catalogs alive: the active one and those running requests were admitted with.",
+    ),
+    (
+        "catalog_reloads_ok_total",
+        "flashrec_catalog_reloads_ok_total",
+        "counter",
+        "Catalog hot reloads swapped in (POST /update_catalog).",
+    ),
+    (
+        "catalog_reloads_rejected_total",
+        "flashrec_catalog_reloads_rejected_total",
+        "counter",
+        "Catalog hot reloads refused as invalid (400); the old catalog kept serving.",
+    ),
+    (
+        "catalog_reloads_busy_total",
+        "flashrec_catalog_reloads_busy_total",
+        "counter",
+        "Catalog hot reloads refused because another one was running (409).",
+    ),
+    (
+        "catalog_last_swap_ms",
+        "flashrec_catalog_last_swap_ms",
+        "gauge",
+        "Engine-thread time of the last catalog swap, in milliseconds.",
+    ),
+    (
+        "decode_other_catalog_steps_total",
+        "flashrec_decode_other_catalog_steps_total",
+        "counter",
+        "Decode batches expanded eagerly because they hold a request of a catalog other than "
+        "the step graph's (after a catalog hot reload).",
+    ),
     (
         "batch_failures_total",
         "flashrec_batch_failures_total",
@@ -177,6 +215,10 @@ class ServerMetrics:
             if key in stats:
                 family(name, kind, help)
                 out.append(f"{name} {_fmt(stats[key])}")
+        if "catalog_hash" in stats:  # an info-style gauge: the hash as a label
+            family("flashrec_catalog_info", "gauge", "The active catalog: its content hash.")
+            label = _labels({"hash": str(stats["catalog_hash"])})
+            out.append(f"flashrec_catalog_info{label} 1")
         for name, value in extra.items():
             family(name, "gauge", _EXTRA_HELP.get(name, name))
             out.append(f"{name} {_fmt(value)}")

@@ -131,6 +131,13 @@ def sglext(beam: BeamResult) -> dict[str, Any]:
     }
 
 
+def catalog_key(result: GenResult) -> dict[str, Any]:
+    """``{"catalog_hash": ...}``: the catalog the request decoded with (a hot reload may swap
+    catalogs between requests); empty without one."""
+    h = getattr(result, "catalog_hash", None)
+    return {} if h is None else {"catalog_hash": h}
+
+
 def usage(result: GenResult) -> dict[str, Any]:
     """OpenAI ``usage`` with ``prompt_tokens_details.cached_tokens``."""
     completion = result.completion_tokens
@@ -149,6 +156,7 @@ def chat_completion(result: GenResult, model: str, created: int | None = None) -
         "object": "chat.completion",
         "created": int(time.time()) if created is None else created,
         "model": model,
+        **catalog_key(result),
         "choices": [
             {
                 "index": i,
@@ -170,7 +178,7 @@ def chat_completion_json(result: GenResult, model: str, created: int | None = No
     def fast() -> str:
         choices = _chat_choices(result, "message", compact=False)
         head = {"id": result.rid, "object": "chat.completion", "created": created, "model": model}
-        text = json.dumps(head)
+        text = json.dumps({**head, **catalog_key(result)})
         return f'{text[:-1]}, "choices": {choices}, "usage": {json.dumps(usage(result))}}}'
 
     return _with_fallback(fast, lambda: chat_completion(result, model, created))
@@ -185,6 +193,7 @@ def chat_stream(result: GenResult, model: str, created: int | None = None) -> It
     """
     created = int(time.time()) if created is None else created
     head = {"id": result.rid, "object": "chat.completion.chunk", "created": created, "model": model}
+    head.update(catalog_key(result))
 
     def fast() -> str:
         choices = _chat_choices(result, "delta", compact=True)
@@ -250,6 +259,7 @@ def _generate_meta(result: GenResult, e2e_latency: float) -> dict[str, Any]:
         "completion_tokens": result.completion_tokens,
         "cached_tokens": result.cached_tokens,
         "e2e_latency": e2e_latency,
+        **catalog_key(result),
     }
 
 

@@ -73,8 +73,10 @@ class DecodeManager:
             if hasher is None and self.runner.step_batch_ok(
                 [st.req.n for st in batch], levels, all(st.req.temperature == 0 for st in batch)
             ):
-                self._static(batch, input_ids, meta, levels)
-                return []
+                if self.runner.step_serves([st.catalog for st in batch]):
+                    self._static(batch, input_ids, meta, levels)
+                    return []
+                self.cache.stats.other_catalog_steps_total += 1
             logprobs = self.runner.decode(input_ids, meta, levels)
             if hasher is not None:
                 hasher.decode(meta, input_ids, batch)

@@ -15,11 +15,11 @@ from flashrec.sid.layout import SidLayout
 class BeamExpander:
     """``advance(items, phase)``: items are ``(state, cum [m], logprobs [m, K], nodes [m])``;
     requests of equal (n, level, rows) and temperature 0 expand in one batched call, and
-    every reordered request's decode KV moves in ONE gather."""
+    every reordered request's decode KV moves in ONE gather. Each request expands with the
+    trie of the catalog it was admitted with (``ReqState.catalog``)."""
 
-    def __init__(self, kv, trie, layout: SidLayout, depth: int, debug: StepDebug) -> None:
+    def __init__(self, kv, layout: SidLayout, depth: int, debug: StepDebug) -> None:
         self.kv = kv
-        self.trie = trie
         self.layout = layout
         self.depth = depth
         self.debug = debug
@@ -28,7 +28,7 @@ class BeamExpander:
         buckets: dict[tuple, list] = {}
         for it in items:
             st, cum = it[0], it[1]
-            key = (st.req.n, st.generated, cum.shape[0], st.req.temperature)
+            key = (st.req.n, st.generated, cum.shape[0], st.req.temperature, id(st.catalog))
             if st.req.temperature > 0:
                 key = key + (st.req.rid,)  # own generator
             buckets.setdefault(key, []).append(it)
@@ -37,9 +37,8 @@ class BeamExpander:
         with trace_range("flashrec.beam"):
             for (n, level, m, temp, *_), group in buckets.items():
                 nodes = torch.cat([it[3] for it in group])
-                codes, child, valid = candidates(
-                    self.trie, level, nodes, layout.codebook_size, depth
-                )
+                trie = group[0][0].catalog.trie
+                codes, child, valid = candidates(trie, level, nodes, layout.codebook_size, depth)
                 b = len(group)
                 res = expand(
                     torch.stack([it[1] for it in group]),

@@ -96,5 +96,6 @@ class ResultManager:
                 queue_s=st.admitted_at - st.req.arrival,
                 engine_s=done_at - st.admitted_at,
                 done_at=done_at,
+                catalog_hash=st.catalog.hash if st.catalog is not None else None,
             )
         return [(st.req, res) for st, res in zip(states, out)]

@@ -18,6 +18,7 @@ from flashrec.engine.stephash import StepHasher
 from flashrec.kvcache.radix import RadixCache
 from flashrec.profiler import trace_range
 from flashrec.sid.layout import SidLayout
+from flashrec.sid.version import CatalogVersion
 
 
 class Scheduler:
@@ -31,11 +32,14 @@ class Scheduler:
 
     Requests join and leave between steps. Everything runs on the engine thread."""
 
-    def __init__(self, runner: ModelRunner, layout: SidLayout, trie, tokenizer=None) -> None:
+    def __init__(
+        self, runner: ModelRunner, layout: SidLayout, catalog: CatalogVersion, tokenizer=None
+    ) -> None:
         self.runner = runner
         self.cfg = cfg = runner.config
         self.layout = layout
-        self.trie = trie
+        # the active catalog: requests admitted from now on take it (``set_catalog`` swaps it)
+        self.catalog = catalog
         self.tokenizer = tokenizer
         self.depth = runner.depth
         self.kv = runner.kv
@@ -51,7 +55,7 @@ class Scheduler:
         self.cache = CacheManager(self.kv, self.radix, min_match, self.stats)
         self.debug = StepDebug(self.kv)
         self.admission = AdmissionManager(cfg, self.cache, self.depth, self.device)
-        expander = BeamExpander(self.kv, trie, layout, self.depth, self.debug)
+        expander = BeamExpander(self.kv, layout, self.depth, self.debug)
         self.prefill = PrefillManager(runner, self.cache, expander, self.debug, self.stats)
         self.decode = DecodeManager(runner, self.cache, expander, self.debug, self.depth)
         self.results = ResultManager(cfg.length_penalty, layout.sid_end, self._text)
@@ -75,6 +79,20 @@ class Scheduler:
                 self.running.remove(st)
                 return True
         return False
+
+    def set_catalog(self, catalog: CatalogVersion) -> None:
+        """Requests admitted from the next step on decode with ``catalog``; those admitted
+        before finish with theirs (between steps, on the engine thread)."""
+        self.catalog = catalog
+
+    def live_catalogs(self) -> list[CatalogVersion]:
+        """The catalogs alive now: the active one and those of running (or held-back)
+        requests; an old catalog is dropped with its last request."""
+        out = {id(self.catalog): self.catalog}
+        held = self._pending.states if self._pending is not None else []
+        for st in [*self.running, *held]:
+            out.setdefault(id(st.catalog), st.catalog)
+        return list(out.values())
 
     @property
     def min_match(self) -> int:
@@ -136,6 +154,8 @@ class Scheduler:
         out: Finished = []
         with trace_range("flashrec.schedule"):
             admitted = self.admission.admit()
+            for st in admitted:
+                st.catalog = self.catalog
         if admitted:
             out.extend(self.prefill.run(admitted, self.running))
         out.extend(self.decode.run(self.running))

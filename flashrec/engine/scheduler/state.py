@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -35,6 +36,9 @@ class ReqState:
     rows_np: np.ndarray | None = None
     step_inputs: tuple[str, str] | None = None  # debug step hash: (inputs, raw kv) of this step
     admitted_at: float = 0.0  # time.monotonic() at admission
+    # the catalog (CatalogVersion) active at admission: the request expands with its trie to
+    # the end, whatever catalog is swapped in meanwhile
+    catalog: Any = None
 
     @property
     def generated(self) -> int:
@@ -51,6 +55,9 @@ class SchedulerStats:
     prompt_tokens_total: int = 0
     prefix_hit_tokens_total: int = 0
     batch_failures_total: int = 0
+    # decode batches that could have run as the static step but hold a request of another
+    # catalog than the one the step was built for (after a catalog swap): eager instead
+    other_catalog_steps_total: int = 0
 
 
 def extend_histories(states: list[ReqState], parents, new_tok) -> torch.Tensor:

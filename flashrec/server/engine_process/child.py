@@ -178,6 +178,8 @@ class _Child:
         return {
             "stats": lp.stats,
             "flush_cache": lp.flush_cache,
+            "reload_catalog": lp.reload_catalog,
+            "catalog_info": lp.catalog_info,
             "warmup": lp.warmup,
             "gc_freeze": self._freeze_gc,
             "gc_metrics": self.gcw.metrics,

@@ -51,8 +51,10 @@ class RemoteEngine:
         check_request_limits(r, self.max_beam_rows, self.config.max_seq_len, self.pool_tokens)
 
     def server_info(self) -> dict[str, Any]:
+        """The engine's start-up info; the catalog as it is now (a hot reload changes it)."""
         info = dict(self.proc.info.server_info)
         info["engine_process_pid"] = self.proc.info.pid
+        info["catalog"] = self.proc.call("catalog_info")
         return info
 
 
@@ -90,6 +92,11 @@ class RemoteLoop:
 
     def flush_cache(self) -> int:
         return self.proc.call("flush_cache")
+
+    def reload_catalog(self, path: str) -> dict[str, Any]:
+        """Catalog hot reload in the engine process: built on a call thread there, swapped
+        on its engine thread between steps."""
+        return self.proc.call("reload_catalog", path, timeout=None)
 
     def warmup(self) -> None:
         self.proc.call("warmup", timeout=None)

@@ -14,7 +14,13 @@ from collections.abc import Callable
 from concurrent.futures import CancelledError
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from flashrec.engine.request import BeamColumns, EngineError, GenResult, QueueFullError
+from flashrec.engine.request import (
+    BeamColumns,
+    EngineError,
+    GenResult,
+    QueueFullError,
+    ReloadBusyError,
+)
 
 if TYPE_CHECKING:
     from flashrec.engine.request import GenRequest
@@ -79,6 +85,7 @@ class Result(NamedTuple):
     queue_s: float | None
     engine_s: float | None
     done_at: float | None
+    catalog_hash: str | None
 
 
 class RequestError(NamedTuple):
@@ -147,6 +154,7 @@ def result_to_wire(res: GenResult) -> Result:
     fields = (
         res.rid, b.token_ids, b.cum_logprobs, b.sequence_scores, b.finish_reasons,
         res.prompt_tokens, res.cached_tokens, res.error, res.queue_s, res.engine_s, res.done_at,
+        res.catalog_hash,
     )  # fmt: skip
     # Result(*fields), without the Python-level __new__ of a NamedTuple: one per request
     return tuple.__new__(Result, fields)
@@ -166,6 +174,7 @@ def result_from_wire(msg: Result, text: Callable[[list[int]], str] | str = "") -
         queue_s=msg.queue_s,
         engine_s=msg.engine_s,
         done_at=msg.done_at,
+        catalog_hash=msg.catalog_hash,
     )
 
 
@@ -175,6 +184,7 @@ def result_from_wire(msg: Result, text: Callable[[list[int]], str] | str = "") -
 _ERRORS: dict[str, type[BaseException]] = {
     "cancelled": CancelledError,
     "queue_full": QueueFullError,
+    "reload_busy": ReloadBusyError,
     "value": ValueError,
     "engine": EngineError,
     "other": RuntimeError,
@@ -189,6 +199,8 @@ def error_kind(exc: BaseException) -> str:
         return "cancelled"
     if isinstance(exc, QueueFullError):
         return "queue_full"
+    if isinstance(exc, ReloadBusyError):
+        return "reload_busy"
     if isinstance(exc, ProfileError):
         return "profile"
     if isinstance(exc, EngineError):
@@ -209,6 +221,8 @@ def make_error(kind: str, message: str) -> BaseException:
 
 def describe(exc: BaseException) -> str:
     """The message sent: the text alone for the known kinds, with the type for the rest."""
-    if isinstance(exc, CancelledError | QueueFullError | ValueError | EngineError):
+    if isinstance(
+        exc, CancelledError | QueueFullError | ReloadBusyError | ValueError | EngineError
+    ):
         return str(exc)
     return f"{type(exc).__name__}: {exc}"
