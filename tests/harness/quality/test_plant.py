@@ -21,11 +21,8 @@ SAMPLES, FRACTION, EXTRA = 24, 0.5, 1
 
 @pytest.fixture(scope="module")
 def confident_model(synth_model):
-    """The tiny preset, made confident where the synth has ``sid_entropy`` (fewer near-ties)."""
-    try:
-        return synth_model("tiny", catalog_size=2000, sid_entropy=1.0)
-    except TypeError:
-        return synth_model("tiny", catalog_size=2000)
+    """The tiny preset made confident (``sid_entropy``: fewer near-ties to flip a top-1)."""
+    return synth_model("tiny", catalog_size=2000, sid_entropy=1.0)
 
 
 def _eval(url, ds, protocol, tokenizer=None):
