@@ -40,7 +40,10 @@ class CatalogReloader:
             raise ReloadBusyError("a catalog reload is already running; retry once it answers")
         try:
             try:
-                version = self.engine.build_catalog(path)
+                build = getattr(self.engine, "build_catalog", None)
+                if build is None:
+                    raise ValueError("this engine cannot reload its catalog")
+                version = build(path)
             except ValueError as exc:
                 self._count("rejected")
                 log.warning("catalog reload refused: %s", exc)

@@ -218,3 +218,10 @@ def test_reload_under_load(tiny_checkpoint, catalogs) -> None:
     # the static step served and the swaps sent mixed batches to the eager expansion
     assert idle["flashrec_decode_other_catalog_steps_total"] > 0
     assert np.isfinite(idle["flashrec_catalog_last_swap_ms"])
+
+
+def test_engine_without_catalogs_refuses(fake: ServerThread) -> None:
+    r = fake.post("/update_catalog", {"path": "/nowhere.json"})
+    assert r.status_code == 400
+    assert "cannot reload" in r.json()["error"]["message"]
+    assert fake.metrics()["flashrec_catalog_reloads_rejected_total"] == 1

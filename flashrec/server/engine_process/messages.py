@@ -85,7 +85,7 @@ class Result(NamedTuple):
     queue_s: float | None
     engine_s: float | None
     done_at: float | None
-    catalog_hash: str | None
+    catalog_hash: str | None = None  # the catalog the request decoded with
 
 
 class RequestError(NamedTuple):
