@@ -22,10 +22,49 @@ class StepResult:
     cum: torch.Tensor  # [n] cumulative logprob (without sampling noise); -inf = dead
 
 
-def gumbel_like(x: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    u = torch.rand(x.shape, generator=generator, device=x.device, dtype=torch.float32)
-    e = -torch.log(u.clamp_min(1e-20))  # Exp(1)
-    return -torch.log(e.clamp_min(1e-20))
+def _u64(x: int) -> int:
+    """An unsigned 64-bit constant as the int64 with the same bits."""
+    return x - (1 << 64) if x >= 1 << 63 else x
+
+
+_MIX = (_u64(0x9E3779B97F4A7C15), _u64(0xBF58476D1CE4E5B9), _u64(0x94D049BB133111EB))
+_SEED_MUL = _u64(0xD1B54A32D192ED03)
+_LEVEL_MUL = _u64(0xABC98388FB8FAC03)
+
+
+def _shr(x: torch.Tensor, s: int) -> torch.Tensor:
+    """Logical right shift of int64 bits (torch shifts signed integers arithmetically)."""
+    return (x >> s) & ((1 << (64 - s)) - 1)
+
+
+def gumbel_noise(seeds: torch.Tensor, level, parents: torch.Tensor, codes: torch.Tensor):
+    """Gumbel(0, 1) noise of each candidate (``parents``, ``codes``: parent row within the
+    request and level-local code, ``[B, ...]``) of requests with ``seeds [B]`` (int64) at SID
+    ``level`` (an int or a ``[B]`` tensor): a counter-based hash (splitmix64's finalizer) of
+    (seed, level, parent, code), so a candidate's noise never depends on the batch, the
+    candidate layout or an RNG state, and a step graph can compute it."""
+    shape = (-1,) + (1,) * (codes.dim() - 1)
+    if isinstance(level, torch.Tensor):
+        lv = level.view(shape)
+    else:  # a tensor, so the products below wrap in int64 like the tensor form
+        lv = torch.full((), level, dtype=torch.long, device=seeds.device)
+    x = seeds.view(shape) * _SEED_MUL + (lv + 1) * _LEVEL_MUL
+    x = x + parents * 0x100000 + codes + _MIX[0]
+    x = (x ^ _shr(x, 30)) * _MIX[1]
+    x = (x ^ _shr(x, 27)) * _MIX[2]
+    x = x ^ _shr(x, 31)
+    u = (_shr(x, 40).to(torch.float32) + 0.5) * (1.0 / (1 << 24))  # 24 bits, in (0, 1)
+    return -torch.log(-torch.log(u))
+
+
+def sampling_key(total, temperature, seeds, level, parents, codes):
+    """The Gumbel top-k key: ``total / T + noise`` where ``T`` (per request, ``[B]``, or one
+    float) is > 0, ``total`` itself where it is 0; -inf stays -inf (never chosen)."""
+    t = temperature.view(-1, 1) if isinstance(temperature, torch.Tensor) else temperature
+    noise = gumbel_noise(seeds, level, parents, codes).reshape(total.shape)
+    sampled = total / (t.clamp_min(1e-6) if isinstance(t, torch.Tensor) else t) + noise
+    key = torch.where(t > 0, sampled, total) if isinstance(t, torch.Tensor) else sampled
+    return key.masked_fill(torch.isinf(total), float("-inf"))
 
 
 def expand(
@@ -36,10 +75,13 @@ def expand(
     cand_valid: torch.Tensor,
     n: int,
     temperature: float = 0.0,
-    generator: torch.Generator | None = None,
+    seeds: torch.Tensor | None = None,
+    level: int = 0,
 ) -> StepResult:
     """Batched over B requests with the same n and level:
     cum [B, m], logprobs [B, m, K], cand_* [B, m, F] -> top ``n`` children, each [B, n].
+    ``temperature`` > 0: Gumbel top-k with each request's noise from its ``seeds [B]`` at
+    ``level`` (:func:`gumbel_noise`); scores stay noise-free.
 
     If m * F < n the result is padded with dead rows (cum = -inf). ``parents`` index rows
     within each request."""
@@ -48,8 +90,10 @@ def expand(
     total = (cum[:, :, None] + lp).masked_fill(~cand_valid, float("-inf")).reshape(b, m * f)
     key = total
     if temperature > 0:
-        key = total / temperature + gumbel_like(total, generator)
-        key = key.masked_fill(torch.isinf(total), float("-inf"))
+        if seeds is None:
+            raise ValueError("sampling (temperature > 0) needs the requests' seeds")
+        parents = torch.arange(m, device=cum.device).view(1, m, 1)
+        key = sampling_key(total, temperature, seeds, level, parents, cand_codes)
     res = top_n(total, cand_codes, cand_nodes, n, f, key)
     take = res.parents.shape[1]
     if take < n:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from flashrec.beam.search import candidates, top_n
+from flashrec.beam.search import candidates, sampling_key, top_n
 
 
 @dataclass
@@ -58,10 +58,18 @@ class StaticStep:
         return bool(self.levels)
 
     def run(
-        self, h: torch.Tensor, levels: torch.Tensor, cum: torch.Tensor, nodes: torch.Tensor
+        self,
+        h: torch.Tensor,
+        levels: torch.Tensor,
+        cum: torch.Tensor,
+        nodes: torch.Tensor,
+        temps: torch.Tensor | None = None,
+        seeds: torch.Tensor | None = None,
     ) -> StaticStepOut:
         """h [B*n, H] hidden states of the rows, levels [B] (each in 1..depth-1), cum and
-        nodes [B, n] -> the next beams of every request."""
+        nodes [B, n] -> the next beams of every request. ``temps`` / ``seeds [B]``: Gumbel
+        top-k for the requests with a temperature > 0 (the eager expansion's noise), greedy
+        for those at 0; None: all greedy."""
         b, n = cum.shape
         row_level = levels[:, None].expand(b, n).reshape(-1)
         flat_nodes = nodes.reshape(-1)
@@ -79,7 +87,11 @@ class StaticStep:
             lp = torch.where(here, score, lp)
         f = codes.shape[1]
         total = (cum.reshape(-1, 1) + lp).masked_fill(~valid, float("-inf")).reshape(b, n * f)
-        best = top_n(total, codes, child, n, f)
+        key = None
+        if temps is not None:
+            parents = torch.arange(n, device=cum.device).view(1, n, 1)
+            key = sampling_key(total, temps, seeds, levels, parents, codes.view(b, n, f))
+        best = top_n(total, codes, child, n, f, key)
         return StaticStepOut(
             best.parents, best.codes + self.offsets[levels][:, None], best.nodes, best.cum
         )

@@ -87,6 +87,10 @@ class DecodeGraphRunner:
         self.s_levels = torch.ones(nb, dtype=torch.long, device=dev)
         self.s_cum = torch.full((nb, bw), float("-inf"), dtype=torch.float32, device=dev)
         self.s_nodes = torch.zeros(nb, bw, dtype=torch.long, device=dev)
+        # per request: temperature (0 = greedy) and the sampling noise's seed
+        self.s_temps = torch.zeros(nb, dtype=torch.float32, device=dev)
+        self.s_seeds = torch.zeros(nb, dtype=torch.long, device=dev)
+        self._sampled = False  # whether s_temps may hold a non-zero temperature
 
     def _num_work(self, r: int) -> int:
         """Work-list capacity of a bucket of r rows: blocks of r rows (+1 per request for
@@ -138,7 +142,10 @@ class DecodeGraphRunner:
     def _step_body(self, r: int, meta: DecodeMeta):
         run, b = self.runner, r // self.bw
         h = run.model(self.input_ids[:r], self.positions[:r], meta, run.ctx)
-        out = run.step.run(h, self.s_levels[:b], self.s_cum[:b], self.s_nodes[:b])
+        out = run.step.run(
+            h, self.s_levels[:b], self.s_cum[:b], self.s_nodes[:b], self.s_temps[:b],
+            self.s_seeds[:b],
+        )  # fmt: skip
         reorder_rows(run.kv, self.rows[:r], out.parents)  # padding rows: scratch <- scratch
         return out
 
@@ -153,8 +160,9 @@ class DecodeGraphRunner:
     def has_step(self, rows: int) -> bool:
         return bool(self.step_graphs) and rows <= self.step_sizes[-1]
 
-    def run_step(self, input_ids, meta: DecodeMeta, levels, cum, nodes) -> StaticStepOut:
-        """One replay of the whole decode step; returns views of the static outputs."""
+    def run_step(self, input_ids, meta: DecodeMeta, levels, cum, nodes, temps, seeds):
+        """One replay of the whole decode step (``temps`` / ``seeds [B]``: per request, 0 =
+        greedy; None: all greedy); returns views of the static outputs (a ``StaticStepOut``)."""
         r = input_ids.shape[0]
         size = next(s for s in self.step_sizes if s >= r)
         b, nb = cum.shape[0], size // self.bw
@@ -163,10 +171,19 @@ class DecodeGraphRunner:
             self.s_levels[:b].copy_(levels)
             self.s_cum[:b].copy_(cum)
             self.s_nodes[:b].copy_(nodes)
+            if temps is not None:
+                self.s_temps[:b].copy_(temps)
+                self.s_seeds[:b].copy_(seeds)
+                self._sampled = True
+            elif self._sampled:  # an all-greedy batch after a sampled one
+                self.s_temps.zero_()
+                self._sampled = False
             if nb > b:  # padding requests: dead rows on the scratch row
                 self.s_levels[b:nb].fill_(1)
                 self.s_cum[b:nb].fill_(float("-inf"))
                 self.s_nodes[b:nb].zero_()
+                if self._sampled:
+                    self.s_temps[b:nb].zero_()
         self.step_graphs[size].replay()
         out = self.step_outputs[size]
         return StaticStepOut(out.parents[:b], out.tokens[:b], out.nodes[:b], out.cum[:b])

@@ -399,10 +399,10 @@ class ModelRunner:
             )  # fmt: skip
         return self.model(input_ids, meta.positions, meta, self.ctx)
 
-    def step_batch_ok(self, widths: list[int], levels: list[int], greedy: bool) -> bool:
+    def step_batch_ok(self, widths: list[int], levels: list[int]) -> bool:
         """Whether a decode batch can run as one static step: every request has n = the beam
-        width, temperature 0, and a SID level before the end token."""
-        if self.step is None or not greedy:
+        width and a SID level before the end token (greedy and sampled requests alike)."""
+        if self.step is None:
             return False
         bw = self.config.beam_width
         return all(w == bw for w in widths) and all(1 <= lv < self.depth for lv in levels)
@@ -445,16 +445,19 @@ class ModelRunner:
         levels: torch.Tensor,
         cum: torch.Tensor,
         nodes: torch.Tensor,
+        temps: torch.Tensor | None = None,
+        seeds: torch.Tensor | None = None,
     ) -> StaticStepOut:
-        """The whole decode step of ``B`` requests of width ``--beam-width`` (``levels [B]``,
-        ``cum`` / ``nodes [B, n]``): one graph replay on GPU when a step graph of that size was
+        """The whole decode step of ``B`` requests of width ``--beam-width`` (``levels``,
+        ``temps`` (0 = greedy; None: all greedy), ``seeds [B]``; ``cum`` / ``nodes [B, n]``): one graph replay on GPU when a step graph of that size was
         captured; else the model forward (graph or eager) and the same static step eagerly.
         The decode KV is reordered by parent inside. Returns views the next call overwrites."""
         with trace_range("flashrec.decode_step"), batch_invariant(self.config.deterministic):
             if self.graphs is not None and self.graphs.has_step(input_ids.shape[0]):
                 self.decode_forwards["graph"] += 1
-                return self.graphs.run_step(input_ids, meta, levels, cum, nodes)
-            out = self.step.run(self._decode_forward(input_ids, meta), levels, cum, nodes)
+                return self.graphs.run_step(input_ids, meta, levels, cum, nodes, temps, seeds)
+            h = self._decode_forward(input_ids, meta)
+            out = self.step.run(h, levels, cum, nodes, temps, seeds)
             reorder_rows(self.kv, meta.rows, out.parents)
             return out
 

@@ -120,10 +120,97 @@ def test_engine_static_step_equals_eager_expansion(model_dir, widths):
         assert len(calls) < sum(1 for _ in widths)
 
 
-def test_sampling_and_other_widths_keep_the_eager_expansion(model_dir):
+def test_other_widths_and_the_end_step_keep_the_eager_expansion(model_dir):
     eng = _engine(model_dir, enable_step_graph=True)
     ok = eng.runner.step_batch_ok
-    assert ok([8, 8], [1, 2], True)
-    assert not ok([8, 4], [1, 1], True)
-    assert not ok([8], [1], False)  # temperature > 0
-    assert not ok([8], [eng.runner.depth], True)  # the end step (scopes other than level)
+    assert ok([8, 8], [1, 2])
+    assert not ok([8, 4], [1, 1])
+    assert not ok([8], [eng.runner.depth])  # the end step (scopes other than level)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    codes=st.lists(st.tuples(*[st.integers(0, K - 1)] * 3), min_size=1, max_size=80, unique=True),
+    n=st.integers(1, 10),
+    b=st.integers(1, 4),
+    seed=st.integers(0, 10_000),
+    data=st.data(),
+)
+def test_sampled_static_step_equals_sampled_expand(codes, n, b, seed, data):
+    """Gumbel top-k in the static step: per request its own temperature (0 = greedy) and
+    seed, the same picks as the eager expansion with the same seed and level."""
+    depth = 3
+    trie = SidTrie(np.asarray(codes), K)
+    layout = SidLayout(code_start=10, codebook_size=K, num_levels=depth, sid_begin=5, sid_end=6)
+    head = _Head(b * n, depth, seed)
+    step = StaticStep(head, trie, layout, depth, "cpu")
+    levels = data.draw(st.lists(st.integers(1, depth - 1), min_size=b, max_size=b))
+    temps = data.draw(st.lists(st.sampled_from([0.0, 0.5, 1.0, 3.0]), min_size=b, max_size=b))
+    seeds = torch.tensor(data.draw(st.lists(st.integers(0, 2**62), min_size=b, max_size=b)))
+    rng = np.random.default_rng(seed)
+    cum = torch.tensor(rng.normal(size=(b, n)), dtype=torch.float32)
+    nodes = torch.stack(
+        [torch.tensor(rng.integers(0, trie.num_nodes(lv), size=n)) for lv in levels]
+    )
+    h = torch.arange(b * n)[:, None]
+    out = step.run(h, torch.tensor(levels), cum, nodes, torch.tensor(temps), seeds)
+    for i, lv in enumerate(levels):
+        lp = head.level_logprobs(h[i * n : (i + 1) * n], lv)
+        c, ch, v = trie.candidates(lv, nodes[i])
+        ref = expand(
+            cum[i : i + 1], lp[None], c[None], ch[None], v[None], n, temps[i], seeds[i : i + 1], lv
+        )
+        alive = torch.isfinite(ref.cum[0])
+        assert torch.equal(torch.isfinite(out.cum[i]), alive)
+        assert torch.equal(out.parents[i][alive], ref.parents[0][alive])
+        assert torch.equal(out.cum[i][alive], ref.cum[0][alive])  # scores stay noise-free
+        assert torch.equal(out.tokens[i][alive], ref.codes[0][alive] + layout.level_range(lv)[0])
+
+
+def test_engine_sampled_requests_run_the_static_step(model_dir):
+    """Sampled requests of --beam-width rows take the static step, with the eager
+    expansion's beams; a seed reproduces them, another seed changes them."""
+    eager = _engine(model_dir)
+    static = _engine(model_dir, enable_step_graph=True)
+    calls = []
+    orig = static.runner.decode_step
+    static.runner.decode_step = lambda *a: calls.append(a[5] is not None) or orig(*a)
+
+    def run(eng, seed):
+        prompts = [
+            eng.build_prompt(messages=[{"role": "user", "content": f"u{i}"}]) for i in range(4)
+        ]
+        reqs = [eng.new_request(p, n=8, temperature=t, seed=seed + i)
+                for i, (p, t) in enumerate(zip(prompts, (0.0, 0.7, 1.5, 0.7)))]  # fmt: skip
+        return [[b.token_ids for b in r.beams] for r in eng.generate(reqs)]
+
+    a, b = run(eager, 100), run(static, 100)
+    assert a == b
+    assert calls and any(calls)  # static steps ran, sampled ones among them
+    assert run(static, 100) == b
+    assert run(static, 900)[1:] != b[1:] and run(static, 900)[0] == b[0]  # greedy one unmoved
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_sampled_requests_replay_the_step_graph(model_dir):
+    """On CUDA, sampled requests replay the captured whole-step graph (its noise computed in
+    the graph) and pick the beams of the eager expansion with the same seeds."""
+    kw = dict(device="cuda", dtype="float32", cuda_graph_max_bs=64)
+    graphed = _engine(model_dir, **kw)
+    eager = _engine(model_dir, enable_step_graph=False, **kw)
+    assert graphed.runner.graphs is not None and graphed.runner.graphs.step_graphs
+
+    def run(eng):
+        prompts = [
+            eng.build_prompt(messages=[{"role": "user", "content": f"u{i}"}]) for i in range(4)
+        ]
+        reqs = [eng.new_request(p, n=8, temperature=t, seed=40 + i)
+                for i, (p, t) in enumerate(zip(prompts, (0.0, 0.7, 1.5, 0.7)))]  # fmt: skip
+        return [[b.token_ids for b in r.beams] for r in eng.generate(reqs)]
+
+    graphs, sampled = graphed.runner.graphs, []
+    orig = graphs.run_step
+    graphs.run_step = lambda *a: sampled.append(a[5] is not None) or orig(*a)
+    assert run(graphed) == run(eager)
+    assert any(sampled)  # step-graph replays with sampled requests in them

@@ -8,7 +8,6 @@ import random
 import time
 
 import numpy as np
-import torch
 
 from flashrec.engine.meta import host_to_device
 from flashrec.engine.request import GenRequest
@@ -71,14 +70,13 @@ class AdmissionManager:
             st.private_slots = self.kv.tokens.alloc(need)
             st.prompt_slots = list(slots) + st.private_slots
             st.rows_np = np.asarray(self.kv.rows.alloc(req.n), dtype=np.int64)
-            seed = req.seed if req.seed is not None else random.getrandbits(62)
-            st.generator = torch.Generator(device=self.device).manual_seed(seed)
+            st.seed = req.seed if req.seed is not None else random.getrandbits(62)
             budget -= need
             admitted.append(st)
             self.waiting.remove(req)
-        if admitted:  # every admitted request's beam rows in one pinned asynchronous copy
-            for st, rows in zip(
-                admitted, host_to_device([s.rows_np for s in admitted], self.device)
-            ):
-                st.rows = rows
+        if admitted:  # every admitted request's beam rows and seed in one pinned asynchronous copy
+            arrays = [s.rows_np for s in admitted] + [np.asarray([s.seed]) for s in admitted]
+            views = host_to_device(arrays, self.device)
+            for st, rows, seed in zip(admitted, views, views[len(admitted) :]):
+                st.rows, st.seed_t = rows, seed
         return admitted

@@ -70,9 +70,7 @@ class DecodeManager:
             input_ids = torch.cat([st.tokens[:, -1] for st in batch])
             levels = [st.generated for st in batch]
             hasher = self.debug.hasher
-            if hasher is None and self.runner.step_batch_ok(
-                [st.req.n for st in batch], levels, all(st.req.temperature == 0 for st in batch)
-            ):
+            if hasher is None and self.runner.step_batch_ok([st.req.n for st in batch], levels):
                 if self.runner.step_serves([st.catalog for st in batch]):
                     self._static(batch, input_ids, meta, levels)
                     return []
@@ -93,10 +91,15 @@ class DecodeManager:
         """The whole step as one static program (``--enable-step-graph``): one graph replay on
         GPU, then the token histories per run of equal length (the batch is ordered by level)."""
         lv = host_to_device([np.asarray(levels)], self.device)[0]
+        temps = seeds = None  # all greedy
+        if any(st.req.temperature > 0 for st in batch):
+            temps = np.asarray([st.req.temperature for st in batch], dtype=np.float32)
+            temps = host_to_device([temps], self.device, np.float32)[0]  # pinned: no sync
+            seeds = torch.cat([st.seed_t for st in batch])
         cum = torch.stack([st.cum for st in batch])
         nodes = torch.stack([st.nodes for st in batch])
         with trace_range("flashrec.beam"):
-            out = self.runner.decode_step(input_ids, meta, lv, cum, nodes)
+            out = self.runner.decode_step(input_ids, meta, lv, cum, nodes, temps, seeds)
             # the static outputs are overwritten by the next replay: own copies
             parents, tokens, nodes, cum = (
                 t.clone() for t in (out.parents, out.tokens, out.nodes, out.cum)

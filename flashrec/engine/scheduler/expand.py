@@ -14,7 +14,8 @@ from flashrec.sid.layout import SidLayout
 
 class BeamExpander:
     """``advance(items, phase)``: items are ``(state, cum [m], logprobs [m, K], nodes [m])``;
-    requests of equal (n, level, rows) and temperature 0 expand in one batched call, and
+    requests of equal (n, level, rows, temperature) expand in one batched call (sampled
+    ones each with its own seed's noise), and
     every reordered request's decode KV moves in ONE gather. Each request expands with the
     trie of the catalog it was admitted with (``ReqState.catalog``)."""
 
@@ -29,8 +30,6 @@ class BeamExpander:
         for it in items:
             st, cum = it[0], it[1]
             key = (st.req.n, st.generated, cum.shape[0], st.req.temperature, id(st.catalog))
-            if st.req.temperature > 0:
-                key = key + (st.req.rid,)  # own generator
             buckets.setdefault(key, []).append(it)
         dst, src = [], []
         layout, depth, logged = self.layout, self.depth, self.debug.on
@@ -48,7 +47,8 @@ class BeamExpander:
                     valid.view(b, m, -1),
                     n,
                     temp,
-                    group[0][0].generator,
+                    torch.cat([it[0].seed_t for it in group]) if temp > 0 else None,
+                    level,
                 )
                 if level >= depth:
                     new_tok = torch.full_like(res.codes, layout.sid_end)
