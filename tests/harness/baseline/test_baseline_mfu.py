@@ -185,16 +185,18 @@ def test_h200_targets_dry_run(monkeypatch, capsys):
     monkeypatch.delenv("SID_VOCAB_FILE", raising=False)
     path = str(REPO / "matrices" / "h200_targets.yaml")
     spec, cells = load_cells(path)
-    assert len(cells) == 4 and spec.model.catalog_size == 1_500_000
+    assert len(cells) == 7 and spec.model.catalog_size == 1_500_000
     assert spec.load.rounds >= 3 and spec.load.radix == "cold" and spec.load.mode == "closed"
     assert run_cli(path, "--dry-run") == 0
     out = capsys.readouterr().out
-    assert sum(line.startswith("server ") for line in out.splitlines()) == 4 and "4 cell(s)" in out
+    # the sampled n=50 cell shares the greedy one's server (temperature is a client setting)
+    assert sum(line.startswith("server ") for line in out.splitlines()) == 6 and "7 cell(s)" in out
     assert "--quantization fp8 --kv-cache-dtype fp8_e4m3 --cuda-graph-max-bs 1600" in out
     assert "--cuda-graph-max-bs 4096" in out and "--max-prefill-tokens 40960" in out
+    assert "--cuda-graph-max-bs 3200" in out and "requests=1280" in out  # ~300-token prompts, c=64
     assert "prompt~2465" in out and "+hf-baseline(2) mfu-ceiling=1450" in out
     assert "prompt~5000" in out and "+hf-baseline(1) mfu-ceiling=760" in out
-    assert out.count("target: ") == 4
+    assert out.count("target: ") == 7 and "temperature=0.8" in out
 
 
 def test_hf_failure_is_recorded(tmp_path):
