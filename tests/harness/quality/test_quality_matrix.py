@@ -14,10 +14,7 @@ pytest.importorskip("pyarrow")
 
 @pytest.fixture(scope="module")
 def confident_model(synth_model):
-    try:
-        return synth_model("tiny", catalog_size=2000, sid_entropy=1.0)
-    except TypeError:
-        return synth_model("tiny", catalog_size=2000)
+    return synth_model("tiny", catalog_size=2000, sid_entropy=1.0)
 
 
 def test_cells_carry_quality_and_the_report_draws_it(tmp_path, confident_model, capsys):
