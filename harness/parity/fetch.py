@@ -217,6 +217,18 @@ def make_prompts(
     return [ParityPrompt(i, m, render.render(m)) for i, m in enumerate(chats)]
 
 
+def spec_prompts(spec: dict, model_path: str | None) -> list[ParityPrompt]:
+    """:func:`make_prompts` from a ``parity:`` section's prompts, median_tokens, seed and
+    system_prompt_tokens (the stage's defaults where absent)."""
+    return make_prompts(
+        int(spec.get("prompts", 8)),
+        int(spec.get("median_tokens", 96)),
+        int(spec.get("seed", 0)),
+        int(spec.get("system_prompt_tokens", 32)),
+        model_path,
+    )
+
+
 async def compare_servers(
     session: aiohttp.ClientSession,
     ref_url: str,

@@ -19,8 +19,8 @@ from harness.parity.fetch import (
     default_max_tokens,
     detect_protocols,
     fetch_all,
-    make_prompts,
     no_shared_protocol,
+    spec_prompts,
 )
 from harness.parity.fetch import cases_from as _cases_from
 from harness.parity.servers import one_server
@@ -85,13 +85,7 @@ def run_candidates(
 ) -> dict:
     """The multi-candidate stage result (:func:`harness.parity.candidates.multi_result`)."""
     plan = parse_plan(spec)
-    prompts = make_prompts(
-        int(spec.get("prompts", 8)),
-        int(spec.get("median_tokens", 96)),
-        int(spec.get("seed", 0)),
-        int(spec.get("system_prompt_tokens", 32)),
-        model_path,
-    )
+    prompts = spec_prompts(spec, model_path)
     if not prompts:
         raise ValueError("parity: 'prompts' must be >= 1")
     wanted = spec.get("protocols")

@@ -18,8 +18,8 @@ from harness.parity.fetch import (
     compare_servers,
     default_max_tokens,
     detect_protocols,
-    make_prompts,
     no_shared_protocol,
+    spec_prompts,
 )
 from harness.parity.multi import run_candidates
 from harness.parity.servers import serving
@@ -40,13 +40,7 @@ async def _compare_stage(spec: dict, urls: dict[str, str], model_path: str | Non
         max_tokens = spec.get("max_tokens") or await default_max_tokens(
             session, urls["candidate"], urls["reference"]
         )
-        prompts = make_prompts(
-            int(spec.get("prompts", 8)),
-            int(spec.get("median_tokens", 96)),
-            int(spec.get("seed", 0)),
-            int(spec.get("system_prompt_tokens", 32)),
-            model_path,
-        )
+        prompts = spec_prompts(spec, model_path)
         cases = await compare_servers(
             session,
             urls["reference"],
