@@ -29,7 +29,9 @@ from flashrec.synth.weights import TensorSpec, _blocks
 
 NORM_NAME = "model.norm.weight"
 NUM_PROMPTS = 8
-PROMPT_TOKENS = 48  # median user-history length of the calibration prompts (bytes = tokens)
+# median user-history length of the calibration prompts (bytes = tokens): the parity and
+# quality matrices' prompt length, since the entropy grows with the history's length
+PROMPT_TOKENS = 512
 G_DIGITS = 5  # significant digits kept of the norm scale
 G_RANGE = (1e-4, 1e4)  # bisection bracket of g
 BISECT_STEPS = 80
@@ -57,6 +59,7 @@ class Calibration:
             "uncalibrated": round(self.before, 6),
             "uncalibrated_per_level": [round(h, 6) for h in self.before_per_level],
             "num_prompts": self.num_prompts,
+            "prompt_tokens": PROMPT_TOKENS,
             "logprob_scope": "level",
         }
 
