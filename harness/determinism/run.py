@@ -22,6 +22,17 @@ from harness.determinism.processes import Plan, run_processes
 from harness.determinism.stephash import DEBUG_ENV, first_divergence, parse_step_hashes
 
 
+def _replay(plan, replay, processes, mode, against, log_dir, label, log):
+    """The step-hash replay's runs and server logs: ``processes`` fresh processes in ``mode``,
+    or (``against``) one in ``against`` mode first and one in ``mode``."""
+    env = {DEBUG_ENV: "1"}
+    if against is None:
+        return run_processes(plan, replay, max(2, processes), mode, log_dir, env, label, log)
+    base, base_logs = run_processes(plan, replay, 1, against, log_dir, env, f"{label}-a", log)
+    other, other_logs = run_processes(plan, replay, 1, mode, log_dir, env, f"{label}-b", log)
+    return base + other, base_logs + other_logs
+
+
 def localise(
     plan: Plan,
     items: list[Item],
@@ -31,16 +42,18 @@ def localise(
     log_dir: Path,
     attempts: int = 2,
     log: Any = print,
+    against: str | None = None,
 ) -> dict[str, Any]:
     """Replay ``items`` up to the last drifting one with step hashes on, and explain each
     request that drifts in the replay by its first divergent step. A replay without drift
-    (state-dependent drift need not recur) is retried, ``attempts`` replays in all."""
+    (state-dependent drift need not recur) is retried, ``attempts`` replays in all.
+    ``against``: the drift is between modes (a ``mode`` process against one in ``against``
+    mode, e.g. concurrent against sequential), not between processes of one mode."""
     replay = items[: max(drifting) + 1]
     for attempt in range(attempts):
-        label = f"{mode}-stephash" + (f"-retry{attempt}" if attempt else "")
-        runs, logs = run_processes(
-            plan, replay, max(2, processes), mode, log_dir, {DEBUG_ENV: "1"}, label, log
-        )
+        label = f"{mode}{'-vs-' + against if against else ''}-stephash"
+        label += f"-retry{attempt}" if attempt else ""
+        runs, logs = _replay(plan, replay, processes, mode, against, log_dir, label, log)
         cmp = compare_processes(runs, replay)
         if cmp["drifting_requests"] or cmp["errors"]:
             break
@@ -153,6 +166,7 @@ def run_determinism(
         "localisation": {},
     }
     baseline: list[Answer] | None = None
+    vs_rows: list[dict] = []  # concurrent answers that differ from the sequential ones
     for m in modes:
         runs, _ = run_processes(plan, items, processes, m, logs, log=log)
         summary = compare_processes(runs, items)
@@ -160,6 +174,7 @@ def run_determinism(
             baseline = runs[0]
         elif baseline is not None:
             vs = compare_processes([baseline, runs[0]], items)
+            vs_rows = vs["drifting"]
             summary["vs_sequential"] = {
                 k: vs[k]
                 for k in (
@@ -185,6 +200,14 @@ def run_determinism(
                 f"determinism: {m} localisation: {loc['verdicts']} "
                 f"({len(loc['reproduced'])} of {summary['drifting_requests']} reproduced)"
             )
+    if vs_rows and localise_drift and not result["concurrent"]["errors"]:
+        drifting = [r["index"] for r in vs_rows]
+        loc = localise(plan, items, drifting, 2, "concurrent", logs, log=log, against="sequential")
+        result["localisation"]["concurrent_vs_sequential"] = loc
+        log(
+            f"determinism: concurrent against sequential localisation: {loc['verdicts']} "
+            f"({len(loc['reproduced'])} of {len(drifting)} reproduced)"
+        )
     result["status"] = verdict(result, modes, strict_concurrent)
     result["strict_concurrent"] = strict_concurrent
     result["acceptance"] = requests >= ACCEPTANCE_REQUESTS
@@ -203,7 +226,7 @@ def compact(result: dict, rows: int = 10) -> dict:
     """The result for report.json: per-request lists cut to ``rows`` entries (the full
     result stays in ``determinism.json``)."""
     out = dict(result)
-    for mode in ("sequential", "concurrent"):
+    for mode in ("sequential", "concurrent", "concurrent_vs_sequential"):
         if mode in out:
             out[mode] = {**out[mode], "drifting": out[mode]["drifting"][:rows]}
         loc = out.get("localisation", {}).get(mode)

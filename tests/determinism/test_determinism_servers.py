@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from harness.determinism import HOST_STATE, main, run_determinism
+from harness.determinism import HOST_STATE, NUMERICS, main, run_determinism
 
 pytestmark = pytest.mark.slow
 
@@ -50,3 +50,24 @@ def test_planted_id_cache_is_detected_and_localised(tiny_model, tmp_path):
         assert e["verdict"] == HOST_STATE, e
         assert (e["step"], e["phase"]) == (1, "decode"), e  # prefill is clean: slots are not
     assert json.loads((tmp_path / "determinism.json").read_text())["status"] == "fail"
+
+
+def test_concurrent_drift_against_sequential_is_localised(tiny_model, tmp_path):
+    """Default serving: concurrent answers differ from the sequential ones (few-row CPU GEMMs
+    take another path, prompts share a prefill forward); the replay names the first step
+    where each differs, as numerics. With --deterministic a strict run passes."""
+    res = run_determinism(
+        str(tiny_model), str(tiny_model / "catalog.json"), requests=24, processes=2,
+        mode="both", concurrency=16, out_dir=tmp_path / "default", log=lambda msg: None,
+    )  # fmt: skip
+    assert res["concurrent"]["vs_sequential"]["drifting_requests"] > 0
+    loc = res["localisation"]["concurrent_vs_sequential"]
+    assert loc["first_divergence"], f"no drift in {loc['replays']} step-hash replay(s)"
+    for e in loc["first_divergence"]:
+        assert e["verdict"] == NUMERICS and e["phase"] in ("prefill", "decode"), e
+    strict = run_determinism(
+        str(tiny_model), str(tiny_model / "catalog.json"), requests=24, processes=2,
+        mode="both", concurrency=16, out_dir=tmp_path / "mode", log=lambda msg: None,
+        server_args={"deterministic": True}, strict_concurrent=True,
+    )  # fmt: skip
+    assert strict["status"] == "pass" and "concurrent_vs_sequential" not in strict["localisation"]
