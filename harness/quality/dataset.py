@@ -17,7 +17,7 @@ from typing import Any
 
 from harness.load.workload import _row
 
-# the benchmark's recommendation tasks, and the published numbers (issue #30's facts)
+# RecIF-Bench's recommendation tasks and the published numbers (OpenOneRec's report)
 OFFICIAL_TASKS = ("video", "ad", "product", "label_cond", "interactive")
 PUBLISHED = {
     ("video", "recall@32"): {"OneRec-1.7B": 0.0272, "OneRec-8B": 0.0355},
