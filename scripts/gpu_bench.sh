@@ -39,6 +39,10 @@
 # STAGES=gate runs `flashrec-bench gate MATRIX` (this tree against a baseline, interleaved) from
 # the two trees of .gate/repo.bundle (scripts/gate_bundle.sh BASE here; carry .gate):
 #   STAGES=gate ONLY="beam_width=50" bash scripts/gpu_bench.sh matrices/h200_targets.yaml
+# To run exactly a commit (not a working tree that others are editing): here
+#   git archive --format=tar.gz -o .gate/head.tgz HEAD   (carry .whl and .gate/head.tgz)
+# there: unpack it into /tmp/fr, copy .whl beside it, run this script from /tmp/fr with
+# FLASHREC_SOURCE_COMMIT set to that commit.
 # FLASHREC_SOURCE_COMMIT=<commit>: where this checkout is a working tree copied over another
 # .git (the lent H200's is older), the commit its files came from; the reports print it as the
 # "declared source commit" beside the files' tree id.
