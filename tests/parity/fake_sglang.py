@@ -265,21 +265,17 @@ def create_app(backend: str) -> web.Application:
     return app
 
 
-class FakeSGLang:
-    """The fake on a thread of its own, on 127.0.0.1 (port 0: an ephemeral one); a context
-    manager that always stops it."""
+class ThreadedApp:
+    """An aiohttp ``app`` served on a thread of its own, on 127.0.0.1 (port 0: an ephemeral
+    one); a context manager that always stops it. ``url`` is set once it serves."""
 
-    def __init__(self, backend: str, port: int = 0) -> None:
-        self.app = create_app(backend)
+    def __init__(self, app: web.Application, port: int = 0) -> None:
+        self.app = app
         self.port = port
         self.url = ""
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._runner: web.AppRunner | None = None
-
-    @property
-    def requests(self) -> list[dict]:
-        return self.app[FAKE].requests
 
     async def _start(self) -> None:
         self._runner = web.AppRunner(self.app)
@@ -289,7 +285,7 @@ class FakeSGLang:
         port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         self.url = f"http://127.0.0.1:{port}"
 
-    def __enter__(self) -> FakeSGLang:
+    def __enter__(self):
         self._thread.start()
         asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(30)
         return self
@@ -300,6 +296,17 @@ class FakeSGLang:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(30)
         self._loop.close()
+
+
+class FakeSGLang(ThreadedApp):
+    """The fake on a thread of its own (:class:`ThreadedApp`)."""
+
+    def __init__(self, backend: str, port: int = 0) -> None:
+        super().__init__(create_app(backend), port)
+
+    @property
+    def requests(self) -> list[dict]:
+        return self.app[FAKE].requests
 
 
 def main() -> None:

@@ -6,23 +6,20 @@ stops it."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-import threading
-from typing import Any
 
 import aiohttp
 from aiohttp import web
+from fake_sglang import ThreadedApp
 
 
-class PerturbProxy:
+class PerturbProxy(ThreadedApp):
     def __init__(self, backend: str) -> None:
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", self._forward)
+        super().__init__(app)
         self.backend = backend.rstrip("/")
-        self.url = ""
         self.perturbed = 0  # answers changed
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
-        self._runner: web.AppRunner | None = None
 
     async def _forward(self, request: web.Request) -> web.Response:
         body = await request.read()
@@ -42,25 +39,3 @@ class PerturbProxy:
                 self.perturbed += 1
             return web.json_response(data)
         return web.Response(body=raw, status=status, content_type="application/json")
-
-    async def _start(self) -> None:
-        app = web.Application()
-        app.router.add_route("*", "/{tail:.*}", self._forward)
-        self._runner = web.AppRunner(app)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        self.url = f"http://127.0.0.1:{port}"
-
-    def __enter__(self) -> PerturbProxy:
-        self._thread.start()
-        asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(30)
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        if self._runner is not None:
-            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(30)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(30)
-        self._loop.close()
