@@ -44,10 +44,9 @@ def gumbel_noise(seeds: torch.Tensor, level, parents: torch.Tensor, codes: torch
     (seed, level, parent, code), so a candidate's noise never depends on the batch, the
     candidate layout or an RNG state, and a step graph can compute it."""
     shape = (-1,) + (1,) * (codes.dim() - 1)
-    if isinstance(level, torch.Tensor):
-        lv = level.view(shape)
-    else:  # a tensor, so the products below wrap in int64 like the tensor form
-        lv = torch.full((), level, dtype=torch.long, device=seeds.device)
+    # a tensor either way, so the products below wrap in int64
+    lv = torch.as_tensor(level, dtype=torch.long, device=seeds.device)
+    lv = lv.view(shape) if lv.dim() else lv
     x = seeds.view(shape) * _SEED_MUL + (lv + 1) * _LEVEL_MUL
     x = x + parents * 0x100000 + codes + _MIX[0]
     x = (x ^ _shr(x, 30)) * _MIX[1]
@@ -60,10 +59,9 @@ def gumbel_noise(seeds: torch.Tensor, level, parents: torch.Tensor, codes: torch
 def sampling_key(total, temperature, seeds, level, parents, codes):
     """The Gumbel top-k key: ``total / T + noise`` where ``T`` (per request, ``[B]``, or one
     float) is > 0, ``total`` itself where it is 0; -inf stays -inf (never chosen)."""
-    t = temperature.view(-1, 1) if isinstance(temperature, torch.Tensor) else temperature
+    t = torch.as_tensor(temperature, dtype=torch.float32, device=total.device).view(-1, 1)
     noise = gumbel_noise(seeds, level, parents, codes).reshape(total.shape)
-    sampled = total / (t.clamp_min(1e-6) if isinstance(t, torch.Tensor) else t) + noise
-    key = torch.where(t > 0, sampled, total) if isinstance(t, torch.Tensor) else sampled
+    key = torch.where(t > 0, total / t.clamp_min(1e-6) + noise, total)
     return key.masked_fill(torch.isinf(total), float("-inf"))
 
 

@@ -53,6 +53,7 @@ class AdmissionManager:
         """Admit waiting requests: beam rows and prompt slots allocated (cached prefix locked),
         rows copied to the device in one pinned asynchronous copy."""
         admitted: list[ReqState] = []
+        seeds: list[np.ndarray] = []
         budget = self.cfg.max_prefill_tokens
         for req in self.order():
             if req.n > self.kv.rows.num_free:
@@ -70,13 +71,12 @@ class AdmissionManager:
             st.private_slots = self.kv.tokens.alloc(need)
             st.prompt_slots = list(slots) + st.private_slots
             st.rows_np = np.asarray(self.kv.rows.alloc(req.n), dtype=np.int64)
-            st.seed = req.seed if req.seed is not None else random.getrandbits(62)
+            seeds.append(np.asarray([req.seed if req.seed is not None else random.getrandbits(62)]))
             budget -= need
             admitted.append(st)
             self.waiting.remove(req)
         if admitted:  # every admitted request's beam rows and seed in one pinned asynchronous copy
-            arrays = [s.rows_np for s in admitted] + [np.asarray([s.seed]) for s in admitted]
-            views = host_to_device(arrays, self.device)
+            views = host_to_device([s.rows_np for s in admitted] + seeds, self.device)
             for st, rows, seed in zip(admitted, views, views[len(admitted) :]):
                 st.rows, st.seed_t = rows, seed
         return admitted

@@ -30,8 +30,8 @@ class ReqState:
     tokens: torch.Tensor | None = None  # [n, g] generated token ids
     cum: torch.Tensor | None = None
     nodes: torch.Tensor | None = None
-    seed: int = 0  # the sampling noise's seed (the request's, else drawn at admission)
-    seed_t: torch.Tensor | None = None  # [1] int64 on the device
+    # [1] int64 on the device: the sampling noise's seed (the request's, else drawn at admission)
+    seed_t: torch.Tensor | None = None
     prompt_slots_t: torch.Tensor | None = None
     prompt_slots_np: np.ndarray | None = None
     rows_np: np.ndarray | None = None
