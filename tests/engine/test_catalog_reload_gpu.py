@@ -28,7 +28,11 @@ DEVICE = os.environ.get("FLASHREC_RELOAD_DEVICE", "cuda")  # "cpu": a dry run of
 @pytest.mark.gpu
 def test_reload_swap_time_1_5m(tmp_path):
     assert DEVICE == "cpu" or torch.cuda.is_available()
-    ckpt = build_checkpoint(tmp_path / "model", "tiny", codebook_size=K, catalog_size=1000)
+    # head_dim 128: the CUDA default attention backend (FlashInfer) takes 64 / 128 / 256 only
+    ckpt = build_checkpoint(
+        tmp_path / "model", "tiny", codebook_size=K, catalog_size=1000, hidden_size=256,
+        num_attention_heads=2, num_key_value_heads=1, head_dim=128,
+    )  # fmt: skip
     paths = []
     for seed in (1, 2):
         codes = synth_catalog(SIDS, K, 3, seed=seed)
