@@ -154,7 +154,14 @@ def test_harness_model_section_passes_it_through(tmp_path, monkeypatch):
     rec = _info(Path(m.path))["sid_entropy"]
     assert rec["target"] == 2.0 and abs(rec["achieved"] - 2.0) < TOL
     assert "sid_entropy" not in _info(Path(resolve_model(spec(preset="tiny")).path))
-    with pytest.raises(ModelError, match="sid_entropy"):
+    # a path with sid_entropy: only a model calibrated to that entropy (synth_info.json says)
+    with pytest.raises(ModelError, match="no synth_info.json records"):
         resolve_model(spec(path=str(tmp_path), sid_entropy=2.0))
+    assert resolve_model(spec(path=m.path, sid_entropy=2.0)).path == m.path
+    with pytest.raises(ModelError, match="calibrated to 2.0"):
+        resolve_model(spec(path=m.path, sid_entropy=3.0))
+    plain_path = resolve_model(spec(preset="tiny")).path
+    with pytest.raises(ModelError, match="no synth_info.json records"):
+        resolve_model(spec(path=plain_path, sid_entropy=2.0))
     with pytest.raises(Exception, match="sid_entropy"):
         spec(preset="tiny", sid_entropy=-1)

@@ -145,6 +145,23 @@ def resolve_model(spec: MatrixSpec, log=print) -> ResolvedModel:
     return dataclasses.replace(found, catalog_hash=file_hash(found.catalog))
 
 
+def _check_sid_entropy(path: Path, want: float) -> None:
+    """A matrix that asks for ``sid_entropy`` and gives a ``path``: the model there must be a
+    synthetic one calibrated to that entropy (its synth_info.json says), not any checkpoint."""
+    try:
+        got = json.loads((path / "synth_info.json").read_text())["sid_entropy"]["target"]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise ModelError(
+            f"model 'sid_entropy' {want} with 'path' {path}: no synth_info.json records a "
+            "calibrated sid_entropy there (build it with flashrec synth --sid-entropy)"
+        ) from None
+    if abs(float(got) - want) > 1e-6:
+        raise ModelError(
+            f"model 'sid_entropy' {want}, but {path} was calibrated to {got} "
+            "(synth_info.json)"
+        )
+
+
 def _resolve_model(spec: MatrixSpec, log=print) -> ResolvedModel:
     catalog = spec.catalog.path if spec.catalog else None
     if spec.model is None:
@@ -156,9 +173,7 @@ def _resolve_model(spec: MatrixSpec, log=print) -> ResolvedModel:
         if spec.catalog and spec.catalog.size:
             raise ModelError("catalog 'size' needs a synthetic 'preset' model; give 'path'")
         if spec.model.sid_entropy is not None:
-            raise ModelError(
-                "model 'sid_entropy' calibrates a synthetic 'preset' model, not 'path'"
-            )
+            _check_sid_entropy(path, spec.model.sid_entropy)
         return ResolvedModel(str(path), catalog, path_hash(path), "path", _levels(spec, path))
     catalog_size = (spec.catalog.size if spec.catalog else None) or spec.model.catalog_size
     try:
