@@ -4,6 +4,8 @@ rule (:func:`judge_rules`) and the stage result (:func:`multi_result`). No netwo
 
 from __future__ import annotations
 
+import math
+import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -32,14 +34,22 @@ TABLE_COLUMNS = ("cases", "errors", "exact_rate", "top1_agreement", "overlap_mea
                  "spearman_mean", "spearman_min", "max_score_diff")  # fmt: skip
 
 
+# the per-case field behind each metric a rule may compare (higher is closer to the reference)
+CASE_FIELDS = {"exact_rate": "exact", "top1_agreement": "top1", "overlap_mean": "overlap",
+               "spearman_mean": "spearman", "overlap_min": None, "spearman_min": None}  # fmt: skip
+
+
 @dataclass(frozen=True)
 class Rule:
-    """``candidate``'s metrics against fp32 must be >= ``than``'s (minus ``tolerance``)."""
+    """``candidate``'s metrics against fp32 must be >= ``than``'s, less ``tolerance`` and less
+    the noise band of the paired per-prompt differences at ``confidence`` (one-sided; 0: no
+    band), so that one prompt's near-tie flipping on either side is not called a regression."""
 
     candidate: str
     than: str
     metrics: tuple[str, ...] = RULE_METRICS
     tolerance: float = 0.0
+    confidence: float = 0.95
 
 
 @dataclass(frozen=True)
@@ -126,10 +136,16 @@ def _rule(name: str, spec: Any) -> Rule:
     if not isinstance(spec, dict) or not spec.get("than"):
         raise ValueError(f"parity: candidate {name!r}: no_worse_than is a name or {{than: NAME}}")
     metrics = tuple(spec.get("metrics") or RULE_METRICS)
-    bad = [m for m in metrics if m not in TABLE_COLUMNS]
+    bad = [m for m in metrics if m not in CASE_FIELDS]
     if bad:
-        raise ValueError(f"parity: no_worse_than metrics {bad} are not among {TABLE_COLUMNS}")
-    return Rule(name, str(spec["than"]), metrics, float(spec.get("tolerance", 0.0)))
+        raise ValueError(
+            f"parity: no_worse_than metrics {bad} are not among {tuple(CASE_FIELDS)} "
+            "(those where higher is closer to the reference)"
+        )
+    conf = float(spec.get("confidence", 0.95))
+    if not (conf == 0 or 0.5 <= conf < 1):
+        raise ValueError(f"parity: no_worse_than confidence {conf} must be 0 (none) or in [0.5, 1)")
+    return Rule(name, str(spec["than"]), metrics, float(spec.get("tolerance", 0.0)), conf)
 
 
 def parse_plan(spec: dict) -> Plan:
@@ -222,10 +238,31 @@ def table_rows(results: list[dict], ns: list[int]) -> list[dict]:
     ]
 
 
-def judge_rules(rules: list[Rule], table: list[dict], ns: list[int]) -> list[dict]:
+def paired_noise(rows: list[dict], a: str, b: str, n: int, field: str | None, conf: float):
+    """The noise band of ``a``'s mean minus ``b``'s over the prompts both answered at ``n``:
+    z(conf) x the standard error of the per-prompt differences. Returns (band, pairs); band
+    0 without a per-case field, below 2 pairs or with ``conf`` 0 (then the check is strict)."""
+    if field is None:
+        return 0.0, 0
+    ok = [r for r in rows if r.get("n") == n and not r.get("error") and r.get(field) is not None]
+    got = {c: {(r.get("protocol"), r.get("prompt")): float(r[field]) for r in ok
+               if r.get("candidate") == c} for c in (a, b)}  # fmt: skip
+    keys = sorted(set(got[a]) & set(got[b]), key=str)
+    if not conf or len(keys) < 2:
+        return 0.0, len(keys)
+    d = [got[a][k] - got[b][k] for k in keys]
+    se = statistics.stdev(d) / math.sqrt(len(d))
+    return statistics.NormalDist().inv_cdf(conf) * se, len(keys)
+
+
+def judge_rules(
+    rules: list[Rule], table: list[dict], ns: list[int], rows: list[dict] | None = None
+) -> list[dict]:
     """Each rule at each n and metric: ``value`` (the candidate's), ``other`` (the yardstick's),
-    ``margin`` = value - other, ``passed`` when margin + tolerance >= 0. A side without a
-    value (no case compared) fails, never passes on nothing."""
+    ``margin`` = value - other, ``noise`` the band of the paired per-prompt differences (case
+    ``rows``; see :func:`paired_noise`), ``passed`` when margin + tolerance + noise >= 0, and
+    ``within_noise`` when only the band made it pass. A side without a value (no case
+    compared) fails, never passes on nothing."""
     cell = {(r["candidate"], r["n"]): r for r in table}
     out = []
     for rule in rules:
@@ -234,6 +271,11 @@ def judge_rules(rules: list[Rule], table: list[dict], ns: list[int]) -> list[dic
                 a = (cell.get((rule.candidate, n)) or {}).get(m)
                 b = (cell.get((rule.than, n)) or {}).get(m)
                 margin = None if a is None or b is None else a - b
+                noise, pairs = paired_noise(
+                    rows or [], rule.candidate, rule.than, n, CASE_FIELDS.get(m), rule.confidence
+                )
+                strict = margin is not None and margin + rule.tolerance >= 0
+                passed = margin is not None and margin + rule.tolerance + noise >= 0
                 out.append(
                     {
                         "candidate": rule.candidate,
@@ -244,7 +286,11 @@ def judge_rules(rules: list[Rule], table: list[dict], ns: list[int]) -> list[dic
                         "other": b,
                         "margin": margin,
                         "tolerance": rule.tolerance,
-                        "passed": margin is not None and margin + rule.tolerance >= 0,
+                        "noise": noise,
+                        "pairs": pairs,
+                        "confidence": rule.confidence,
+                        "passed": passed,
+                        "within_noise": passed and not strict,
                     }
                 )
     return out
@@ -260,9 +306,11 @@ def rule_failures(checks: list[dict]) -> list[str]:
             out.append(f"{c['candidate']} no_worse_than {c['than']} n={c['n']} {c['metric']}: "
                        f"no value ({c['value']} vs {c['other']})")  # fmt: skip
         else:
+            band = c.get("noise") or 0.0
             out.append(
                 f"{c['candidate']} no_worse_than {c['than']} n={c['n']} {c['metric']}: "
-                f"{c['value']:.4f} < {c['other']:.4f} (by {-c['margin']:.4f})"
+                f"{c['value']:.4f} < {c['other']:.4f} (by {-c['margin']:.4f}"
+                + (f", beyond the noise band {band:.4f} of {c['pairs']} prompts)" if band else ")")
             )
     return out
 
@@ -273,7 +321,7 @@ def multi_result(
     """The stage result (parity.json): per-candidate verdicts, the candidate x n ``table``,
     the rule checks, every failure prefixed by its candidate, and the case rows."""
     table = table_rows(results, plan.ns)
-    checks = judge_rules(plan.rules, table, plan.ns)
+    checks = judge_rules(plan.rules, table, plan.ns, cases)
     failures = [f"{r['name']}: {f}" for r in results for f in r.get("failures", [])]
     failures += rule_failures(checks)
     return {

@@ -77,7 +77,13 @@ def _diff_rows(text: str) -> Table | None:
 
 TABLE_COLUMNS = ("cases", "errors", "top1_agreement", "overlap_mean", "overlap_min",
                  "spearman_mean", "spearman_min", "max_score_diff", "exact_rate")  # fmt: skip
-RULE_COLUMNS = ("candidate", "than", "n", "metric", "value", "other", "margin")
+RULE_COLUMNS = ("candidate", "than", "n", "metric", "value", "other", "margin", "noise")
+
+
+def _rule_result(check: dict) -> str:
+    if not check.get("passed"):
+        return "FAIL"
+    return "pass (worse within noise)" if check.get("within_noise") else "pass"
 
 
 def _candidate_blocks(parity: dict) -> list[Block]:
@@ -91,7 +97,7 @@ def _candidate_blocks(parity: dict) -> list[Block]:
             for r in parity.get("table") or []]  # fmt: skip
     if rows:
         out.append((title, (["candidate", "precision", "n", *TABLE_COLUMNS], rows)))
-    rules = [[*(_num(c.get(k)) for k in RULE_COLUMNS), "pass" if c.get("passed") else "FAIL"]
+    rules = [[*(_num(c.get(k)) for k in RULE_COLUMNS), _rule_result(c)]
              for c in parity.get("rules") or []]  # fmt: skip
     if rules:
         out.append(("no_worse_than", ([*RULE_COLUMNS, "result"], rules)))

@@ -18,6 +18,25 @@ from flashrec.sid.catalog import load_catalog
 from flashrec.sid.layout import SidLayout, resolve_sid_layout
 
 
+def resolve_prefill_chunk(chunk: int | None, device: str, dtype: torch.dtype) -> int:
+    """Prompt tokens per prefill forward of ``generate`` (HF's ``prefill_chunk_size``; 0 = the
+    whole prompt at once). ``None`` picks 512 for float32 on CUDA: there HF's SDPA call with
+    grouped KV heads falls back to the math kernel, which holds beams x heads x prompt^2 scores
+    (52 GiB at 256 beams of a ~1,900-token prompt); in chunks, a chunk's rows only."""
+    if chunk is None:
+        chunk = 512 if device == "cuda" and dtype == torch.float32 else 0
+    if chunk < 0:
+        raise ValueError(f"prefill_chunk must be >= 0, got {chunk}")
+    if chunk:
+        from transformers import GenerationConfig
+
+        if not hasattr(GenerationConfig(), "prefill_chunk_size"):
+            raise ValueError(
+                "this transformers has no chunked prefill (prefill_chunk_size); pass 0"
+            )
+    return chunk
+
+
 def _prefix_table(codes: np.ndarray) -> dict[tuple[int, ...], list[int]]:
     table: dict[tuple[int, ...], set[int]] = {}
     for row in codes.tolist():
@@ -83,6 +102,7 @@ class HFReference:
         length_penalty: float = 1.0,
         device: str = "cpu",
         dtype: torch.dtype = torch.float32,
+        prefill_chunk: int | None = None,
     ) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -96,6 +116,7 @@ class HFReference:
         self.depth = catalog.depth if catalog is not None else self.layout.num_levels
         self.prefixes = _prefix_table(catalog.codes) if catalog is not None else None
         self.scope, self.length_penalty, self.device = logprob_scope, length_penalty, device
+        self.prefill_chunk = resolve_prefill_chunk(prefill_chunk, device, dtype)
 
     def build_prompt(self, **kwargs) -> list[int]:
         return build_prompt_ids(self.tokenizer, self.layout, self.vocab_size, **kwargs)
@@ -124,6 +145,7 @@ class HFReference:
             logits_processor=LogitsProcessorList([proc]),
             output_scores=True,
             return_dict_in_generate=True,
+            **({"prefill_chunk_size": self.prefill_chunk} if self.prefill_chunk else {}),
         )
         scores = getattr(out, "sequences_scores", None)
         if scores is None:  # n == 1: HF runs greedy search; score from the processed step scores

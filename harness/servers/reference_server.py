@@ -290,6 +290,13 @@ def add_reference_server_args(parser: argparse.ArgumentParser) -> None:
         help="log_softmax scope, as the engine's --logprob-scope",
     )
     parser.add_argument("--length-penalty", type=float, default=1.0)
+    parser.add_argument(
+        "--prefill-chunk",
+        type=int,
+        default=None,
+        help="prompt tokens per prefill forward (0: whole prompt; default 512 for float32 on "
+        "CUDA, whose SDPA fallback would hold beams x prompt^2 scores, else 0)",
+    )
     parser.add_argument("--served-model-name", default="hf-reference")
 
 
@@ -310,6 +317,7 @@ def server_info(args: argparse.Namespace, ref: Any) -> dict:
         "dtype": args.dtype,
         "logprob_scope": args.logprob_scope,
         "length_penalty": args.length_penalty,
+        "prefill_chunk": ref.prefill_chunk,
         "depth": ref.depth,
         "sid_layout": {
             "code_start": lay.code_start,
@@ -373,13 +381,15 @@ def run_reference_server(args: argparse.Namespace) -> int:
         length_penalty=args.length_penalty,
         device=args.device,
         dtype=getattr(torch, args.dtype),
+        prefill_chunk=args.prefill_chunk,
     )
     _log.info(
-        "HF reference loaded: %s (%s, %s, scope %s)",
+        "HF reference loaded: %s (%s, %s, scope %s, prefill chunk %s)",
         args.model_path,
         args.device,
         args.dtype,
         args.logprob_scope,
+        ref.prefill_chunk or "off",
     )
     app = create_app(ref, server_info(args, ref), args.served_model_name)
     asyncio.run(_serve(app, args.host, args.port))

@@ -157,8 +157,7 @@ def _check_sid_entropy(path: Path, want: float) -> None:
         ) from None
     if abs(float(got) - want) > 1e-6:
         raise ModelError(
-            f"model 'sid_entropy' {want}, but {path} was calibrated to {got} "
-            "(synth_info.json)"
+            f"model 'sid_entropy' {want}, but {path} was calibrated to {got} (synth_info.json)"
         )
 
 

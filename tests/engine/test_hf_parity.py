@@ -120,3 +120,36 @@ def test_parity_length_cap_and_penalty(synth_model):
         [engine.new_request(engine.build_prompt(messages=PROMPTS[0]), n=4, max_tokens=2)]
     )[0]
     assert all(b.finish_reason == "length" and len(b.token_ids) == 2 for b in res.beams)
+
+
+def test_reference_prefill_in_chunks_matches_the_whole_prompt(synth_model):
+    """The HF reference's chunked prefill (the default for float32 on CUDA) answers as the
+    whole-prompt prefill does, and so as the engine: a prompt of several chunks, n=16."""
+    import torch
+
+    from harness.servers.hf_reference import resolve_prefill_chunk
+
+    path = synth_model("tiny", catalog_size=2000)
+    cat = str(path / "catalog.json")
+    whole = HFReference(str(path), cat)
+    chunked = HFReference(str(path), cat, prefill_chunk=64)
+    assert (whole.prefill_chunk, chunked.prefill_chunk) == (0, 64)
+    msgs = [{"role": "user", "content": "watched " + ", ".join(str(i) for i in range(150))}]
+    ids = whole.build_prompt(messages=msgs)
+    assert len(ids) > 4 * 64
+    seen = []  # token rows per forward of the chunked reference: chunks of 64, then one per step
+    hook = chunked.model.get_input_embeddings().register_forward_hook(
+        lambda _m, inp, _o: seen.append(inp[0].shape[-1])
+    )
+    want, got = whole.generate(ids, 16), chunked.generate(ids, 16)
+    hook.remove()
+    assert seen[: len(ids) // 64] == [64] * (len(ids) // 64) and sum(seen) >= len(ids)
+    assert [b.token_ids for b in got] == [b.token_ids for b in want] and len(got) == 16
+    assert max(abs(a.sequence_score - b.sequence_score) for a, b in zip(got, want)) <= 1e-5
+    engine = Engine(EngineConfig(model_path=str(path), sid_vocab_file=cat))
+    _compare(engine, chunked, prompts=[msgs], ns=[16])
+    assert resolve_prefill_chunk(None, "cuda", torch.float32) == 512
+    assert resolve_prefill_chunk(None, "cuda", torch.bfloat16) == 0
+    assert resolve_prefill_chunk(None, "cpu", torch.float32) == 0
+    with pytest.raises(ValueError, match=">= 0"):
+        resolve_prefill_chunk(-1, "cpu", torch.float32)

@@ -8,7 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from harness.parity.candidates import candidate_result, multi_result, parse_plan
+from harness.parity.candidates import (
+    candidate_result,
+    judge_rules,
+    multi_result,
+    parse_plan,
+    rule_failures,
+)
 from harness.parity.compare import Beam, Case, compare_beams
 from harness.parity.stage import compact, run_parity_stage
 from harness.report.render_stages import parity_blocks
@@ -204,3 +210,58 @@ def test_h200_matrix_dry_run(capsys):
 
     assert main([str(H200), "--dry-run"]) == 0
     assert "--device cuda" in capsys.readouterr().out
+
+
+def test_no_worse_than_allows_the_paired_noise_band_and_no_more():
+    """With the case rows, a deficit inside the noise of the paired per-prompt differences
+    passes (marked within noise); one beyond it fails; confidence 0 is strict."""
+    plan = parse_plan(SECTION)
+
+    def rows(worse_prompts: list[int], prompts: int = 4) -> list[dict]:
+        out = []
+        for cand in ("fr-bf16", "hf-bf16"):
+            for p in range(prompts):
+                top1 = not (cand == "fr-bf16" and p in worse_prompts)
+                out.append({"candidate": cand, "protocol": "chat", "prompt": p, "n": 4,
+                            "top1": top1, "overlap": 1.0})  # fmt: skip
+        return out
+
+    def table(rs: list[dict]) -> list[dict]:
+        t = []
+        for cand in ("fr-bf16", "hf-bf16"):
+            mine = [r for r in rs if r["candidate"] == cand]
+            t.append({"candidate": cand, "n": 4, "overlap_mean": 1.0,
+                      "top1_agreement": sum(r["top1"] for r in mine) / len(mine)})  # fmt: skip
+        return t
+
+    # one flipped top-1 in 12 prompts: margin -1/12, band 1.645 * (sd 0.289 / sqrt 12) = 0.137
+    rs = rows([3], prompts=12)
+    (top1,) = [c for c in judge_rules(plan.rules, table(rs), [4], rs)
+               if c["metric"] == "top1_agreement"]  # fmt: skip
+    assert top1["passed"] and top1["within_noise"] and top1["pairs"] == 12
+    assert abs(top1["margin"] + 1 / 12) < 1e-12 and abs(top1["noise"] - 0.1374) < 1e-3
+    # every prompt worse: no spread, no band -- it fails
+    rs = rows(list(range(12)), prompts=12)
+    (top1,) = [c for c in judge_rules(plan.rules, table(rs), [4], rs)
+               if c["metric"] == "top1_agreement"]  # fmt: skip
+    assert not top1["passed"] and top1["noise"] == 0.0
+    # 3 of 4 prompts worse: margin -0.75 against a band of 1.645 x 0.5 / 2 = 0.41: fails, the message says so
+    rs = rows([0, 1, 2])
+    res = judge_rules(plan.rules, table(rs), [4], rs)
+    bad = [c for c in res if not c["passed"]]
+    assert [c["metric"] for c in bad] == ["top1_agreement"]
+    assert "beyond the noise band 0.4112 of 4 prompts" in rule_failures(bad)[0]
+    # confidence 0: the strict comparison of the means
+    section = {**SECTION, "candidates": [dict(c) for c in SECTION["candidates"]]}
+    section["candidates"][0]["no_worse_than"] = {"than": "hf-bf16", "confidence": 0}
+    strict = parse_plan(section)
+    rs = rows([3], prompts=12)
+    checks = judge_rules(strict.rules, table(rs), [4], rs)
+    assert not next(c for c in checks if c["metric"] == "top1_agreement")["passed"]
+    with pytest.raises(ValueError, match="confidence"):
+        section["candidates"][0]["no_worse_than"] = {"than": "hf-bf16", "confidence": 1.0}
+        parse_plan(section)
+    with pytest.raises(ValueError, match="higher is closer"):
+        section["candidates"][0]["no_worse_than"] = {"than": "hf-bf16",
+                                                     "metrics": ["max_score_diff"]}  # fmt: skip
+        parse_plan(section)
