@@ -154,8 +154,13 @@ if [ $# -ge 1 ] && case $STAGES in *" matrix "*) true;; *) false;; esac; then
   only=(); for f in ${ONLY:-}; do only+=(--only "$f"); done  # ONLY="beam_width=256,concurrency=1 ..."
   # MAX_WALL_S: the matrix's time budget (flashrec-bench --max-wall-s), e.g. a call's limit
   # minus the setup: cells that would not finish are not started, and the report is written
-  MODEL_PATH=$MODEL SID_VOCAB_FILE=$MODEL/catalog.json $bench "$1" --out "$OUT/matrix" "${only[@]}" \
-    ${MAX_WALL_S:+--max-wall-s "$MAX_WALL_S"} 2>&1 | tail -5
+  # MATRIX_DIR (default $OUT/matrix): where the report is written. A matrix longer than one call
+  # runs into a directory that outlives the call on a warm machine (e.g. /tmp/q) with MAX_WALL_S,
+  # then again with RESUME=1 (--resume: the finished cells are kept); a copy lands in $OUT/matrix
+  mdir=${MATRIX_DIR:-$OUT/matrix}
+  MODEL_PATH=$MODEL SID_VOCAB_FILE=$MODEL/catalog.json $bench "$1" --out "$mdir" "${only[@]}" \
+    ${MAX_WALL_S:+--max-wall-s "$MAX_WALL_S"} $([ "${RESUME:-0}" = 1 ] && echo --resume) 2>&1 | tail -5
+  [ "$mdir" != "$OUT/matrix" ] && rm -rf "$OUT/matrix" && cp -r "$mdir" "$OUT/matrix"
   # TAR=1: also one archive of the report directory (traces and per-cell folders included),
   # for transfers that drop deep or oddly named paths (the lent device's does)
   [ "${TAR:-0}" = 1 ] && tar czf "$OUT/matrix.tgz" -C "$OUT" matrix
