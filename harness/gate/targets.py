@@ -70,7 +70,9 @@ def check(target: TargetSpec, actual: float, mfu: float | None = None) -> dict:
 
 
 def evaluate_targets(targets: list[TargetSpec], report: dict) -> dict:
-    """``{status: met|missed|none, fail_run, results: [{name, metric, cells, checks, missing}]}``.
+    """``{status: met|missed|partial|none, fail_run, results: [{name, metric, status, cells,
+    checks, missing}]}``; a target's status is met, missed, partial (met where measured, some
+    selected cell without data) or no_data.
 
     ``fail_run`` is true when a target with ``fail_run: true`` was missed (or had no data).
     """
@@ -86,7 +88,10 @@ def evaluate_targets(targets: list[TargetSpec], report: dict) -> dict:
                 continue
             checks.append({"cell": cell["id"], **check(t, actual, _mfu(cell))})
         missed = any(not c["met"] for c in checks)
-        status = "missed" if missed else ("met" if checks else "no_data")
+        # met only when every selected cell was measured and met it: a cell without the
+        # metric (failed, or no quality eval) leaves the target partial, never met
+        status = "missed" if missed else ("no_data" if not checks else
+                                          "partial" if missing else "met")  # fmt: skip
         if t.fail_run and (missed or missing or not checks):
             fail_run = True
         results.append(

@@ -293,3 +293,19 @@ def test_hf_baseline_mfu_targets_in_smoke_matrix(tmp_path, tiny_model, marker):
     assert "> max_kv_gib 0.00015" in md and "## Targets: missed" in md and "MISSED" in md
     assert "hf_speedup" in (out / "summary.csv").read_text().splitlines()[0]
     assert processes_with(marker) == []
+
+
+def test_a_target_with_an_unmeasured_cell_is_partial_not_met():
+    """Met where measured but a selected cell has no value (failed, or no quality eval):
+    the target and the run's targets are partial, never met; with fail_run it fails."""
+    rep = _report([("a", {"beam_width": 8}, {"qps": 130.0}), ("b", {"beam_width": 8}, {})])
+    rep["cells"][1]["params"] = {"beam_width": 8}
+    targets = [TargetSpec(metric="qps", op=">=", value=100, cells="beam_width=8")]
+    res = evaluate_targets(targets, rep)
+    (r,) = res["results"]
+    assert r["status"] == "partial" and r["missing"] == ["b"] and r["checks"][0]["met"]
+    assert res["status"] == "partial" and res["fail_run"] is False
+    strict = [TargetSpec(metric="qps", op=">=", value=100, cells="beam_width=8", fail_run=True)]
+    assert evaluate_targets(strict, rep)["fail_run"] is True
+    rep["cells"] = rep["cells"][:1]
+    assert evaluate_targets(targets, rep)["status"] == "met"
