@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -274,6 +275,28 @@ async def default_max_tokens(session: aiohttp.ClientSession, *base_urls: str) ->
 CaseKey = tuple[str, int, int]  # (protocol, prompt index, n)
 
 
+class CaseProgress:
+    """``on_done(done)`` for one server's cases: a line ``parity: LABEL: done/total cases ...
+    ~S s left`` at most every ``every_s`` seconds and at the last case (an fp32 reference at
+    n=256 takes minutes; the stage would otherwise say nothing until it ends)."""
+
+    def __init__(self, label: str, total: int, log: Any, every_s: float = 10.0, clock=None):
+        self.label, self.total, self.log, self.every_s = label, total, log, every_s
+        self.clock = clock or time.monotonic
+        self.t0 = self.last = self.clock()
+
+    def __call__(self, done: int) -> None:
+        now = self.clock()
+        if done < self.total and now - self.last < self.every_s:
+            return
+        self.last = now
+        per = (now - self.t0) / max(done, 1)
+        self.log(
+            f"parity: {self.label}: {done}/{self.total} cases, {per:.1f} s per case, "
+            f"~{per * (self.total - done):.0f} s left"
+        )
+
+
 async def fetch_all(
     session: aiohttp.ClientSession,
     base_url: str,
@@ -282,9 +305,11 @@ async def fetch_all(
     protocols: list[str],
     max_tokens: int = 4,
     timeout_s: float = 300.0,
+    on_done: Any = None,
 ) -> dict[CaseKey, list[Beam] | str]:
     """One server's beams for every (protocol, prompt, n), one request at a time; a failed
-    request's entry is its error text."""
+    request's entry is its error text. ``on_done(cases done)`` after each (see
+    :class:`CaseProgress`)."""
     out: dict[CaseKey, list[Beam] | str] = {}
     for protocol in protocols:
         for p in prompts:
@@ -296,6 +321,8 @@ async def fetch_all(
                     )
                 except FETCH_ERRORS as exc:
                     out[(protocol, p.index, n)] = f"{type(exc).__name__}: {exc}"[:300]
+                if on_done:
+                    on_done(len(out))
     return out
 
 

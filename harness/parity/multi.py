@@ -16,6 +16,7 @@ import aiohttp
 from harness.parity.candidates import Candidate, Plan, candidate_result, multi_result, parse_plan
 from harness.parity.fetch import (
     PROTOCOLS,
+    CaseProgress,
     default_max_tokens,
     detect_protocols,
     fetch_all,
@@ -29,8 +30,10 @@ _ROLE = {"flashrec": "candidate", "reference": "reference"}
 
 
 async def _fetch(spec: dict, url: str, prompts: list, ns: list[int], max_tokens: int | None,
-                 wanted: list[str] | None) -> tuple[dict, list[str], int, dict]:  # fmt: skip
-    """(beams per case, protocols asked, max_tokens, why a protocol was left out)."""
+                 wanted: list[str] | None, label: str = "", log: Any = None,
+                 ) -> tuple[dict, list[str], int, dict]:  # fmt: skip
+    """(beams per case, protocols asked, max_tokens, why a protocol was left out); with
+    ``log``, a progress line about every 10 s (:class:`CaseProgress`)."""
     why: dict[str, str] = {}
     async with aiohttp.ClientSession() as session:
         protocols = spec.get("protocols") or "auto"
@@ -40,9 +43,11 @@ async def _fetch(spec: dict, url: str, prompts: list, ns: list[int], max_tokens:
         if not protocols:
             raise ValueError(no_shared_protocol(why))
         max_tokens = max_tokens or spec.get("max_tokens") or await default_max_tokens(session, url)
+        total = len(protocols) * len(prompts) * len(ns)
         beams = await fetch_all(
-            session, url, prompts, ns, protocols, int(max_tokens), float(spec.get("timeout_s", 300))
-        )
+            session, url, prompts, ns, protocols, int(max_tokens),
+            float(spec.get("timeout_s", 300)), CaseProgress(label, total, log) if log else None,
+        )  # fmt: skip
     return beams, protocols, int(max_tokens), why
 
 
@@ -63,7 +68,16 @@ def _run_candidate(
             float(spec.get("startup_timeout_s", 600)),
         ) as (url, info):
             beams, _, _, _ = asyncio.run(
-                _fetch(spec, url, ctx["prompts"], plan.ns, ctx["max_tokens"], ctx["protocols"])
+                _fetch(
+                    spec,
+                    url,
+                    ctx["prompts"],
+                    plan.ns,
+                    ctx["max_tokens"],
+                    ctx["protocols"],
+                    cand.name,
+                    log,
+                )  # fmt: skip
             )
     except Exception as exc:  # noqa: BLE001 - one candidate's failure is its row, not the stage's
         res = {"name": cand.name, "kind": cand.kind, "precision": cand.precision,
@@ -103,7 +117,16 @@ def run_candidates(
         float(spec.get("startup_timeout_s", 600)),
     ) as (ref_url, _):
         ref, protocols, max_tokens, _ = asyncio.run(
-            _fetch(spec, ref_url, prompts, plan.ns, None, None)
+            _fetch(
+                spec,
+                ref_url,
+                prompts,
+                plan.ns,
+                None,
+                None,
+                f"reference ({plan.reference_dtype})",
+                log,
+            )  # fmt: skip
         )
     log(f"parity: reference ({plan.reference_dtype}): {len(ref)} cases in "
         f"{time.monotonic() - t0:.1f} s")  # fmt: skip

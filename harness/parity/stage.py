@@ -15,6 +15,7 @@ import aiohttp
 from harness.parity.candidates import reference_dtype
 from harness.parity.compare import failure_text, parity_result, precision_args, thresholds_for
 from harness.parity.fetch import (
+    CaseProgress,
     compare_servers,
     default_max_tokens,
     detect_protocols,
@@ -27,7 +28,9 @@ from harness.parity.servers import serving
 # --------------------------------------------------------------------------- matrix stage
 
 
-async def _compare_stage(spec: dict, urls: dict[str, str], model_path: str | None) -> dict:
+async def _compare_stage(
+    spec: dict, urls: dict[str, str], model_path: str | None, log: Any = None
+) -> dict:
     async with aiohttp.ClientSession() as session:
         protocols = spec.get("protocols") or "auto"
         why: dict[str, str] = {}
@@ -41,15 +44,20 @@ async def _compare_stage(spec: dict, urls: dict[str, str], model_path: str | Non
             session, urls["candidate"], urls["reference"]
         )
         prompts = spec_prompts(spec, model_path)
+        ns = [int(n) for n in spec.get("ns", [1, 4, 16, 64])]
+        done: list = []
+        progress = CaseProgress("reference and candidate", len(protocols) * len(prompts) * len(ns),
+                                log) if log else None  # fmt: skip
         cases = await compare_servers(
             session,
             urls["reference"],
             urls["candidate"],
             prompts,
-            [int(n) for n in spec.get("ns", [1, 4, 16, 64])],
+            ns,
             list(protocols),
             int(max_tokens),
             float(spec.get("timeout_s", 300.0)),
+            (lambda case: (done.append(case), progress(len(done)))) if progress else None,
         )
     precision = str(spec.get("precision", "float32"))
     th = thresholds_for(precision, spec.get("thresholds"))
@@ -100,7 +108,7 @@ def run_parity_stage(
             {**cand_args, **(spec.get("server_args") or {})},
             {**ref_args, **(spec.get("reference_args") or {})},
         ) as urls:
-            result = asyncio.run(_compare_stage(spec, urls, model_path))
+            result = asyncio.run(_compare_stage(spec, urls, model_path, log))
             result["servers"] = urls
     except Exception as exc:  # noqa: BLE001 - a stage reports, it does not abort the report
         result = {"status": "error", "passed": False, "error": f"{type(exc).__name__}: {exc}"}

@@ -196,12 +196,15 @@ def test_h200_matrix_loads_and_its_section_is_the_issue_s():
     assert plan.reference_dtype == "float32" and plan.ns == [1, 50, 256]
     assert 8 <= section["prompts"] <= 16
     kinds = {c.name: (c.kind, c.precision, c.gate) for c in plan.candidates}
+    # the fixed thresholds are notes: what gates is the rule (and any case error)
     assert kinds == {
-        "flashrec-bf16": ("flashrec", "bfloat16", True),
-        "flashrec-fp8": ("flashrec", "fp8", True),
+        "flashrec-bf16": ("flashrec", "bfloat16", False),
+        "flashrec-fp8": ("flashrec", "fp8", False),
         "hf-bf16": ("reference", "bfloat16", False),
     }
-    assert [(r.candidate, r.than) for r in plan.rules] == [("flashrec-bf16", "hf-bf16")]
+    assert [(r.candidate, r.than, r.confidence) for r in plan.rules] == [
+        ("flashrec-bf16", "hf-bf16", 0.95)
+    ]
     assert plan.candidates[1].args["kv_cache_dtype"] == "fp8_e4m3"
 
 
@@ -265,3 +268,18 @@ def test_no_worse_than_allows_the_paired_noise_band_and_no_more():
         section["candidates"][0]["no_worse_than"] = {"than": "hf-bf16",
                                                      "metrics": ["max_score_diff"]}  # fmt: skip
         parse_plan(section)
+
+
+def test_case_progress_speaks_every_interval_and_at_the_end():
+    from harness.parity.fetch import CaseProgress
+
+    now, lines = [0.0], []
+    prog = CaseProgress("reference (float32)", 6, lines.append, every_s=10.0, clock=lambda: now[0])
+    for done, t in enumerate([4.0, 8.0, 12.0, 14.0, 21.0, 24.0], start=1):
+        now[0] = t
+        prog(done)
+    # 12 s (3 done): the first line; 21 s: 10 s have not passed since; 24 s: the last case
+    assert lines == [
+        "parity: reference (float32): 3/6 cases, 4.0 s per case, ~12 s left",
+        "parity: reference (float32): 6/6 cases, 4.0 s per case, ~0 s left",
+    ]

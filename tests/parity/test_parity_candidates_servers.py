@@ -45,8 +45,12 @@ def test_candidates_against_an_fp32_reference(synth_model, tmp_path):
                      "no_worse_than": "hf-bf16"},
                 ],
             }  # fmt: skip
-            res = run_parity_stage(spec, str(path), catalog, tmp_path / "out", log=print)
+            lines: list[str] = []
+            res = run_parity_stage(spec, str(path), catalog, tmp_path / "out", log=lines.append)
             perturbed = proxy.perturbed
+    # each server's cases end with a progress line (6 = 2 prompts x 3 ns)
+    for label in ("reference (float32)", "flashrec-fp32", "flashrec-bf16", "hf-bf16", "perturbed"):
+        assert any(ln.startswith(f"parity: {label}: 6/6 cases, ") for ln in lines), (label, lines)
     assert res["status"] == "fail", res.get("error")
     saved = json.loads((tmp_path / "out" / "parity.json").read_text())
     assert saved["table"] == res["table"] and saved["reference"]["dtype"] == "float32"
