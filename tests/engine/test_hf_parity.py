@@ -153,3 +153,23 @@ def test_reference_prefill_in_chunks_matches_the_whole_prompt(synth_model):
     assert resolve_prefill_chunk(None, "cpu", torch.float32) == 0
     with pytest.raises(ValueError, match=">= 0"):
         resolve_prefill_chunk(-1, "cpu", torch.float32)
+
+
+@pytest.mark.gpu
+def test_gpu_float32_reference_prefills_in_chunks_and_agrees(synth_model):
+    """On CUDA in float32 the reference prefills in 512-token chunks by default (the H200's
+    transformers takes ``prefill_chunk_size``); its beams are those of the whole-prompt prefill."""
+    import torch
+
+    path = synth_model("tiny", catalog_size=2000)
+    cat = str(path / "catalog.json")
+    chunked = HFReference(str(path), cat, device="cuda", dtype=torch.float32)
+    whole = HFReference(str(path), cat, device="cuda", dtype=torch.float32, prefill_chunk=0)
+    assert (chunked.prefill_chunk, whole.prefill_chunk) == (512, 0)
+    msgs = [{"role": "user", "content": "watched " + ", ".join(str(i) for i in range(400))}]
+    ids = chunked.build_prompt(messages=msgs)
+    assert len(ids) > 3 * 512
+    for n in (1, 64, 256):
+        got, want = chunked.generate(ids, n), whole.generate(ids, n)
+        assert [b.token_ids for b in got] == [b.token_ids for b in want] and got
+        assert max(abs(a.sequence_score - b.sequence_score) for a, b in zip(got, want)) <= 1e-4
