@@ -22,8 +22,11 @@ OFFICIAL_TASKS = ("video", "ad", "product", "label_cond", "interactive")
 PUBLISHED = {
     ("video", "recall@32"): {"OneRec-1.7B": 0.0272, "OneRec-8B": 0.0355},
 }
-# a copy cut below this many rows is a sample of the official set, not the set itself
-OFFICIAL_MIN_ROWS = 1000
+# rows of each official test set (the benchmark's task configuration, OpenOneRec
+# benchmarks/benchmark/tasks/v1_0/recommendation/config.py): a file of another size is a cut
+# or another version of the set, and its number does not compare with the published ones
+OFFICIAL_SIZES = {"video": 38781, "ad": 30131, "product": 28536, "label_cond": 34891,
+                  "interactive": 1000}  # fmt: skip
 _OFFICIAL_PATH = re.compile(r"(^|/)benchmark_data/(?P<task>[^/]+)/(?P=task)_test\.parquet$")
 
 
@@ -57,14 +60,18 @@ def _task_of(path: Path) -> str:
 
 def official_check(path: Path, rows: int) -> tuple[bool, str]:
     """Whether ``path`` is an official test set: the layout ``benchmark_data/{task}/{task}
-    _test.parquet`` with a benchmark task, and at least :data:`OFFICIAL_MIN_ROWS` rows."""
+    _test.parquet`` with a benchmark task, and that task's row count (:data:`OFFICIAL_SIZES`)."""
     m = _OFFICIAL_PATH.search(path.resolve().as_posix())
     if not m:
         return False, "path is not benchmark_data/{task}/{task}_test.parquet"
     if m["task"] not in OFFICIAL_TASKS:
         return False, f"task {m['task']!r} is not one of {', '.join(OFFICIAL_TASKS)}"
-    if rows < OFFICIAL_MIN_ROWS:
-        return False, f"{rows} rows: fewer than {OFFICIAL_MIN_ROWS}, a cut of the test set"
+    want = OFFICIAL_SIZES[m["task"]]
+    if rows != want:
+        return (
+            False,
+            f"{rows} rows, the official {m['task']} test set has {want}: a cut or another version",
+        )
     return True, f"official layout, task {m['task']}, {rows} rows"
 
 

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from harness.quality.dataset import OFFICIAL_MIN_ROWS, load_dataset, official_check
+from harness.quality.dataset import OFFICIAL_SIZES, load_dataset, official_check
 from harness.quality.metrics import bootstrap_mean, sample_metrics, summarize_metric, wilson
 from harness.quality.pids import load_pid_map, pack
 
@@ -113,12 +113,12 @@ def test_dataset_reading_and_errors(tmp_path):
 
 def test_official_detection(tmp_path):
     p = tmp_path / "benchmark_data" / "video" / "video_test.parquet"
-    assert official_check(p, OFFICIAL_MIN_ROWS) == (
-        True,
-        f"official layout, task video, {OFFICIAL_MIN_ROWS} rows",
-    )
-    ok, why = official_check(p, 50)
-    assert not ok and "cut" in why
+    assert official_check(p, 38781) == (True, "official layout, task video, 38781 rows")
+    for rows in (50, 38780, 38782):  # a cut, or another version of the set
+        ok, why = official_check(p, rows)
+        assert not ok and "the official video test set has 38781" in why
+    inter = tmp_path / "benchmark_data" / "interactive" / "interactive_test.parquet"
+    assert official_check(inter, OFFICIAL_SIZES["interactive"])[0]
     ok, why = official_check(tmp_path / "benchmark_data" / "foo" / "foo_test.parquet", 5000)
     assert not ok and "not one of" in why
     ok, _ = official_check(tmp_path / "video" / "video_test.parquet", 5000)
