@@ -79,3 +79,38 @@ def test_cells_carry_quality_and_the_report_draws_it(tmp_path, confident_model, 
     assert evaluate_gates(gate, worse, cmp)["status"] == "fail"
     same = compare_reports(rep, rep, metrics=["recall@32"])
     assert evaluate_gates(gate, rep, same)["status"] == "pass"
+
+
+def test_cpu_copy_of_the_h200_quality_matrix(tmp_path, confident_model):
+    """matrices/h200_quality.yaml with only its size and device changed (tiny calibrated model
+    given by path, CPU, n 4 / 32, 16 planted samples): its link expressions, quality section,
+    gates and targets run end to end, bf16 and FP8 (+ FP8 KV) cells alike."""
+    import yaml
+
+    from harness.cli import main
+
+    m = yaml.safe_load((Path(__file__).parents[3] / "matrices" / "h200_quality.yaml").read_text())
+    m["engine"].update(device="cpu", startup_timeout_s=300)
+    m["model"] = {"path": str(confident_model), "sid_entropy": 1.0}  # calibrated: accepted
+    m["catalog"] = {"path": str(Path(confident_model) / "catalog.json")}
+    m["workload"].update(requests=4, warmup_requests=1, median_tokens=32, system_prompt_tokens=8)
+    m["axes"]["beam_width"] = [4, 32]
+    m["axes"]["concurrency"] = [2]
+    m["load"]["rounds"] = 2
+    m["quality"]["generate"].update(samples=16, median_tokens=32)
+    m["quality"]["concurrency"] = 4
+    matrix = tmp_path / "h200_quality_cpu.yaml"
+    matrix.write_text(yaml.safe_dump(m))
+    out = tmp_path / "run"
+    assert main([str(matrix), "--out", str(out)]) == 0
+    rep = json.loads((out / "report.json").read_text())
+    cells = {(c["params"]["beam_width"], c["params"]["quantization"]): c for c in rep["cells"]}
+    assert set(cells) == {(n, q) for n in (4, 32) for q in ("bf16", "fp8")}
+    for (n, q), c in cells.items():
+        assert c["status"] == "ok" and c["quality"]["status"] == "ok", (n, q, c.get("error"))
+        args = c["server"]["info"]["config"]
+        assert args["kv_cache_dtype"] == ("fp8_e4m3" if q == "fp8" else "auto")
+        assert args["batch_slots"] == min(max(800, 16 * n), 8192)
+    assert rep["gates"]["status"] == "pass", rep["gates"]
+    assert {t["status"] for t in rep["targets"]["results"]} <= {"met", "missed"}
+    assert "Pareto front" in (out / "report.html").read_text()
