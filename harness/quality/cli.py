@@ -36,7 +36,7 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="flashrec-bench eval",
         description="Recommendation quality of a beam server on a RecIF-Bench parquet "
-        "(file or benchmark_data/ tree) or a JSONL dataset. Reference: docs/harness.md.",
+        "(file or data tree) or a JSONL dataset. Reference: docs/harness.md.",
     )
     p.add_argument("dataset", help="RecIF parquet file or folder, or a JSONL file")
     where = p.add_mutually_exclusive_group(required=True)

@@ -1,9 +1,9 @@
-"""Evaluation samples from a RecIF-Bench parquet (file or ``benchmark_data`` tree) or JSONL.
+"""Evaluation samples from a RecIF-Bench parquet (file or data tree) or JSONL.
 
 RecIF parquet: a ``messages`` column (a chat, JSON text or a list) and ``metadata`` (JSON text
 or a struct) whose ``answer`` holds the ground-truth SIDs as text and, optionally,
 ``answer_pid`` the ground-truth item ids. The task is the file's folder in the official layout
-``benchmark_data/{task}/{task}_test.parquet``, else the file's stem. JSONL: one
+``{data dir}/{task}/{task}_test.parquet``, else the file's stem. JSONL: one
 ``{"messages": [...], "answer": "<s_a_..>..", "answer_pid": [..], "task": ".."}`` a line.
 """
 
@@ -27,7 +27,9 @@ PUBLISHED = {
 # or another version of the set, and its number does not compare with the published ones
 OFFICIAL_SIZES = {"video": 38781, "ad": 30131, "product": 28536, "label_cond": 34891,
                   "interactive": 1000}  # fmt: skip
-_OFFICIAL_PATH = re.compile(r"(^|/)benchmark_data/(?P<task>[^/]+)/(?P=task)_test\.parquet$")
+# as the benchmark's loader reads it: {data dir}/{task}/{task}_test.parquet, any data dir
+# (``benchmark_data`` in the published dataset, ``data_v1.0`` in its evaluation script)
+_OFFICIAL_PATH = re.compile(r"(^|/)(?P<task>[^/]+)/(?P=task)_test\.parquet$")
 
 
 @dataclass(frozen=True)
@@ -59,13 +61,17 @@ def _task_of(path: Path) -> str:
 
 
 def official_check(path: Path, rows: int) -> tuple[bool, str]:
-    """Whether ``path`` is an official test set: the layout ``benchmark_data/{task}/{task}
-    _test.parquet`` with a benchmark task, and that task's row count (:data:`OFFICIAL_SIZES`)."""
-    m = _OFFICIAL_PATH.search(path.resolve().as_posix())
+    """Whether ``path`` is an official test set: laid out as ``{data dir}/{task}/{task}
+    _test.parquet`` with a benchmark task, not a generated set (``eval-dataset`` writes
+    ``plant.json`` in its data dir), and that task's row count (:data:`OFFICIAL_SIZES`)."""
+    p = path.resolve()
+    m = _OFFICIAL_PATH.search(p.as_posix())
     if not m:
-        return False, "path is not benchmark_data/{task}/{task}_test.parquet"
+        return False, "path is not {data dir}/{task}/{task}_test.parquet"
     if m["task"] not in OFFICIAL_TASKS:
         return False, f"task {m['task']!r} is not one of {', '.join(OFFICIAL_TASKS)}"
+    if (p.parent.parent / "plant.json").exists():
+        return False, "a generated dataset (plant.json in its data dir), not the benchmark's"
     want = OFFICIAL_SIZES[m["task"]]
     if rows != want:
         return (

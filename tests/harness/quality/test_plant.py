@@ -54,6 +54,8 @@ def test_recall_matches_the_plant(confident_model, tmp_path):
             ds, model, catalog, SAMPLES, FRACTION, EXTRA, seed=3, reference_url=ref.base_url
         )
         assert json.loads((ds / "plant.json").read_text()) == plant
+        (gen,) = load_dataset(ds)  # laid out like the benchmark, never taken for it
+        assert gen.task == "video" and not gen.official and "generated" in gen.official_why
         got = _eval(ref.base_url, ds, "generate", tokenizer=model)
     f = plant["fraction"]
     assert f == FRACTION and plant["expected"]["recall"] == f / 2

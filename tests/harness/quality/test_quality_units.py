@@ -80,7 +80,7 @@ def test_dataset_reading_and_errors(tmp_path):
     s = file.samples[0]
     assert (file.task, s.task, s.truth, s.truth_pids) == ("ad", "ad", (A, C), (5,))
     assert s.messages == [{"role": "user", "content": "hi"}]
-    assert not file.official and "benchmark_data" in file.official_why
+    assert not file.official and "the official ad test set has 30131" in file.official_why
     _parquet(f, [_row("no sid here")])
     with pytest.raises(ValueError, match="row 0: no ground-truth SID"):
         load_dataset(f)
@@ -121,8 +121,16 @@ def test_official_detection(tmp_path):
     assert official_check(inter, OFFICIAL_SIZES["interactive"])[0]
     ok, why = official_check(tmp_path / "benchmark_data" / "foo" / "foo_test.parquet", 5000)
     assert not ok and "not one of" in why
-    ok, _ = official_check(tmp_path / "video" / "video_test.parquet", 5000)
-    assert not ok
+    ok, why = official_check(tmp_path / "video_test.parquet", 38781)
+    assert not ok and "is not {data dir}/{task}/{task}_test.parquet" in why
+    # the benchmark's evaluation script reads data_v1.0/{task}/: any data dir counts
+    assert official_check(tmp_path / "data_v1.0" / "video" / "video_test.parquet", 38781)[0]
+    # a generated set (plant.json in its data dir) never passes, whatever its size
+    gen = tmp_path / "gen"
+    (gen / "interactive").mkdir(parents=True)
+    (gen / "plant.json").write_text("{}")
+    ok, why = official_check(gen / "interactive" / "interactive_test.parquet", 1000)
+    assert not ok and "generated" in why
 
 
 def test_official_flag_fixes_the_protocol(tmp_path, capsys):
