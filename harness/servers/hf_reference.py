@@ -22,7 +22,7 @@ def resolve_prefill_chunk(chunk: int | None, device: str, dtype: torch.dtype) ->
     """Prompt tokens per prefill forward of ``generate`` (HF's ``prefill_chunk_size``; 0 = the
     whole prompt at once). ``None`` picks 512 for float32 on CUDA: there HF's SDPA call with
     grouped KV heads falls back to the math kernel, which holds beams x heads x prompt^2 scores
-    (52 GiB at 256 beams of a ~1,900-token prompt); in chunks, a chunk's rows only."""
+    (tens of GiB at 256 beams of a long prompt); in chunks, a chunk's rows only."""
     if chunk is None:
         chunk = 512 if device == "cuda" and dtype == torch.float32 else 0
     if chunk < 0:
