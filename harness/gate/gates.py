@@ -72,8 +72,9 @@ def check_references(spec: MatrixSpec, cells: list) -> list[tuple[tuple, str]]:
     """What the matrix's gates and targets name that it does not have, as (field path,
     message): a metric that is no metric, a ``cells`` filter that selects no cell of the
     expanded ``cells``, a ``path`` whose first part is no section of a report (or of a cell,
-    with ``cells``), a stage the matrix does not run, or a ``trace.`` path on untraced cells.
-    Empty when every reference can match. What only a run can tell (a path's deeper parts)
+    with ``cells``), a stage the matrix does not run, a ``trace.`` path on untraced cells, or
+    a ``trace.cells`` / ``quality.cells`` filter that selects no cell. Empty when every
+    reference can match. What only a run can tell (a path's deeper parts)
     fails the gate then (:func:`evaluate_gates`)."""
     from harness.report.build import CELL_FIELDS, REPORT_SECTIONS
 
@@ -110,6 +111,15 @@ def check_references(spec: MatrixSpec, cells: list) -> list[tuple[tuple, str]]:
             add(key, f"path {path}: this matrix runs no {head} stage")
         elif in_cells and head == "trace" and chosen and not any(c.traced for c in chosen):
             add(key, f"path {path}: none of its cells is traced (trace.cells)")
+    # the sections' own cell filters: one that selects nothing would silently trace or
+    # evaluate nothing
+    if isinstance(spec.trace.cells, list):
+        for i, filt in enumerate(spec.trace.cells):
+            if why := filter_problem(filt, cells):
+                out.append((("trace", "cells", i), f"trace: {why}"))
+    if spec.quality.evaluates and spec.quality.cells:
+        if why := filter_problem(spec.quality.cells, cells):
+            out.append((("quality", "cells"), f"quality: {why}"))
     return out
 
 

@@ -335,6 +335,11 @@ TYPOS = [  # (section entry, what the error names)
      ["targets.0.metric", "'baselin' is not a section of a report cell"]),
     ({"gates": [{"name": "h", "metric": "hit@5", "op": ">", "value": 0}]},  # quality.ks: 1, 10
      ["gates.0.metric", "'hit@5' is not a metric"]),
+    # a section's own filter that selects nothing would trace / evaluate nothing
+    ({"trace": {"cells": ["beam_width=8", "beam_width=5"]}},
+     ["trace.cells.1", "trace: cells 'beam_width=5' selects no cell of the matrix"]),
+    ({"quality": {"dataset": "d.parquet", "cells": "concurrency=9"}},
+     ["quality.cells", "quality: cells 'concurrency=9' selects no cell of the matrix"]),
 ]  # fmt: skip
 
 
@@ -350,7 +355,11 @@ def test_dry_run_refuses_references_that_match_nothing(tmp_path, capsys, section
     field = expected[0]  # e.g. gates.0.metric, at the line of that key
     lines = path.read_text().splitlines()
     where = err.split(f"{path}:", 1)[1].split(":", 1)[0]
-    assert lines[int(where) - 1].strip(" -").startswith(field.split(".")[-1] + ":"), err
+    last, line = field.split(".")[-1], lines[int(where) - 1]
+    if last.isdigit():  # a list item: its own line
+        assert line.strip().startswith("- ") and line.strip()[2:] in err, err
+    else:
+        assert line.strip(" -").startswith(last + ":"), err
     for text in expected:
         assert text in err, (text, err)
 
