@@ -62,6 +62,26 @@ def tiny_model(synth_model) -> Path:
     return synth_model("tiny", catalog_size=2000)
 
 
+@pytest.fixture
+def bad_catalogs(tmp_path) -> dict[str, str]:
+    """name -> path of catalog files no tiny-model server (3 levels of 64 codes) can serve:
+    unparsable, empty, another depth, a code out of range, a negative code, and a missing one."""
+    bad = {
+        "bad json": "{not json",
+        "empty": "{}",
+        "wrong depth": '{"1,2": {}, "3,4": {}}',
+        "out of range": '{"1,2,64": {}}',
+        "negative": '{"1,-2,3": {}}',
+    }
+    out = {}
+    for i, (name, text) in enumerate(bad.items()):
+        p = tmp_path / f"bad{i}.json"
+        p.write_text(text)
+        out[name] = str(p)
+    out["missing"] = str(tmp_path / "nowhere.json")
+    return out
+
+
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return

@@ -91,35 +91,18 @@ def test_swap_between_steps(tiny_model, tmp_path, step_graph):
         assert eng.scheduler.stats.other_catalog_steps_total >= 1
 
 
-def bad_files(tmp_path) -> dict[str, str]:
-    bad = {
-        "bad json": "{not json",
-        "empty": "{}",
-        "wrong depth": '{"1,2": {}, "3,4": {}}',
-        "out of range": '{"1,2,64": {}}',
-        "negative": '{"1,-2,3": {}}',
-    }
-    out = {}
-    for i, (name, text) in enumerate(bad.items()):
-        p = tmp_path / f"bad{i}.json"
-        p.write_text(text)
-        out[name] = str(p)
-    out["missing"] = str(tmp_path / "nowhere.json")
-    return out
-
-
-def test_invalid_files_refused_old_catalog_serves(tiny_model, tmp_path):
+def test_invalid_files_refused_old_catalog_serves(tiny_model, tmp_path, bad_catalogs):
     pa, _, a, _ = split_catalogs(tmp_path)
     eng = make_engine(tiny_model, pa)
     loop = EngineLoop(eng)
     loop.start()
     try:
-        for name, path in bad_files(tmp_path).items():
+        for name, path in bad_catalogs.items():
             with pytest.raises(ValueError) as err:
                 loop.reload_catalog(path)
             assert path in str(err.value), (name, err.value)
         stats = loop.stats()
-        assert stats["catalog_reloads_rejected_total"] == 6
+        assert stats["catalog_reloads_rejected_total"] == len(bad_catalogs)
         assert stats["catalog_reloads_ok_total"] == 0
         assert stats["catalog_hash"] == catalog_hash(a)
         prompt = eng.build_prompt(messages=[{"role": "user", "content": "still A"}])
