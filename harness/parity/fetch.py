@@ -276,17 +276,20 @@ CaseKey = tuple[str, int, int]  # (protocol, prompt index, n)
 
 
 class CaseProgress:
-    """``on_done(done)`` for one server's cases: a line ``parity: LABEL: done/total cases ...
-    ~S s left`` at most every ``every_s`` seconds and at the last case (an fp32 reference at
-    n=256 takes minutes; the stage would otherwise say nothing until it ends)."""
+    """Called once per finished case of one server (any arguments ignored): a line
+    ``parity: LABEL: done/total cases ... ~S s left`` at most every ``every_s`` seconds and at
+    the last case (an fp32 reference at n=256 takes minutes; the stage would otherwise say
+    nothing until it ends)."""
 
     def __init__(self, label: str, total: int, log: Any, every_s: float = 10.0, clock=None):
         self.label, self.total, self.log, self.every_s = label, total, log, every_s
         self.clock = clock or time.monotonic
         self.t0 = self.last = self.clock()
+        self.done = 0
 
-    def __call__(self, done: int) -> None:
-        now = self.clock()
+    def __call__(self, *_: Any) -> None:
+        self.done += 1
+        done, now = self.done, self.clock()
         if done < self.total and now - self.last < self.every_s:
             return
         self.last = now
@@ -308,8 +311,7 @@ async def fetch_all(
     on_done: Any = None,
 ) -> dict[CaseKey, list[Beam] | str]:
     """One server's beams for every (protocol, prompt, n), one request at a time; a failed
-    request's entry is its error text. ``on_done(cases done)`` after each (see
-    :class:`CaseProgress`)."""
+    request's entry is its error text. ``on_done()`` after each (see :class:`CaseProgress`)."""
     out: dict[CaseKey, list[Beam] | str] = {}
     for protocol in protocols:
         for p in prompts:
@@ -322,7 +324,7 @@ async def fetch_all(
                 except FETCH_ERRORS as exc:
                     out[(protocol, p.index, n)] = f"{type(exc).__name__}: {exc}"[:300]
                 if on_done:
-                    on_done(len(out))
+                    on_done()
     return out
 
 

@@ -67,18 +67,8 @@ def _run_candidate(
             cand.url,
             float(spec.get("startup_timeout_s", 600)),
         ) as (url, info):
-            beams, _, _, _ = asyncio.run(
-                _fetch(
-                    spec,
-                    url,
-                    ctx["prompts"],
-                    plan.ns,
-                    ctx["max_tokens"],
-                    ctx["protocols"],
-                    cand.name,
-                    log,
-                )  # fmt: skip
-            )
+            asked = (ctx["prompts"], plan.ns, ctx["max_tokens"], ctx["protocols"])
+            beams, _, _, _ = asyncio.run(_fetch(spec, url, *asked, cand.name, log))
     except Exception as exc:  # noqa: BLE001 - one candidate's failure is its row, not the stage's
         res = {"name": cand.name, "kind": cand.kind, "precision": cand.precision,
                "args": cand.args, "gate": cand.gate, "status": "error", "passed": False,

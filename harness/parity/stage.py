@@ -45,9 +45,8 @@ async def _compare_stage(
         )
         prompts = spec_prompts(spec, model_path)
         ns = [int(n) for n in spec.get("ns", [1, 4, 16, 64])]
-        done: list = []
-        progress = CaseProgress("reference and candidate", len(protocols) * len(prompts) * len(ns),
-                                log) if log else None  # fmt: skip
+        total = len(protocols) * len(prompts) * len(ns)
+        progress = CaseProgress("reference and candidate", total, log) if log else None
         cases = await compare_servers(
             session,
             urls["reference"],
@@ -57,7 +56,7 @@ async def _compare_stage(
             list(protocols),
             int(max_tokens),
             float(spec.get("timeout_s", 300.0)),
-            (lambda case: (done.append(case), progress(len(done)))) if progress else None,
+            progress,
         )
     precision = str(spec.get("precision", "float32"))
     th = thresholds_for(precision, spec.get("thresholds"))
