@@ -449,8 +449,9 @@ class ModelRunner:
         seeds: torch.Tensor | None = None,
     ) -> StaticStepOut:
         """The whole decode step of ``B`` requests of width ``--beam-width`` (``levels``,
-        ``temps`` (0 = greedy; None: all greedy), ``seeds [B]``; ``cum`` / ``nodes [B, n]``): one graph replay on GPU when a step graph of that size was
-        captured; else the model forward (graph or eager) and the same static step eagerly.
+        ``temps`` (0 = greedy; None: all greedy), ``seeds [B]``; ``cum`` / ``nodes [B, n]``):
+        one graph replay on GPU when a step graph of that size was captured; else the model
+        forward (graph or eager) and the same static step eagerly.
         The decode KV is reordered by parent inside. Returns views the next call overwrites."""
         with trace_range("flashrec.decode_step"), batch_invariant(self.config.deterministic):
             if self.graphs is not None and self.graphs.has_step(input_ids.shape[0]):

@@ -177,8 +177,9 @@ def chat_completion_json(result: GenResult, model: str, created: int | None = No
 
     def fast() -> str:
         choices = _chat_choices(result, "message", compact=False)
-        head = {"id": result.rid, "object": "chat.completion", "created": created, "model": model}
-        text = json.dumps({**head, **catalog_key(result)})
+        head = {"id": result.rid, "object": "chat.completion", "created": created, "model": model,
+                **catalog_key(result)}  # fmt: skip
+        text = json.dumps(head)
         return f'{text[:-1]}, "choices": {choices}, "usage": {json.dumps(usage(result))}}}'
 
     return _with_fallback(fast, lambda: chat_completion(result, model, created))
@@ -192,8 +193,8 @@ def chat_stream(result: GenResult, model: str, created: int | None = None) -> It
     ``data: [DONE]``.
     """
     created = int(time.time()) if created is None else created
-    head = {"id": result.rid, "object": "chat.completion.chunk", "created": created, "model": model}
-    head.update(catalog_key(result))
+    head = {"id": result.rid, "object": "chat.completion.chunk", "created": created, "model": model,
+            **catalog_key(result)}  # fmt: skip
 
     def fast() -> str:
         choices = _chat_choices(result, "delta", compact=True)

@@ -92,12 +92,11 @@ def build_catalog_version(
             f"[0, {layout.codebook_size})"
         )
     trie = SidTrie(codes, layout.codebook_size, device="cpu")
-    if torch.device(device).type == "cuda":
-        trie = trie.to(device)
-        # built on this thread's stream: complete before the engine thread reads it
-        torch.cuda.synchronize(torch.device(device))
-    elif torch.device(device).type != "cpu":
-        trie = trie.to(device)
+    dev = torch.device(device)
+    if dev.type != "cpu":
+        trie = trie.to(dev)
+    if dev.type == "cuda":  # copied on this thread's stream: done before the engine reads it
+        torch.cuda.synchronize(dev)
     t2 = time.perf_counter()
     return CatalogVersion(
         trie,
