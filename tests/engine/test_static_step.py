@@ -30,21 +30,36 @@ class _Head:
         return torch.log_softmax(self.logits[level][h[:, 0]], -1)
 
 
-@settings(max_examples=40, deadline=None)
-@given(
-    codes=st.lists(st.tuples(*[st.integers(0, K - 1)] * 3), min_size=1, max_size=80, unique=True),
-    n=st.integers(1, 12),
-    b=st.integers(1, 4),
-    seed=st.integers(0, 10_000),
-    data=st.data(),
-)
-def test_static_step_equals_expand(codes, n, b, seed, data):
+def step_cases(max_n: int):
+    """Hypothesis inputs of a static-step case: a catalog of 3-level SIDs, b requests of
+    width n, a seed and the draws (see :func:`_case`)."""
+    return given(
+        codes=st.lists(
+            st.tuples(*[st.integers(0, K - 1)] * 3), min_size=1, max_size=80, unique=True
+        ),
+        n=st.integers(1, max_n),
+        b=st.integers(1, 4),
+        seed=st.integers(0, 10_000),
+        data=st.data(),
+    )
+
+
+def _case(codes, n: int, b: int, seed: int, data):
+    """(trie, layout, head, step, levels): the static step over ``codes`` for ``b`` requests of
+    width ``n``, each at a drawn level before the end token."""
     depth = 3
     trie = SidTrie(np.asarray(codes), K)
     layout = SidLayout(code_start=10, codebook_size=K, num_levels=depth, sid_begin=5, sid_end=6)
     head = _Head(b * n, depth, seed)
     step = StaticStep(head, trie, layout, depth, "cpu")
     levels = data.draw(st.lists(st.integers(1, depth - 1), min_size=b, max_size=b))
+    return trie, layout, head, step, levels
+
+
+@settings(max_examples=40, deadline=None)
+@step_cases(max_n=12)
+def test_static_step_equals_expand(codes, n, b, seed, data):
+    trie, layout, head, step, levels = _case(codes, n, b, seed, data)
     rng = np.random.default_rng(seed)
     cum = torch.tensor(rng.normal(size=(b, n)), dtype=torch.float32)
     cum[torch.tensor(rng.random((b, n)) < 0.2)] = float("-inf")  # some dead rows
@@ -129,22 +144,11 @@ def test_other_widths_and_the_end_step_keep_the_eager_expansion(model_dir):
 
 
 @settings(max_examples=25, deadline=None)
-@given(
-    codes=st.lists(st.tuples(*[st.integers(0, K - 1)] * 3), min_size=1, max_size=80, unique=True),
-    n=st.integers(1, 10),
-    b=st.integers(1, 4),
-    seed=st.integers(0, 10_000),
-    data=st.data(),
-)
+@step_cases(max_n=10)
 def test_sampled_static_step_equals_sampled_expand(codes, n, b, seed, data):
     """Gumbel top-k in the static step: per request its own temperature (0 = greedy) and
     seed, the same picks as the eager expansion with the same seed and level."""
-    depth = 3
-    trie = SidTrie(np.asarray(codes), K)
-    layout = SidLayout(code_start=10, codebook_size=K, num_levels=depth, sid_begin=5, sid_end=6)
-    head = _Head(b * n, depth, seed)
-    step = StaticStep(head, trie, layout, depth, "cpu")
-    levels = data.draw(st.lists(st.integers(1, depth - 1), min_size=b, max_size=b))
+    trie, layout, head, step, levels = _case(codes, n, b, seed, data)
     temps = data.draw(st.lists(st.sampled_from([0.0, 0.5, 1.0, 3.0]), min_size=b, max_size=b))
     seeds = torch.tensor(data.draw(st.lists(st.integers(0, 2**62), min_size=b, max_size=b)))
     rng = np.random.default_rng(seed)
