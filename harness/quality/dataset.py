@@ -10,7 +10,6 @@ or a struct) whose ``answer`` holds the ground-truth SIDs as text and, optionall
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,9 +26,6 @@ PUBLISHED = {
 # or another version of the set, and its number does not compare with the published ones
 OFFICIAL_SIZES = {"video": 38781, "ad": 30131, "product": 28536, "label_cond": 34891,
                   "interactive": 1000}  # fmt: skip
-# as the benchmark's loader reads it: {data dir}/{task}/{task}_test.parquet, any data dir
-# (``benchmark_data`` in the published dataset, ``data_v1.0`` in its evaluation script)
-_OFFICIAL_PATH = re.compile(r"(^|/)(?P<task>[^/]+)/(?P=task)_test\.parquet$")
 
 
 @dataclass(frozen=True)
@@ -54,10 +50,17 @@ class DatasetFile:
     official_why: str
 
 
-def _task_of(path: Path) -> str:
+def _layout_task(path: Path) -> str | None:
+    """The task of a file laid out as the benchmark's loader reads it,
+    ``{data dir}/{task}/{task}_test.*`` with any data dir (``benchmark_data`` in the published
+    dataset, ``data_v1.0`` in its evaluation script); None for another layout."""
     if path.parent.name and path.stem == f"{path.parent.name}_test":
         return path.parent.name
-    return path.stem.removesuffix("_test")
+    return None
+
+
+def _task_of(path: Path) -> str:
+    return _layout_task(path) or path.stem.removesuffix("_test")
 
 
 def official_check(path: Path, rows: int) -> tuple[bool, str]:
@@ -65,20 +68,20 @@ def official_check(path: Path, rows: int) -> tuple[bool, str]:
     _test.parquet`` with a benchmark task, not a generated set (``eval-dataset`` writes
     ``plant.json`` in its data dir), and that task's row count (:data:`OFFICIAL_SIZES`)."""
     p = path.resolve()
-    m = _OFFICIAL_PATH.search(p.as_posix())
-    if not m:
+    task = _layout_task(p) if p.suffix == ".parquet" else None
+    if task is None:
         return False, "path is not {data dir}/{task}/{task}_test.parquet"
-    if m["task"] not in OFFICIAL_TASKS:
-        return False, f"task {m['task']!r} is not one of {', '.join(OFFICIAL_TASKS)}"
+    if task not in OFFICIAL_TASKS:
+        return False, f"task {task!r} is not one of {', '.join(OFFICIAL_TASKS)}"
     if (p.parent.parent / "plant.json").exists():
         return False, "a generated dataset (plant.json in its data dir), not the benchmark's"
-    want = OFFICIAL_SIZES[m["task"]]
+    want = OFFICIAL_SIZES[task]
     if rows != want:
         return (
             False,
-            f"{rows} rows, the official {m['task']} test set has {want}: a cut or another version",
+            f"{rows} rows, the official {task} test set has {want}: a cut or another version",
         )
-    return True, f"official layout, task {m['task']}, {rows} rows"
+    return True, f"official layout, task {task}, {rows} rows"
 
 
 def _meta(value: Any, where: str) -> dict:
