@@ -84,7 +84,7 @@ def traced_round(eng: Engine, prompts, args, trace_dir: str) -> dict:
 def hf_baseline(model_path: str, cat: str | None, prompts: list[list[int]], n: int, dtype):
     from harness.servers.hf_reference import HFReference
 
-    ref = HFReference(model_path, cat, device="cuda", dtype=dtype)
+    ref = HFReference(model_path, cat, device="cuda", dtype=dtype, search="generate")
     ref.generate(prompts[0], n)
     torch.cuda.synchronize()
     times = []

@@ -297,6 +297,13 @@ def add_reference_server_args(parser: argparse.ArgumentParser) -> None:
         help="prompt tokens per prefill forward (0: whole prompt; default 512 for float32 on "
         "CUDA, whose SDPA fallback would hold beams x prompt^2 scores, else 0)",
     )
+    parser.add_argument(
+        "--search",
+        choices=("generate", "shared"),
+        default=None,
+        help="beam search: HF generate (every beam its own copy of the prompt) or shared (one "
+        "prompt prefill, HF's per-step rule); default shared for float32 on CUDA, else generate",
+    )
     parser.add_argument("--served-model-name", default="hf-reference")
 
 
@@ -318,6 +325,7 @@ def server_info(args: argparse.Namespace, ref: Any) -> dict:
         "logprob_scope": args.logprob_scope,
         "length_penalty": args.length_penalty,
         "prefill_chunk": ref.prefill_chunk,
+        "search": ref.search,
         "depth": ref.depth,
         "sid_layout": {
             "code_start": lay.code_start,
@@ -382,14 +390,16 @@ def run_reference_server(args: argparse.Namespace) -> int:
         device=args.device,
         dtype=getattr(torch, args.dtype),
         prefill_chunk=args.prefill_chunk,
+        search=args.search,
     )
     _log.info(
-        "HF reference loaded: %s (%s, %s, scope %s, prefill chunk %s)",
+        "HF reference loaded: %s (%s, %s, scope %s, prefill chunk %s, search %s)",
         args.model_path,
         args.device,
         args.dtype,
         args.logprob_scope,
         ref.prefill_chunk or "off",
+        ref.search,
     )
     app = create_app(ref, server_info(args, ref), args.served_model_name)
     asyncio.run(_serve(app, args.host, args.port))

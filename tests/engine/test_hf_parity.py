@@ -155,21 +155,91 @@ def test_reference_prefill_in_chunks_matches_the_whole_prompt(synth_model):
         resolve_prefill_chunk(-1, "cpu", torch.float32)
 
 
+def _same_up_to_ties(got, want, tol: float) -> None:
+    """Equal ranked beams, except that beams whose scores are within ``tol`` of each other may
+    swap places or trade the last places (two float32 reduction orders on a near-flat model)."""
+    assert got and len(got) == len(want)
+    assert max(abs(a.sequence_score - b.sequence_score) for a, b in zip(got, want)) <= tol
+    for mine, other in ((got, want), (want, got)):
+        theirs, floor = {tuple(b.token_ids) for b in other}, other[-1].sequence_score
+        for b in mine:
+            assert tuple(b.token_ids) in theirs or b.sequence_score <= floor + tol, b
+    for a, b in zip(got, want):
+        if a.token_ids != b.token_ids:
+            assert abs(a.sequence_score - b.sequence_score) <= tol
+
+
+SEARCH_PROMPTS = [
+    *PROMPTS[:2],
+    [{"role": "user", "content": "saw " + ", ".join(map(str, range(90)))}],
+]
+
+
+@pytest.mark.parametrize("scope", ["level", "sid", "full"])
+@pytest.mark.parametrize("catalog", ["2000", "40", "none"])
+def test_shared_search_is_hf_beam_search(synth_model, monkeypatch, scope, catalog):
+    """The shared-prompt search (one prefill, beams over its cache) ranks the same beams with
+    the same scores as HF generate: every scope, a catalog, one smaller than n, none, n up to
+    256, a length cap with a length penalty, and decode forwards split into several chunks."""
+    import harness.servers.hf_reference as hf_reference
+
+    size = {"2000": 2000, "40": 40, "none": None}[catalog]
+    path = synth_model("tiny", **({"catalog_size": size, "seed": 1} if size else {}))
+    cat = str(path / "catalog.json") if size else None
+    kw = {"logprob_scope": scope, "length_penalty": 0.5}
+    hf = HFReference(str(path), cat, search="generate", **kw)
+    shared = HFReference(str(path), cat, search="shared", prefill_chunk=32, **kw)
+    # 160 cache rows per decode forward: a 90-number prompt's beams go in chunks of one or two
+    monkeypatch.setattr(hf_reference, "_SHARED_KV_ROWS", 160)
+    forwards = []
+    hook = shared.model.get_input_embeddings().register_forward_hook(
+        lambda _m, inp, _o: forwards.append(tuple(inp[0].shape))
+    )
+    for msgs in SEARCH_PROMPTS:
+        ids = hf.build_prompt(messages=msgs)
+        for n, cap in ((1, None), (16, None), (256, None), (16, 2)):
+            forwards.clear()
+            want, got = hf.generate(ids, n, max_tokens=cap), shared.generate(ids, n, max_tokens=cap)
+            assert [b.token_ids for b in got] == [b.token_ids for b in want], (n, cap)
+            assert max(abs(a.sequence_score - b.sequence_score) for a, b in zip(got, want)) <= 1e-4
+            assert len(got) == min(n, size or n)
+            # the prompt goes through the model once, in chunks of 32, one row each
+            chunks = -(-len(ids) // 32)
+            assert forwards[:chunks] == [(1, min(32, len(ids) - 32 * i)) for i in range(chunks)]
+            assert all(rows * (len(ids) + 4) <= 160 or rows == 1 for rows, _ in forwards[chunks:])
+            assert all(cols == 1 for _, cols in forwards[chunks:])
+    hook.remove()
+
+
+def test_search_resolution():
+    import torch
+
+    from harness.servers.hf_reference import resolve_search
+
+    assert resolve_search(None, "cuda", torch.float32) == "shared"
+    assert resolve_search(None, "cuda", torch.bfloat16) == "generate"
+    assert resolve_search(None, "cpu", torch.float32) == "generate"
+    assert resolve_search("shared", "cpu", torch.float32) == "shared"
+    with pytest.raises(ValueError, match="generate, shared"):
+        resolve_search("beam", "cpu", torch.float32)
+
+
 @pytest.mark.gpu
-def test_gpu_float32_reference_prefills_in_chunks_and_agrees(synth_model):
-    """On CUDA in float32 the reference prefills in 512-token chunks by default (the H200's
-    transformers takes ``prefill_chunk_size``); its beams are those of the whole-prompt prefill."""
+def test_gpu_float32_reference_chunked_shared_agrees(synth_model):
+    """On CUDA in float32 the reference defaults to the shared search over a prompt prefilled
+    in 512-token chunks; it ranks HF generate's beams over the whole prompt, up to near-ties
+    (float32 reduction orders differ between the two; the tiny model's scores are near-flat)."""
     import torch
 
     path = synth_model("tiny", catalog_size=2000)
     cat = str(path / "catalog.json")
-    chunked = HFReference(str(path), cat, device="cuda", dtype=torch.float32)
-    whole = HFReference(str(path), cat, device="cuda", dtype=torch.float32, prefill_chunk=0)
-    assert (chunked.prefill_chunk, whole.prefill_chunk) == (512, 0)
+    shared = HFReference(str(path), cat, device="cuda", dtype=torch.float32)
+    hf = HFReference(
+        str(path), cat, device="cuda", dtype=torch.float32, prefill_chunk=0, search="generate"
+    )
+    assert (shared.prefill_chunk, shared.search, hf.prefill_chunk) == (512, "shared", 0)
     msgs = [{"role": "user", "content": "watched " + ", ".join(str(i) for i in range(400))}]
-    ids = chunked.build_prompt(messages=msgs)
+    ids = shared.build_prompt(messages=msgs)
     assert len(ids) > 3 * 512
     for n in (1, 64, 256):
-        got, want = chunked.generate(ids, n), whole.generate(ids, n)
-        assert [b.token_ids for b in got] == [b.token_ids for b in want] and got
-        assert max(abs(a.sequence_score - b.sequence_score) for a, b in zip(got, want)) <= 1e-4
+        _same_up_to_ties(shared.generate(ids, n), hf.generate(ids, n), 1e-4)
