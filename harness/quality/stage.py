@@ -22,8 +22,11 @@ def applies(spec: QualitySpec, cell: Cell) -> bool:
     return spec.evaluates and (not spec.cells or matches(cell.id, cell.params, spec.cells))
 
 
-async def _generated(spec: QualitySpec, folder: Path, model: Any, device: str | None) -> Path:
-    """The planted dataset of this run: made once (kept across --resume), in a thread."""
+async def _generated(
+    spec: QualitySpec, folder: Path, model: Any, device: str | None
+) -> tuple[Path, bool]:
+    """The planted dataset of this run, and whether this call made it: made once (kept across
+    --resume), in a thread."""
     from harness.quality.generate import generate_dataset
 
     g = spec.generate
@@ -31,7 +34,7 @@ async def _generated(spec: QualitySpec, folder: Path, model: Any, device: str | 
     want = g.model_dump(mode="json")
     stamp = folder / "settings.json"  # cells run one at a time: no lock needed
     if stamp.is_file() and json.loads(stamp.read_text()) == want:
-        return folder
+        return folder, False
     if model is None or not getattr(model, "path", None):
         raise ValueError("quality.generate needs the run's model (a launched FlashRec)")
     catalog = getattr(model, "catalog", None)
@@ -43,7 +46,7 @@ async def _generated(spec: QualitySpec, folder: Path, model: Any, device: str | 
         g.device or device,
     )  # fmt: skip
     stamp.write_text(json.dumps(want))
-    return folder
+    return folder, True
 
 
 def options(spec: QualitySpec, cell: Cell, protocol: str, max_tokens: int, levels: int, model: str):
@@ -62,11 +65,13 @@ async def evaluate_cell(ctx: Any, cell: Cell) -> dict:
     be measured: a gate on its metrics then fails, it never passes on nothing)."""
     spec: QualitySpec = ctx.spec.quality
     t0 = time.monotonic()
+    built = None  # seconds of one-time work (the planted dataset), kept out of ETAs
     try:
         folder = Path(ctx.quality_dir or "quality")
         if spec.generate is not None:
             model = getattr(ctx.server, "model", None)
-            dataset = await _generated(spec, folder / "dataset", model, cell.engine.device)
+            dataset, made = await _generated(spec, folder / "dataset", model, cell.engine.device)
+            built = time.monotonic() - t0 if made else None
         else:
             dataset = Path(str(spec.dataset))
         files = await asyncio.to_thread(load_dataset, dataset, ctx.checker.levels)
@@ -91,6 +96,8 @@ async def evaluate_cell(ctx: Any, cell: Cell) -> dict:
     except (ValueError, OSError, RuntimeError) as exc:
         out = {"status": "error", "error": f"{type(exc).__name__}: {exc}"[:500]}
     out["duration_s"] = round(time.monotonic() - t0, 2)
+    if built is not None:
+        out["dataset_build_s"] = round(built, 3)
     return out
 
 

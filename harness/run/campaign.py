@@ -170,10 +170,14 @@ class _Campaign:
         self.launches = 0
         self.t0 = time.monotonic()
         self.done = 0  # cells finished in this run (resumed ones not counted)
+        self.one_time_s = 0.0  # run-wide work done inside a cell (the planted quality dataset)
 
     def per_cell_s(self) -> float | None:
-        """Wall time per finished cell so far, server starts and baselines included."""
-        return (time.monotonic() - self.t0) / self.done if self.done else None
+        """Wall time per finished cell so far, server starts and baselines included, one-time
+        work (a generated quality dataset) not: later cells do not repeat it."""
+        if not self.done:
+            return None
+        return (time.monotonic() - self.t0 - self.one_time_s) / self.done
 
     def budget_short(self) -> str | None:
         """``--max-wall-s``: why the next cell (or HF baseline) may not start, None when it
@@ -364,9 +368,11 @@ class _Campaign:
         save_result(self.opts.out_dir, res)
         results[res.id] = res
         self.done += 1
+        once = float((res.quality or {}).get("dataset_build_s") or 0.0)
+        self.one_time_s += once
         if res.status == "failed":
             self.progress.message(f"cell {res.id} failed: {res.error}")
-        self.progress.end_cell(res.status)
+        self.progress.end_cell(res.status, one_time_s=once)
 
     async def run(self, cells: list[Cell], results: dict[str, CellResult]) -> None:
         connector = aiohttp.TCPConnector(limit=0, force_close=False)

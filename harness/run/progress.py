@@ -104,11 +104,13 @@ class Progress:
         self._ends.append(time.monotonic())
         self._emit()
 
-    def end_cell(self, status: str, skipped: bool = False) -> None:
+    def end_cell(self, status: str, skipped: bool = False, one_time_s: float = 0.0) -> None:
+        """``one_time_s``: run-wide work this cell did for all (a generated dataset), kept out
+        of the ETA's time per cell."""
         self.done += 1
         self.failed += status == "failed"
         if not skipped:
-            self.cell_times.append(time.monotonic() - self.cell_started)
+            self.cell_times.append(max(0.0, time.monotonic() - self.cell_started - one_time_s))
         self.phase = status
         self._emit(force=True)
 
