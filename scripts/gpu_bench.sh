@@ -162,10 +162,12 @@ if [ $# -ge 1 ] && case $STAGES in *" matrix "*) true;; *) false;; esac; then
     ${MAX_WALL_S:+--max-wall-s "$MAX_WALL_S"} $([ "${RESUME:-0}" = 1 ] && echo --resume) 2>&1 | tail -5
   [ "$mdir" != "$OUT/matrix" ] && rm -rf "$OUT/matrix" && cp -r "$mdir" "$OUT/matrix"
   # TAR=1: also one archive of the report directory (traces and per-cell folders included),
-  # for transfers that drop deep or oddly named paths (the lent device's does)
-  [ "${TAR:-0}" = 1 ] && tar czf "$OUT/matrix.tgz" -C "$OUT" matrix
+  # for transfers that drop deep or oddly named paths (the lent device's does); without a
+  # generated quality dataset's sid2pid.json (the whole catalog: over the transfer's size
+  # limit at 1.5M SIDs; plant.json and the parquet stay)
+  [ "${TAR:-0}" = 1 ] && tar czf "$OUT/matrix.tgz" --exclude=matrix/quality/dataset/sid2pid.json -C "$OUT" matrix
 fi
 if [ "${TAR:-0}" = 1 ]; then  # last: the archive holds every file above
-  tar czf "/tmp/all.$$.tgz" -C "$OUT" --exclude=all.tgz . && mv "/tmp/all.$$.tgz" "$OUT/all.tgz"
+  tar czf "/tmp/all.$$.tgz" -C "$OUT" --exclude=all.tgz --exclude=sid2pid.json . && mv "/tmp/all.$$.tgz" "$OUT/all.tgz"
 fi
 echo "results in $OUT"
