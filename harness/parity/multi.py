@@ -105,7 +105,7 @@ def run_candidates(
         spec.get("device"),
         spec.get("reference_url"),
         float(spec.get("startup_timeout_s", 600)),
-    ) as (ref_url, _):
+    ) as (ref_url, ref_info):
         ref, protocols, max_tokens, _ = asyncio.run(
             _fetch(
                 spec,
@@ -132,6 +132,8 @@ def run_candidates(
         "dtype": plan.reference_dtype,
         "url": ref_url,
         "args": plan.reference_args,
+        # how the HF reference server searched (its /get_server_info; absent from others)
+        **{k: ref_info[k] for k in ("search", "prefill_chunk") if k in (ref_info or {})},
     }
     result["prompts"] = len(prompts)
     result["max_tokens"] = max_tokens

@@ -54,6 +54,8 @@ def test_candidates_against_an_fp32_reference(synth_model, tmp_path):
     assert res["status"] == "fail", res.get("error")
     saved = json.loads((tmp_path / "out" / "parity.json").read_text())
     assert saved["table"] == res["table"] and saved["reference"]["dtype"] == "float32"
+    # the reference server says how it searched: on CPU, HF generate over the whole prompt
+    assert (saved["reference"]["search"], saved["reference"]["prefill_chunk"]) == ("generate", 0)
     rows = {(r["candidate"], r["n"]): r for r in res["table"]}
     assert len(rows) == 4 * len(NS) and all(
         r["cases"] == 2 and r["errors"] == 0 for r in rows.values()
