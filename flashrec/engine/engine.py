@@ -23,7 +23,6 @@ from flashrec.engine.request import GenRequest, GenResult
 from flashrec.engine.runner import ModelRunner
 from flashrec.engine.scheduler import Scheduler
 from flashrec.prompt import build_prompt_ids, load_tokenizer
-from flashrec.sid.catalog import load_catalog
 from flashrec.sid.layout import resolve_sid_layout
 from flashrec.sid.version import CatalogVersion, build_catalog_version, unconstrained
 
@@ -49,13 +48,11 @@ class Engine:
         self.config = config
         self.model_config = ModelConfig.from_path(config.model_path)
         self.tokenizer = load_tokenizer(config.model_path)
-        catalog = None
+        # the layout comes from --sid or the tokenizer, not the catalog; the catalog is read
+        # once, under it, as a hot reload reads one (a trailing end code dropped, packed keys
+        # in its codebook size, a depth beyond its levels refused)
+        self.layout = resolve_sid_layout(self.tokenizer, config.sid, None)
         if config.sid_vocab_file:
-            catalog = load_catalog(config.sid_vocab_file)
-        self.layout = resolve_sid_layout(
-            self.tokenizer, config.sid, catalog.depth if catalog else None
-        )
-        if catalog is not None:
             version = build_catalog_version(
                 config.sid_vocab_file, self.layout, None, config.resolved_device
             )

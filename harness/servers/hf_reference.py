@@ -151,10 +151,10 @@ class HFReference:
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(device).eval()
         self.vocab_size = ModelConfig.from_path(model_path).vocab_size
-        catalog = load_catalog(sid_vocab_file) if sid_vocab_file else None
-        self.layout = resolve_sid_layout(self.tokenizer, sid, catalog.depth if catalog else None)
-        if catalog is not None:
-            catalog = load_catalog(sid_vocab_file, layout=self.layout)
+        # the layout comes from --sid or the tokenizer; the catalog is read once, under it (a
+        # trailing end code dropped, packed keys in its codebook size, depth checked)
+        self.layout = resolve_sid_layout(self.tokenizer, sid, None)
+        catalog = load_catalog(sid_vocab_file, layout=self.layout) if sid_vocab_file else None
         self.depth = catalog.depth if catalog is not None else self.layout.num_levels
         self.prefixes = _prefix_table(catalog.codes) if catalog is not None else None
         self.scope, self.length_penalty, self.device = logprob_scope, length_penalty, device

@@ -139,3 +139,38 @@ def test_hash_ignores_order_and_duplicates():
     shuffled = np.concatenate([codes[::-1], codes[:5]])
     assert catalog_hash(shuffled) == catalog_hash(codes)
     assert catalog_hash(codes[1:]) != catalog_hash(codes)
+
+
+def test_start_reads_the_catalog_once_as_a_reload_does(tiny_model, tmp_path, monkeypatch):
+    """At start the catalog is read once, under the layout, like a hot reload: a file whose
+    SIDs carry a trailing end code (one code past the layout's levels) serves the same SIDs,
+    hash and beams as the plain file, and a file deeper than that is refused."""
+    import flashrec.sid.catalog as catalog_mod
+    from harness.servers.hf_reference import HFReference
+
+    codes = synth_catalog(500, K, 3, seed=3)
+    plain, ended, deep = tmp_path / "plain.json", tmp_path / "ended.json", tmp_path / "deep.json"
+    write_catalog_json(codes, plain)
+    end_col = np.zeros((len(codes), 1), dtype=codes.dtype)
+    write_catalog_json(np.hstack([codes, end_col]), ended)
+    write_catalog_json(np.hstack([codes, end_col, end_col]), deep)
+    reads = []
+    real_read = catalog_mod._read
+    monkeypatch.setattr(
+        catalog_mod, "_read", lambda *a, **k: reads.append(a[0]) or real_read(*a, **k)
+    )
+    a, b = make_engine(tiny_model, str(plain)), make_engine(tiny_model, str(ended))
+    assert [str(p) for p in reads] == [str(plain), str(ended)]  # one read per engine
+    assert (b.depth, b.catalog_version.size) == (3, len(np.unique(codes, axis=0)))
+    assert b.catalog_version.hash == a.catalog_version.hash == catalog_hash(codes)
+    assert b.build_catalog(str(ended)).hash == a.catalog_version.hash  # as a reload reads it
+    prompt = a.build_prompt(messages=[{"role": "user", "content": "one read"}])
+    ra, rb = (e.generate([e.new_request(prompt, n=8)])[0] for e in (a, b))
+    assert beams(ra) == beams(rb) and beams(ra)
+    with pytest.raises(ValueError, match="5 codes, more than the layout's 3 levels"):
+        make_engine(tiny_model, str(deep))
+    # the HF reference reads it the same way (one read, the same depth and SIDs)
+    reads.clear()
+    ref = HFReference(str(tiny_model), str(ended))
+    assert len(reads) == 1 and ref.depth == 3
+    assert len(ref.prefixes[()]) == len(np.unique(codes[:, 0]))
