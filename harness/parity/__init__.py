@@ -113,6 +113,7 @@ def run_stage(section: Any, ctx: Any) -> dict:
     model = ctx.model
     out = Path(ctx.out_dir) / "parity"
     result = run_parity_stage(
-        spec, model.path if model else None, model.catalog if model else None, out
-    )
+        spec, model.path if model else None, model.catalog if model else None, out,
+        resume=getattr(ctx, "resume", False),
+    )  # fmt: skip
     return {**compact(result), "details": str(out / "parity.json")}

@@ -24,6 +24,7 @@ from harness.parity.fetch import (
     spec_prompts,
 )
 from harness.parity.fetch import cases_from as _cases_from
+from harness.parity.saved import asked_key, load, save
 from harness.parity.servers import one_server
 
 _ROLE = {"flashrec": "candidate", "reference": "reference"}
@@ -51,11 +52,31 @@ async def _fetch(spec: dict, url: str, prompts: list, ns: list[int], max_tokens:
     return beams, protocols, int(max_tokens), why
 
 
+def _read_back(path: Path, key: str, resume: bool, label: str, log: Any):
+    """With ``--resume``, a server's answers saved by an earlier run of the same cases."""
+    got = load(path, key) if resume else None
+    if got is not None:
+        when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(got[1].get("saved_at") or 0))
+        log(f"parity: {label}: {len(got[0])} cases read back from the run of {when} (--resume)")
+    return got
+
+
 def _run_candidate(
     cand: Candidate, spec: dict, plan: Plan, ref: dict, ctx: dict, log: Any
 ) -> tuple[dict, list[dict]]:
-    """Launch (or reach) one candidate, ask it every reference case, judge it."""
+    """Launch (or reach) one candidate, ask it every reference case, judge it; with
+    ``--resume``, answers it saved in an earlier run of the same cases are judged instead."""
     t0 = time.monotonic()
+    key = asked_key(role=cand.kind, args=cand.args, url=cand.url, cases=ctx["cases_key"])
+    path = ctx["out"] / "answers" / f"{cand.name}.json"
+    got = _read_back(path, key, ctx["resume"], cand.name, log)
+    if got is not None:
+        beams, meta = got
+        cases = _cases_from(ref, beams)
+        res = candidate_result(cand, cases, plan.ns)
+        res.update(url=meta.get("url"), engine=meta.get("engine"), resumed=True,
+                   saved_at=meta.get("saved_at"), duration_s=meta.get("duration_s"))  # fmt: skip
+        return res, [{"candidate": cand.name, **c.row()} for c in cases]
     try:
         with one_server(
             _ROLE[cand.kind],
@@ -77,17 +98,26 @@ def _run_candidate(
             res["log_tail"] = exc.log_tail
         log(f"parity: {cand.name}: {res['failures'][0]}")
         return res, []
+    took = round(time.monotonic() - t0, 2)
+    save(path, key, beams, {"url": url, "engine": info.get("engine"), "duration_s": took})
     cases = _cases_from(ref, beams)
     res = candidate_result(cand, cases, plan.ns)
-    res.update(url=url, engine=info.get("engine"), duration_s=round(time.monotonic() - t0, 2))
+    res.update(url=url, engine=info.get("engine"), duration_s=took)
     log(f"parity: {cand.name} ({cand.precision}): {res['status']} in {res['duration_s']} s")
     return res, [{"candidate": cand.name, **c.row()} for c in cases]
 
 
 def run_candidates(
-    spec: dict, model_path: str | None, catalog: str | None, out: Path, log: Any = print
+    spec: dict,
+    model_path: str | None,
+    catalog: str | None,
+    out: Path,
+    log: Any = print,
+    resume: bool = False,
 ) -> dict:
-    """The multi-candidate stage result (:func:`harness.parity.candidates.multi_result`)."""
+    """The multi-candidate stage result (:func:`harness.parity.candidates.multi_result`).
+    Every server's answers are saved under ``out/answers/``; ``resume`` reads back those of
+    an earlier run that asked the same cases of a server started the same way."""
     plan = parse_plan(spec)
     prompts = spec_prompts(spec, model_path)
     if not prompts:
@@ -96,6 +126,55 @@ def run_candidates(
     if wanted not in (None, "auto") and not set(wanted) <= set(PROTOCOLS):
         raise ValueError(f"parity: protocols {wanted} are not among {PROTOCOLS}")
     t0 = time.monotonic()
+    cases_key = asked_key(
+        model=model_path, catalog=catalog, ns=plan.ns, protocols=wanted,
+        max_tokens=spec.get("max_tokens"), device=spec.get("device"),
+        prompts=[(p.messages, p.text) for p in prompts],
+    )  # fmt: skip
+    ref_key = asked_key(args=plan.reference_args, url=spec.get("reference_url"), cases=cases_key)
+    ref_path = out / "answers" / "reference.json"
+    ref_label = f"reference ({plan.reference_dtype})"
+    got = _read_back(ref_path, ref_key, resume, ref_label, log)
+    if got is not None:
+        ref, meta = got
+        ref_url, ref_info = meta.get("url"), meta.get("info") or {}
+        protocols, max_tokens = meta["protocols"], meta["max_tokens"]
+    else:
+        ref, protocols, max_tokens, ref_url, ref_info = _reference(
+            spec, plan, model_path, catalog, out, prompts, log
+        )
+        save(ref_path, ref_key, ref, {"url": ref_url, "protocols": protocols,
+                                      "max_tokens": max_tokens, "info": ref_info})  # fmt: skip
+        log(f"parity: {ref_label}: {len(ref)} cases in {time.monotonic() - t0:.1f} s")
+    ctx = {"model_path": model_path, "catalog": catalog, "out": out, "prompts": prompts,
+           "max_tokens": max_tokens, "protocols": protocols, "resume": resume,
+           "cases_key": ref_key}  # fmt: skip
+    results, rows = [], []
+    for cand in plan.candidates:
+        res, cand_rows = _run_candidate(cand, spec, plan, ref, ctx, log)
+        results.append(res)
+        rows += cand_rows
+    result = multi_result(plan, results, protocols, rows)
+    result["reference"] = {
+        "dtype": plan.reference_dtype,
+        "url": ref_url,
+        "args": plan.reference_args,
+        # how the HF reference server searched (its /get_server_info; absent from others)
+        **{k: ref_info[k] for k in ("search", "prefill_chunk") if k in (ref_info or {})},
+    }
+    if got is not None:
+        result["reference"].update(resumed=True, saved_at=got[1].get("saved_at"))
+    resumed = [c["name"] for c in results if c.get("resumed")] + (["reference"] if got else [])
+    if resumed:
+        result["resumed"] = resumed
+    result["prompts"] = len(prompts)
+    result["max_tokens"] = max_tokens
+    return result
+
+
+def _reference(spec, plan, model_path, catalog, out, prompts, log):
+    """Launch (or reach) the reference and ask it every case: (answers, protocols,
+    max_tokens, URL, the subset of its /get_server_info the result keeps)."""
     with one_server(
         "reference",
         plan.reference_args,
@@ -118,23 +197,5 @@ def run_candidates(
                 log,
             )  # fmt: skip
         )
-    log(f"parity: reference ({plan.reference_dtype}): {len(ref)} cases in "
-        f"{time.monotonic() - t0:.1f} s")  # fmt: skip
-    ctx = {"model_path": model_path, "catalog": catalog, "out": out, "prompts": prompts,
-           "max_tokens": max_tokens, "protocols": protocols}  # fmt: skip
-    results, rows = [], []
-    for cand in plan.candidates:
-        res, cand_rows = _run_candidate(cand, spec, plan, ref, ctx, log)
-        results.append(res)
-        rows += cand_rows
-    result = multi_result(plan, results, protocols, rows)
-    result["reference"] = {
-        "dtype": plan.reference_dtype,
-        "url": ref_url,
-        "args": plan.reference_args,
-        # how the HF reference server searched (its /get_server_info; absent from others)
-        **{k: ref_info[k] for k in ("search", "prefill_chunk") if k in (ref_info or {})},
-    }
-    result["prompts"] = len(prompts)
-    result["max_tokens"] = max_tokens
-    return result
+    kept = {k: ref_info[k] for k in ("search", "prefill_chunk") if k in (ref_info or {})}
+    return ref, protocols, max_tokens, ref_url, kept

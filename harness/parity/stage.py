@@ -69,8 +69,10 @@ def run_parity_stage(
     sid_vocab_file: str | None = None,
     out_dir: str | Path = "parity",
     log: Any = print,
+    resume: bool = False,
 ) -> dict:
-    """The ``parity:`` matrix stage.
+    """The ``parity:`` matrix stage (``resume``: the ``candidates:`` form reads back the
+    answers an earlier, interrupted run saved; :mod:`harness.parity.saved`).
 
     ``spec`` keys (all optional): ``reference_url`` / ``candidate_url`` (else an HF reference
     server and a FlashRec server are launched on ``model_path``), ``server_args`` (FlashRec
@@ -90,7 +92,7 @@ def run_parity_stage(
     t0 = time.monotonic()
     try:
         if "candidates" in spec:
-            result = run_candidates(spec, model_path, sid_vocab_file, out, log)
+            result = run_candidates(spec, model_path, sid_vocab_file, out, log, resume)
             return _finish(result, out, t0, log)
         if "ns" in spec and not spec["ns"]:
             raise ValueError("parity: 'ns' is empty: no beam width to compare")

@@ -8,6 +8,7 @@ details as a table).
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -86,6 +87,14 @@ def _rule_result(check: dict) -> str:
     return "pass (worse within noise)" if check.get("within_noise") else "pass"
 
 
+def _resumed(c: dict) -> list[str]:
+    """A candidate whose answers an earlier, interrupted run saved (``--resume``) says so."""
+    if not c.get("resumed"):
+        return []
+    when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(c.get("saved_at") or 0))
+    return [f"answers of the run of {when}, read back by --resume"]
+
+
 def _candidate_blocks(parity: dict) -> list[Block]:
     """The ``candidates:`` form: one row per candidate x n against the reference, the
     no_worse_than checks, and each candidate's verdict."""
@@ -103,7 +112,7 @@ def _candidate_blocks(parity: dict) -> list[Block]:
         out.append(("no_worse_than", ([*RULE_COLUMNS, "result"], rules)))
     verdicts = [[str(c.get("name")), str(c.get("kind")), str(c.get("status")),
                  "yes" if c.get("gate") else "no (reported)",
-                 "; ".join(c.get("failures") or c.get("notes") or []) or "-"]
+                 "; ".join(_resumed(c) + (c.get("failures") or c.get("notes") or [])) or "-"]
                 for c in parity.get("candidates") or []]  # fmt: skip
     if verdicts:
         out.append(("candidates", (["candidate", "kind", "status", "gated", "findings"], verdicts)))

@@ -59,6 +59,7 @@ class StageContext:
     model: ResolvedModel | None
     out_dir: Path
     results: list[CellResult] = field(default_factory=list)
+    resume: bool = False  # --resume: a stage may read back what an interrupted run saved
 
 
 # --------------------------------------------------------------------------- persistence
@@ -479,5 +480,5 @@ def run_matrix(
     finally:
         progress.close()
     ordered = [results[c.id] for c in chosen if c.id in results]
-    stages = run_stages(StageContext(spec, model, opts.out_dir, ordered))
+    stages = run_stages(StageContext(spec, model, opts.out_dir, ordered, opts.resume))
     return ordered, stages, model

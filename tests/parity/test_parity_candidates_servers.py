@@ -112,3 +112,54 @@ def test_cpu_copy_of_the_h200_matrix(synth_model, tmp_path):
     assert {(c["candidate"], c["than"]) for c in parity["rules"]} == {("flashrec-bf16", "hf-bf16")}
     md = (tmp_path / "run" / "REPORT.md").read_text()
     assert "### against the float32 reference" in md and "| flashrec-fp8 | fp8 | 16 | 2 | 0 |" in md
+    # --resume (a call's time limit ended the stage): the finished cell and every server's
+    # saved answers are read back, nothing is launched, the table is the same
+    assert main([str(matrix), "--out", str(tmp_path / "run"), "--resume"]) == 0
+    again = json.loads((tmp_path / "run" / "parity" / "parity.json").read_text())
+    assert again["resumed"] == ["flashrec-bf16", "flashrec-fp8", "hf-bf16", "reference"]
+    assert again["table"] == parity["table"]
+
+
+def test_resume_reads_back_the_servers_that_answered(synth_model, tmp_path):
+    """An interrupted stage (the last candidate's answers never written) rerun with resume:
+    the reference and the finished candidate are read back, not launched; only the missing
+    one runs; the table is the uninterrupted run's. Without resume, or with other cases,
+    every server is asked again."""
+    path = synth_model("tiny", catalog_size=2000)
+    catalog = str(path / "catalog.json")
+    spec = {
+        "device": "cpu", "reference_dtype": "float32", "ns": [1, 4], "prompts": 2,
+        "median_tokens": 24, "system_prompt_tokens": 8, "protocols": ["chat"],
+        "candidates": [
+            {"name": "flashrec-fp32", "dtype": "float32"},
+            {"name": "hf-bf16", "kind": "reference", "dtype": "bfloat16", "gate": False},
+        ],
+    }  # fmt: skip
+    out = tmp_path / "out"
+
+    def run(resume: bool, **changes):
+        lines: list[str] = []
+        res = run_parity_stage({**spec, **changes}, str(path), catalog, out, lines.append, resume)
+        return res, [ln for ln in lines if "read back" in ln]
+
+    first, read = run(False)
+    assert first["status"] == "pass" and read == [] and "resumed" not in first
+    (out / "answers" / "hf-bf16.json").unlink()  # the run stopped while hf-bf16 answered
+    (out / "servers" / "hf-bf16.log").unlink()
+    again, read = run(True)
+    assert [ln.split(":")[1].strip() for ln in read] == ["reference (float32)", "flashrec-fp32"]
+    assert again["resumed"] == ["flashrec-fp32", "reference"]
+    assert (out / "servers" / "hf-bf16.log").is_file()  # launched again, alone
+    assert again["table"] == first["table"] and again["status"] == "pass"
+    verdicts = {c["name"]: c for c in again["candidates"]}
+    assert verdicts["flashrec-fp32"]["resumed"] and not verdicts["hf-bf16"].get("resumed")
+    md_lines = []
+    from harness.report.render_stages import parity_blocks
+
+    for title, (_, rows) in parity_blocks(again):
+        md_lines += [" | ".join(r) for r in rows] if title == "candidates" else []
+    assert any("read back by --resume" in ln and ln.startswith("flashrec-fp32") for ln in md_lines)
+    _, read = run(False)  # a fresh run asks everyone
+    assert read == []
+    _, read = run(True, ns=[1, 2])  # other cases: nothing to read back
+    assert read == []
