@@ -238,8 +238,10 @@ def test_matrix_stage_adapter(monkeypatch, tmp_path):
 
     seen = {}
 
-    def fake(spec, model_path, catalog, out_dir):
-        seen.update(spec=spec, model_path=model_path, catalog=catalog, out_dir=out_dir)
+    def fake(spec, model_path, catalog, out_dir, resume=False):
+        seen.update(
+            spec=spec, model_path=model_path, catalog=catalog, out_dir=out_dir, resume=resume
+        )
         return {"status": "pass", "passed": True, "cases": [1, 2], "diff_tables": ["t"] * 5}
 
     monkeypatch.setattr(parity, "run_parity_stage", fake)
@@ -249,7 +251,10 @@ def test_matrix_stage_adapter(monkeypatch, tmp_path):
     assert (
         seen["spec"] == {"ns": [1, 4], "precision": "bf16", "device": None}
         and seen["model_path"] == "/m"
+        and seen["resume"] is False  # a context without --resume
     )
+    parity.run_stage(section, SimpleNamespace(**vars(ctx), resume=True))
+    assert seen["resume"] is True  # the run's --resume reaches the stage
     assert "cases" not in out and len(out["diff_tables"]) == 3
     assert out["details"] == str(tmp_path / "parity" / "parity.json")
 
