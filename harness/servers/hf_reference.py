@@ -227,8 +227,8 @@ class HFReference:
 
         dev, plen = self.device, len(input_ids)
         prompt = torch.tensor([input_ids], device=dev)
-        cache_arg, keep = _forward_kwargs(self.model)
-        last_only = {"logits_to_keep": 1} if keep else {}
+        cache_arg, keeps = _forward_kwargs(self.model)
+        last_only = {"logits_to_keep": 1} if keeps else {}
         cache = DynamicCache()
         step_len = self.prefill_chunk or plen
         for a in range(0, plen, step_len):
@@ -250,8 +250,8 @@ class HFReference:
             log_probs = proc.constrain(gens, torch.log_softmax(logits, dim=-1))
             total = (log_probs + running[:, None]).reshape(-1)
             top = torch.topk(total, k=min(n, total.numel()))
-            keep = torch.isfinite(top.values)
-            values, flat = top.values[keep], top.indices[keep]
+            alive = torch.isfinite(top.values)  # a catalog with fewer continuations than n
+            values, flat = top.values[alive], top.indices[alive]
             if not len(flat):
                 return [], []
             vocab = logits.shape[-1]
