@@ -163,3 +163,34 @@ def test_resume_reads_back_the_servers_that_answered(synth_model, tmp_path):
     assert read == []
     _, read = run(True, ns=[1, 2])  # other cases: nothing to read back
     assert read == []
+
+
+def test_reference_server_search_flag(synth_model, tmp_path):
+    """``reference-server --search shared`` on CPU (where the default is generate): its
+    /get_server_info says so, and over HTTP it answers HF generate's ranked beams."""
+    import asyncio
+
+    import aiohttp
+
+    from harness.parity.fetch import fetch_beams, request_for
+    from harness.servers.hf_reference import HFReference
+
+    path = synth_model("tiny", catalog_size=2000)
+    catalog = str(path / "catalog.json")
+    msgs = [{"role": "user", "content": "watched " + ", ".join(map(str, range(60)))}]
+    hf = HFReference(str(path), catalog, search="generate")
+    want = hf.generate(hf.build_prompt(messages=msgs), 16)
+
+    async def ask(url: str):
+        async with aiohttp.ClientSession() as session:
+            return await fetch_beams(session, url, "chat", request_for(msgs, None, 16, 4), 120)
+
+    log = tmp_path / "reference.log"
+    with one_server("reference", {"search": "shared"}, str(path), catalog, log, "cpu") as (
+        url,
+        info,
+    ):
+        assert (info["search"], info["prefill_chunk"]) == ("shared", 0)
+        got = asyncio.run(ask(url))
+    assert [list(b.token_ids) for b in got] == [b.token_ids for b in want] and len(got) == 16
+    assert max(abs(b.score - w.sequence_score) for b, w in zip(got, want)) <= 1e-4
