@@ -72,38 +72,37 @@ def _run_candidate(
     got = _read_back(path, key, ctx["resume"], cand.name, log)
     if got is not None:
         beams, meta = got
-        cases = _cases_from(ref, beams)
-        res = candidate_result(cand, cases, plan.ns)
-        res.update(url=meta.get("url"), engine=meta.get("engine"), resumed=True,
-                   saved_at=meta.get("saved_at"), duration_s=meta.get("duration_s"))  # fmt: skip
-        return res, [{"candidate": cand.name, **c.row()} for c in cases]
-    try:
-        with one_server(
-            _ROLE[cand.kind],
-            cand.args,
-            ctx["model_path"],
-            ctx["catalog"],
-            ctx["out"] / "servers" / f"{cand.name}.log",
-            spec.get("device"),
-            cand.url,
-            float(spec.get("startup_timeout_s", 600)),
-        ) as (url, info):
-            asked = (ctx["prompts"], plan.ns, ctx["max_tokens"], ctx["protocols"])
-            beams, _, _, _ = asyncio.run(_fetch(spec, url, *asked, cand.name, log))
-    except Exception as exc:  # noqa: BLE001 - one candidate's failure is its row, not the stage's
-        res = {"name": cand.name, "kind": cand.kind, "precision": cand.precision,
-               "args": cand.args, "gate": cand.gate, "status": "error", "passed": False,
-               "failures": [f"{type(exc).__name__}: {exc}"]}  # fmt: skip
-        if getattr(exc, "log_tail", ""):
-            res["log_tail"] = exc.log_tail
-        log(f"parity: {cand.name}: {res['failures'][0]}")
-        return res, []
-    took = round(time.monotonic() - t0, 2)
-    save(path, key, beams, {"url": url, "engine": info.get("engine"), "duration_s": took})
+        meta.update(resumed=True)
+    else:
+        try:
+            with one_server(
+                _ROLE[cand.kind],
+                cand.args,
+                ctx["model_path"],
+                ctx["catalog"],
+                ctx["out"] / "servers" / f"{cand.name}.log",
+                spec.get("device"),
+                cand.url,
+                float(spec.get("startup_timeout_s", 600)),
+            ) as (url, info):
+                asked = (ctx["prompts"], plan.ns, ctx["max_tokens"], ctx["protocols"])
+                beams, _, _, _ = asyncio.run(_fetch(spec, url, *asked, cand.name, log))
+        except Exception as exc:  # noqa: BLE001 - one candidate's failure is its row, not the stage's
+            res = {"name": cand.name, "kind": cand.kind, "precision": cand.precision,
+                   "args": cand.args, "gate": cand.gate, "status": "error", "passed": False,
+                   "failures": [f"{type(exc).__name__}: {exc}"]}  # fmt: skip
+            if getattr(exc, "log_tail", ""):
+                res["log_tail"] = exc.log_tail
+            log(f"parity: {cand.name}: {res['failures'][0]}")
+            return res, []
+        meta = {"url": url, "engine": info.get("engine"),
+                "duration_s": round(time.monotonic() - t0, 2)}  # fmt: skip
+        save(path, key, beams, meta)
     cases = _cases_from(ref, beams)
     res = candidate_result(cand, cases, plan.ns)
-    res.update(url=url, engine=info.get("engine"), duration_s=took)
-    log(f"parity: {cand.name} ({cand.precision}): {res['status']} in {res['duration_s']} s")
+    res.update(meta)
+    if not got:
+        log(f"parity: {cand.name} ({cand.precision}): {res['status']} in {res['duration_s']} s")
     return res, [{"candidate": cand.name, **c.row()} for c in cases]
 
 
@@ -159,8 +158,7 @@ def run_candidates(
         "dtype": plan.reference_dtype,
         "url": ref_url,
         "args": plan.reference_args,
-        # how the HF reference server searched (its /get_server_info; absent from others)
-        **{k: ref_info[k] for k in ("search", "prefill_chunk") if k in (ref_info or {})},
+        **ref_info,  # how the HF reference server searched (absent from other servers)
     }
     if got is not None:
         result["reference"].update(resumed=True, saved_at=got[1].get("saved_at"))

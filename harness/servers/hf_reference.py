@@ -160,6 +160,7 @@ class HFReference:
         self.scope, self.length_penalty, self.device = logprob_scope, length_penalty, device
         self.prefill_chunk = resolve_prefill_chunk(prefill_chunk, device, dtype)
         self.search = resolve_search(search, device, dtype)
+        self._cache_arg, self._keeps_logits = _forward_kwargs(self.model)
 
     def build_prompt(self, **kwargs) -> list[int]:
         return build_prompt_ids(self.tokenizer, self.layout, self.vocab_size, **kwargs)
@@ -227,15 +228,14 @@ class HFReference:
 
         dev, plen = self.device, len(input_ids)
         prompt = torch.tensor([input_ids], device=dev)
-        cache_arg, keeps = _forward_kwargs(self.model)
-        last_only = {"logits_to_keep": 1} if keeps else {}
+        last_only = {"logits_to_keep": 1} if self._keeps_logits else {}
         cache = DynamicCache()
         step_len = self.prefill_chunk or plen
         for a in range(0, plen, step_len):
             out = self.model(
                 input_ids=prompt[:, a : a + step_len],
                 use_cache=True,
-                **{cache_arg: cache},
+                **{self._cache_arg: cache},
                 **last_only,
             )
         prompt_kv = _layer_kv(cache)
@@ -280,7 +280,6 @@ class HFReference:
         last = torch.tensor([g[-1] for g in gens], device=self.device)[:, None]
         done = len(gens[0]) - 1  # the beams' tokens already in ``suffix``
         rows = max(1, _SHARED_KV_ROWS // (plen + done + 1))
-        cache_arg, _ = _forward_kwargs(self.model)
         logits, parts = [], []
         for a in range(0, len(gens), rows):
             b = min(a + rows, len(gens))
@@ -291,7 +290,7 @@ class HFReference:
                     k = torch.cat([k, suffix[layer][0][a:b]], dim=2)
                     v = torch.cat([v, suffix[layer][1][a:b]], dim=2)
                 cache.update(k, v, layer)
-            out = self.model(input_ids=last[a:b], use_cache=True, **{cache_arg: cache})
+            out = self.model(input_ids=last[a:b], use_cache=True, **{self._cache_arg: cache})
             logits.append(out.logits[:, -1, :].float())
             # copies, not views: a view would keep this chunk's whole cache alive
             parts.append(
