@@ -24,7 +24,12 @@ from flashrec.synth import synth_prompts
 
 
 def closed_loop(
-    eng: Engine, prompts: list[list[int]], n: int, concurrency: int, max_tokens: int | None
+    eng: Engine,
+    prompts: list[list[int]],
+    n: int,
+    concurrency: int,
+    max_tokens: int | None,
+    temperature: float = 0.0,
 ):
     sched = eng.scheduler
     pending = list(range(len(prompts)))
@@ -36,7 +41,11 @@ def closed_loop(
         while pending and inflight < concurrency:
             i = pending.pop(0)
             req = eng.new_request(
-                prompts[i], n=n, max_tokens=max_tokens, rid=f"b{i}-{time.perf_counter_ns()}"
+                prompts[i],
+                n=n,
+                max_tokens=max_tokens,
+                temperature=temperature,
+                rid=f"b{i}-{time.perf_counter_ns()}",
             )
             start[req.rid] = time.perf_counter()
             sched.add(req)
@@ -73,7 +82,7 @@ def traced_round(eng: Engine, prompts, args, trace_dir: str) -> dict:
         acts.append(torch.profiler.ProfilerActivity.CUDA)
     eng.scheduler.flush_cache()
     with torch.profiler.profile(activities=acts) as prof:
-        closed_loop(eng, prompts, args.n, args.concurrency, args.max_tokens)
+        closed_loop(eng, prompts, args.n, args.concurrency, args.max_tokens, args.temperature[0])
     path = os.path.join(trace_dir, f"{args.label or 'bench'}.trace.json.gz")
     prof.export_chrome_trace(path)
     summary = summarize_trace(path)
@@ -112,6 +121,13 @@ def main() -> int:
     ap.add_argument("--prompt-spread", type=float, default=0.0)
     ap.add_argument("--system-prompt-tokens", type=int, default=0)
     ap.add_argument("--max-tokens", type=int, default=None)
+    ap.add_argument(
+        "--temperature",
+        type=float,
+        nargs="+",
+        default=[0.0],
+        help="one or more; several run interleaved round by round (a same-run ratio to the first)",
+    )
     ap.add_argument("--quantization", default="fp8")
     ap.add_argument("--kv-cache-dtype", default="fp8_e4m3")
     ap.add_argument("--dtype", default="bfloat16")
@@ -184,12 +200,18 @@ def main() -> int:
         tokenizer=eng.tokenizer,
     )
     prompts = [eng.build_prompt(messages=m) for m in msgs]
-    warm = closed_loop(eng, prompts[: args.concurrency], args.n, args.concurrency, args.max_tokens)
+    temps = args.temperature
+    for t in temps:
+        warm = closed_loop(
+            eng, prompts[: args.concurrency], args.n, args.concurrency, args.max_tokens, t
+        )
     freeze_startup_objects()  # as the server does after warm-up (--gc-freeze)
-    rounds = []
+    by_t: dict[float, list] = {t: [] for t in temps}
     for _ in range(args.rounds):
-        eng.scheduler.flush_cache()
-        rounds.append(closed_loop(eng, prompts, args.n, args.concurrency, args.max_tokens))
+        for t in temps:  # interleaved: drift over the run weighs on every temperature alike
+            eng.scheduler.flush_cache()
+            by_t[t].append(closed_loop(eng, prompts, args.n, args.concurrency, args.max_tokens, t))
+    rounds = by_t[temps[0]]
     trace = None
     if args.trace_dir:
         trace = traced_round(eng, prompts[: args.concurrency], args, args.trace_dir)
@@ -203,6 +225,16 @@ def main() -> int:
         "rounds": rounds,
         "qps_median": statistics.median(r["qps"] for r in rounds),
         "lat_ms_p50_median": statistics.median(r["lat_ms_p50"] for r in rounds),
+        "by_temperature": {
+            str(t): {
+                "qps_median": statistics.median(r["qps"] for r in rs),
+                "lat_ms_p50_median": statistics.median(r["lat_ms_p50"] for r in rs),
+                "qps_ratio_to_first": statistics.median(r["qps"] for r in rs)
+                / statistics.median(r["qps"] for r in rounds),
+                "rounds": rs,
+            }
+            for t, rs in by_t.items()
+        },
         "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
         "torch": torch.__version__,
     }

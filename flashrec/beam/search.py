@@ -44,9 +44,13 @@ def gumbel_noise(seeds: torch.Tensor, level, parents: torch.Tensor, codes: torch
     (seed, level, parent, code), so a candidate's noise never depends on the batch, the
     candidate layout or an RNG state, and a step graph can compute it."""
     shape = (-1,) + (1,) * (codes.dim() - 1)
-    # a tensor either way, so the products below wrap in int64
-    lv = torch.as_tensor(level, dtype=torch.long, device=seeds.device)
-    lv = lv.view(shape) if lv.dim() else lv
+    # a tensor either way, so the products below wrap in int64; an int becomes one by a fill on
+    # the device (as_tensor would copy it from the host and wait for the stream)
+    if isinstance(level, torch.Tensor):
+        lv = level.to(device=seeds.device, dtype=torch.long)
+        lv = lv.view(shape) if lv.dim() else lv
+    else:
+        lv = torch.full((), int(level), dtype=torch.long, device=seeds.device)
     x = seeds.view(shape) * _SEED_MUL + (lv + 1) * _LEVEL_MUL
     x = x + parents * 0x100000 + codes + _MIX[0]
     x = (x ^ _shr(x, 30)) * _MIX[1]
@@ -59,7 +63,10 @@ def gumbel_noise(seeds: torch.Tensor, level, parents: torch.Tensor, codes: torch
 def sampling_key(total, temperature, seeds, level, parents, codes):
     """The Gumbel top-k key: ``total / T + noise`` where ``T`` (per request, ``[B]``, or one
     float) is > 0, ``total`` itself where it is 0; -inf stays -inf (never chosen)."""
-    t = torch.as_tensor(temperature, dtype=torch.float32, device=total.device).view(-1, 1)
+    if isinstance(temperature, torch.Tensor):
+        t = temperature.to(device=total.device, dtype=torch.float32).view(-1, 1)
+    else:  # a fill on the device, not a host copy that waits for the stream
+        t = torch.full((1, 1), float(temperature), dtype=torch.float32, device=total.device)
     noise = gumbel_noise(seeds, level, parents, codes).reshape(total.shape)
     key = torch.where(t > 0, total / t.clamp_min(1e-6) + noise, total)
     return key.masked_fill(torch.isinf(total), float("-inf"))

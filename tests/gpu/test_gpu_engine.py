@@ -366,11 +366,13 @@ def _similar(a, b, tol=0.1, overlap=0.75):
         assert abs(x.beams[0].sequence_score - y.beams[0].sequence_score) <= tol
 
 
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
 @pytest.mark.parametrize("step_graph", [False, True])
-def test_at_most_one_host_sync_per_step(synth_model, step_graph):
+def test_at_most_one_host_sync_per_step(synth_model, step_graph, temperature):
     """The step path queues work without waiting for the GPU: torch's sync debug mode counts
     every synchronizing call; a step may sync once (the results' device-to-host copy), and
-    only when a request finishes in it."""
+    only when a request finishes in it. Sampled requests too (their Gumbel noise is built on
+    the device, not from host scalars)."""
     import gc
     import traceback
     import warnings
@@ -381,11 +383,12 @@ def test_at_most_one_host_sync_per_step(synth_model, step_graph):
         enable_step_graph=step_graph,
     )  # fmt: skip
     prompts = [eng.build_prompt(messages=p) for p in PROMPTS]
-    eng.generate([eng.new_request(p, n=16) for p in prompts])  # warm-up: pinned blocks, kernels
+    new = lambda p: eng.new_request(p, n=16, temperature=temperature)  # noqa: E731
+    eng.generate([new(p) for p in prompts])  # warm-up: pinned blocks, kernels
     gc.collect()  # the garbage of earlier tests' engines is not this engine's step
     sched, steps = eng.scheduler, []
     for i, p in enumerate(prompts * 2):
-        sched.add(eng.new_request(p, n=16))
+        sched.add(new(p))
         if i % 2:
             continue
         syncs: list[str] = []
