@@ -56,6 +56,9 @@ DIRECTIONS: dict[str, int] = {
     "server_gc_pause_ms": 0,
     "server_gc_full_collections": 0,
     "server_gc_slow_pauses": 0,
+    # other processes' CPU use on the host over the round (harness.metrics.host), informational
+    "host_other_cpu_cores": 0,
+    "host_steal_cores": 0,
     # the quality: section's eval (harness.quality): beams not in the catalog, repeated beams
     "quality_invalid_rate": -1,
     "quality_duplicate_rate": -1,

@@ -101,17 +101,25 @@ def server_timing_table(report: dict) -> Table | None:
     respond = any("server_respond_ms_mean" in c["metrics"] for c in cells)
     ipc = any("server_ipc_ms_mean" in c["metrics"] for c in cells)
     gc = any("server_gc_pause_ms" in c["metrics"] for c in cells)
+    other = any("host_other_cpu_cores" in c["metrics"] for c in cells)
     keys = ["latency_mean_ms", "server_tokenize_ms_mean", "server_queue_ms_mean"]
     keys += ["server_engine_ms_mean"] + (["server_ipc_ms_mean"] if ipc else [])
     keys += ["server_respond_ms_mean"] if respond else []
     keys += ["outside_server_ms_mean"] + (["server_gc_pause_ms"] if gc else [])
+    fmt = {"host_other_cpu_cores": ".2f"}
+    keys += ["host_other_cpu_cores"] if other else []
     rows = [
-        [c["id"]] + [med_ci(c["metrics"].get(k), ".1f") if k in c["metrics"] else "-" for k in keys]
+        [c["id"]]
+        + [
+            med_ci(c["metrics"].get(k), fmt.get(k, ".1f")) if k in c["metrics"] else "-"
+            for k in keys
+        ]
         for c in cells
     ]
     head = ["cell", "client latency ms", "tokenize", "queue", "engine"]
     head += (["ipc"] if ipc else []) + (["respond"] if respond else []) + ["outside the server"]
     head += ["server GC pauses ms / round"] if gc else []
+    head += ["other processes' CPU cores"] if other else []
     return head, rows
 
 
@@ -227,7 +235,10 @@ SERVER_TIMING_NOTE = (
     "hand-off to the event loop and JSON encoding). Outside the server = client latency - "
     "their sum: HTTP and event-loop time on both sides (and, for servers without respond, "
     "the answer's encoding). Server GC pauses: the server's garbage-collector time during "
-    "the round (its /metrics before and after), which stops every server thread."
+    "the round (its /metrics before and after), which stops every server thread. Other "
+    "processes' CPU cores: the host's busy CPU time during the round minus the server's "
+    "process group's and the harness's, over the round's wall time (a launched server on "
+    "Linux); well above 0, the round shared the host's CPUs with other work."
 )
 BURST_NOTE = (
     "Load mode burst: each burst sends `concurrency` requests at once and the next burst "

@@ -26,6 +26,7 @@ from harness.load.client import Record, now
 from harness.load.loop import Target, closed_loop, make_requests, prepare_radix, run_load
 from harness.load.sids import SidChecker
 from harness.load.workload import PromptRenderer, PromptSet
+from harness.metrics import host
 from harness.metrics.server import capacity_notes, gc_delta, scrape
 from harness.quality import stage as quality_stage
 from harness.servers.launch import Server, healthy
@@ -75,6 +76,8 @@ class CellResult:
     measured: dict = field(default_factory=dict)
     resumed: bool = False  # loaded from an earlier run's cell.json by --resume
     quality: dict | None = None  # the quality: section's eval of this cell (harness.quality)
+    # measured rounds' CPU use by other processes on the host (harness.metrics.host.other_cpu)
+    host_rounds: list[dict[str, float]] = field(default_factory=list)
 
 
 @dataclass
@@ -159,8 +162,11 @@ async def _prepare(ctx, cell, target, prime, rnd: int, phase: str, res: CellResu
 
 async def _load(ctx, cell, target, reqs, rnd: int, phase: str, res: CellResult) -> None:
     """One round of the cell's load; its records are appended to the result. Around a measured
-    round the server's ``/metrics`` is scraped (outside the timed load) for its GC pauses."""
+    round the server's ``/metrics`` is scraped (outside the timed load) for its GC pauses,
+    and the host's CPU accounting read for other processes' use of it."""
     before = await scrape(ctx.session, ctx.server.base_url) if phase == "measure" else None
+    pgid = ctx.server.process_group()
+    host0 = host.sample(pgid) if phase == "measure" else None
     recs = await run_load(
         ctx.session,
         target,
@@ -171,12 +177,17 @@ async def _load(ctx, cell, target, reqs, rnd: int, phase: str, res: CellResult) 
         on_done=ctx.on_request,
     )
     res.records += recs
+    if host0 is not None:
+        used = host.other_cpu(host0, host.sample(pgid))
+        if used:
+            res.host_rounds.append(used)
+            res.server_rounds.setdefault(rnd, {}).update({k: used[k] for k in host.METRICS})
     await _check_server(ctx, recs, _health_timeout(cell))
     if before is not None:
         after = await scrape(ctx.session, ctx.server.base_url)
         delta = gc_delta(before, after)
         if delta:
-            res.server_rounds[rnd] = delta
+            res.server_rounds.setdefault(rnd, {}).update(delta)
         c = cell.client
         for note in capacity_notes(before, after, c.beam_width, c.concurrency):
             if note not in res.notes:
@@ -255,6 +266,9 @@ async def run_cell(ctx: CellContext, cell: Cell) -> CellResult:
             res.rounds_done += 1
             if ctx.spec.load.cooldown_s:
                 await asyncio.sleep(ctx.spec.load.cooldown_s)
+        busy = host.busy_host_note(res.host_rounds)
+        if busy:
+            res.notes.append(busy)
         if cell.traced:
             await _traced_round(ctx, cell, target, reqs, prime, res)
         if ctx.run_quality and quality_stage.applies(ctx.spec.quality, cell):

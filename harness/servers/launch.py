@@ -118,6 +118,10 @@ class Server:
         """The exit code once a launched server has exited (None while it runs)."""
         return None
 
+    def process_group(self) -> int | None:
+        """The process group of a launched, running server (None: external, or not running)."""
+        return None
+
     def log_tail(self, lines: int = 40) -> str:
         return ""
 
@@ -184,6 +188,10 @@ class LaunchedServer(Server):
 
     def exit_code(self) -> int | None:
         return None if self.proc is None else self.proc.poll()
+
+    def process_group(self) -> int | None:
+        # launched with start_new_session: the server's pid is its group's id
+        return self.proc.pid if self.proc is not None and self.proc.poll() is None else None
 
     def log_tail(self, lines: int = 40) -> str:
         try:
