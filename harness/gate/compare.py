@@ -19,6 +19,7 @@ from typing import Any
 
 from harness.gate.gates import is_metric, metric_names, unknown
 from harness.gate.quality import compare_samples, is_sample_metric
+from harness.metrics.host import BUSY_NOTE
 from harness.metrics.rounds import direction
 from harness.metrics.stats import holm, significance
 
@@ -208,12 +209,23 @@ def between_runs(base: dict, new: dict, band_pct: float | None) -> dict:
     }
 
 
+def busy_sides(base_cell: dict, new_cell: dict) -> list[str]:
+    """Which of two matched cells ("base", "new") were measured on a busy host: other
+    processes' CPU use during their rounds (the note of :mod:`harness.metrics.host`)."""
+    return [
+        side
+        for side, cell in (("base", base_cell), ("new", new_cell))
+        if any(str(n).startswith(BUSY_NOTE) for n in cell.get("notes") or [])
+    ]
+
+
 def admit_drift(comparison: dict) -> dict:
     """Judge a two-run comparison's changes against the variation between runs, which its
     rounds cannot see (a less loaded machine alone can double a QPS). A metric whose change
     the rounds support (p < alpha, beyond its band) stands as regressed / improved / changed
     only when it also exceeds the recorded between-run band plus the host probe's difference,
-    and never in an A/A pair; otherwise its verdict is ``inconclusive``, and the metric's
+    never in an A/A pair, and never in a cell measured on a busy host on either side (the
+    band holds for quiet hosts); otherwise its verdict is ``inconclusive``, and the metric's
     ``drift`` says why (the relative gates read it). Returns the comparison, re-tallied."""
     info = comparison["between_runs"]
     probe, band = info["host_probe_pct"], info["between_run_band_pct"]
@@ -234,7 +246,9 @@ def admit_drift(comparison: dict) -> dict:
             )
             if not supported:
                 continue
-            if info["same_setup"]:
+            if cell.get("busy_host"):
+                why = f"a busy host on the {' and '.join(cell['busy_host'])} side (other processes' CPU use)"
+            elif info["same_setup"]:
                 why = f"the same code ({info['same_code'][:7]}) and setup on both sides"
             elif band is None:
                 why = "no between-run band recorded (stats.between_run_band_pct)"
@@ -336,7 +350,11 @@ def compare_reports(
                 return compare_metric(m, b["metrics"][m], n["metrics"][m], alpha, test)
             return None
 
-        cells_out.append(compare_cell_metrics(b, n, metrics, one))
+        compared = compare_cell_metrics(b, n, metrics, one)
+        busy = busy_sides(b, n)
+        if busy:
+            compared["busy_host"] = busy
+        cells_out.append(compared)
     comparison = {
         "base": report_side(base),
         "new": report_side(new),

@@ -23,8 +23,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-# other processes using this many CPU cores over a cell's measured rounds: the cell gets a note
-BUSY_HOST_CORES = 0.5
 # a measured window shorter than this is too coarse for CPU ticks (10 ms each): no note
 MIN_WINDOW_S = 1.0
 
@@ -134,34 +132,36 @@ def other_cpu(before: HostSample | None, after: HostSample | None) -> dict[str, 
     }
 
 
+# how a busy-host note begins (harness.gate.compare reads it on either side of two runs)
+BUSY_NOTE = "busy host during the measured rounds"
 # the round metrics of other_cpu (host_window_s only weighs the rounds for the note)
 METRICS = ("host_other_cpu_cores", "host_steal_cores")
 
 
-def busy_host_note(rounds: list[dict[str, float]]) -> str | None:
-    """A cell note when other processes used >= ``BUSY_HOST_CORES`` cores over its measured
-    rounds together (``other_cpu`` of each; CPU-seconds over wall seconds, so short rounds
-    weigh little), or the hypervisor took as much; None below that, without samples, or over
-    less than ``MIN_WINDOW_S``."""
+def busy_host_note(rounds: list[dict[str, float]], cores: float = 0.5) -> str | None:
+    """A cell note when other processes used >= ``cores`` cores over its measured rounds
+    together (``other_cpu`` of each; CPU-seconds over wall seconds, so short rounds weigh
+    little), or the hypervisor took as much (``stats.busy_host_cores``); None below that,
+    without samples, over less than ``MIN_WINDOW_S``, or with ``cores`` 0 (off)."""
     have = [r for r in rounds if "host_window_s" in r]
     wall = sum(r["host_window_s"] for r in have)
-    if not have or wall < MIN_WINDOW_S:
+    if not have or wall < MIN_WINDOW_S or cores <= 0:
         return None
     other = sum(r["host_other_cpu_cores"] * r["host_window_s"] for r in have) / wall
     steal = sum(r["host_steal_cores"] * r["host_window_s"] for r in have) / wall
     worst = max(r["host_other_cpu_cores"] for r in have)
     parts = []
-    if other >= BUSY_HOST_CORES:
+    if other >= cores:
         parts.append(
             f"other processes used {other:.2f} CPU cores on average (up to {worst:.2f} in a "
             "round) outside the server and the harness"
         )
-    if steal >= BUSY_HOST_CORES:
+    if steal >= cores:
         parts.append(f"the hypervisor took {steal:.2f} cores (steal)")
     if not parts:
         return None
     return (
-        "busy host during the measured rounds: "
+        f"{BUSY_NOTE}: "
         + "; ".join(parts)
         + ": its speed numbers may be lower than on a quiet machine"
     )

@@ -266,7 +266,7 @@ async def run_cell(ctx: CellContext, cell: Cell) -> CellResult:
             res.rounds_done += 1
             if ctx.spec.load.cooldown_s:
                 await asyncio.sleep(ctx.spec.load.cooldown_s)
-        busy = host.busy_host_note(res.host_rounds)
+        busy = host.busy_host_note(res.host_rounds, ctx.spec.stats.busy_host_cores)
         if busy:
             res.notes.append(busy)
         if cell.traced:

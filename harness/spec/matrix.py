@@ -197,6 +197,9 @@ class StatsSpec(_Base):
     # how far two separate runs of one setup drift apart (%, e.g. measured by A/A runs):
     # ``compare`` of two runs calls a change only beyond it; unset, it calls none (inconclusive)
     between_run_band_pct: float | None = Field(None, ge=0)
+    # other processes' CPU cores over a cell's measured rounds that make it a "busy host" cell
+    # (a note; compare then calls no change in it); 0 turns the judgment off
+    busy_host_cores: float = Field(0.5, ge=0)
     seed: int = 0
 
 

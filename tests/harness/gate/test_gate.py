@@ -203,6 +203,9 @@ def test_compare_cli_on_real_runs(tmp_path, marker):
             fake_engine("--latency-ms", latency, "--marker", marker),
             load={"rounds": 6, "beam_width": 4},
             gates=[{"name": "p50-5pct", "metric": "latency_p50_ms", "max_regression_pct": 5}],
+            # the band rule alone: a machine busy with other work (this suite beside a CI run)
+            # would make every change here inconclusive (its own test below)
+            stats={"busy_host_cores": 0},
         )
         m["workload"]["requests"] = 16
         out = tmp_path / name
@@ -293,6 +296,31 @@ def test_cross_run_changes_are_judged_against_between_run_variation():
     # no change at all stays within noise, with or without a band
     same = _run_of([100, 100.5, 99.5, 101, 101.5], "c0ffee" * 6, 2.0)
     assert compare_reports(loaded, same)["verdict"] == "ok"
+
+
+def test_a_cell_measured_on_a_busy_host_is_inconclusive_between_runs():
+    """A change that would stand beyond the recorded band is inconclusive when either run's
+    cell carries the busy-host note (other processes used the CPUs during its rounds); the
+    cell without the note on either side keeps its verdict."""
+    from harness.metrics.host import busy_host_note
+
+    base = _run_of([100, 101, 99, 100, 102], "c0ffee" * 6, 2.0)
+    new = _run_of([70, 71, 69, 70, 71], "beef" * 10, 2.0)
+    quiet = compare_reports(base, new, between_run_band_pct=10)["cells"][0]["metrics"]["qps"]
+    assert quiet["verdict"] == "regressed"
+    note = busy_host_note(
+        [{"host_other_cpu_cores": 1.5, "host_steal_cores": 0.0, "host_window_s": 3.0}]
+    )
+    for side in ("new", "base"):
+        b, n = json.loads(json.dumps(base)), json.loads(json.dumps(new))
+        ({"new": n, "base": b}[side])["cells"][0]["notes"] = ["other note", note]
+        res = compare_reports(b, n, between_run_band_pct=10)
+        cell = res["cells"][0]
+        assert cell["busy_host"] == [side]
+        qps = cell["metrics"]["qps"]
+        assert qps["verdict"] == "inconclusive", qps
+        assert f"a busy host on the {side} side" in qps["reason"]
+        assert res["verdict"] == "inconclusive" and not res["regressions"]
 
 
 def test_interleaved_comparisons_are_not_judged_for_drift():
