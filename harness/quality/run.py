@@ -61,8 +61,10 @@ class _Capture(Pending):
         self.bodies[record.index] = raw
 
 
-def progress_printer(total: int, stream: Any = sys.stderr) -> Callable[[int], None]:
-    """A progress line every 2 s and at the end: done / total, rate and time left."""
+def progress_printer(total: int, stream: Any = None) -> Callable[[int], None]:
+    """A progress line every 2 s and at the end: done / total, rate and time left, on
+    ``stream`` (default: ``sys.stderr`` as it is when a line is printed, not when this module
+    was imported: a replaced and closed stderr, as under a test's capture, is never kept)."""
     t0 = time.monotonic()
     last = [0.0]
 
@@ -76,7 +78,7 @@ def progress_printer(total: int, stream: Any = sys.stderr) -> Callable[[int], No
         print(
             f"eval: {done}/{total} samples ({100 * done / total:.0f}%), "
             f"{rate_s:.1f}/s, ~{left:.0f} s left",
-            file=stream,
+            file=stream if stream is not None else sys.stderr,
             flush=True,
         )
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import numpy as np
 import pytest
@@ -166,3 +167,19 @@ def test_published_numbers_only_beside_an_official_set(tmp_path):
             assert "published: OneRec-1.7B 0.0272, OneRec-8B 0.0355" in text
         else:
             assert "published" not in block and "not shown" in text and "why not" in text
+
+
+def test_progress_lines_go_to_stderr_as_it_is_when_printed(monkeypatch):
+    """The default stream is looked up per line: a stderr replaced after import (and closed
+    since, as a test's capture is) is never written to."""
+    import io
+
+    from harness.quality.run import progress_printer
+
+    first, second = io.StringIO(), io.StringIO()
+    monkeypatch.setattr(sys, "stderr", first)
+    show = progress_printer(2)
+    first.close()  # the stream in place when the printer was made is gone
+    monkeypatch.setattr(sys, "stderr", second)
+    show(2)  # the last sample: always printed
+    assert "eval: 2/2 samples (100%)" in second.getvalue()
