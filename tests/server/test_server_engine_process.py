@@ -225,6 +225,60 @@ def test_a_failed_start_raises_with_the_cause(tmp_path: Path) -> None:
     assert time.monotonic() - t0 < 120
 
 
+def test_the_server_process_tokenizers_come_ready_with_the_engine(
+    tiny_checkpoint: Path, monkeypatch
+) -> None:
+    """The server process loads its tokenizer once, and copies one per prompt builder, while
+    the engine process builds the engine: after start nothing loads a tokenizer again, and
+    every builder has a copy of its own that builds the same prompts."""
+    import flashrec.prompt
+
+    loads = []
+    real_load = flashrec.prompt.load_tokenizer
+
+    def counted(path: str):
+        loads.append(path)
+        return real_load(path)
+
+    monkeypatch.setattr(flashrec.prompt, "load_tokenizer", counted)
+    config = real_config(tiny_checkpoint, engine_process="on", tokenizer_workers=3)
+    engine, loop = start_engine_process(config)
+    try:
+        assert loads == [str(tiny_checkpoint)]  # one load; the copies are made from it
+        monkeypatch.setattr(flashrec.prompt, "load_tokenizer", None)  # any later load: fails
+        builders = [engine.prompt_builder() for _ in range(3)]  # 2 workers + the large lane
+        toks = {id(b.args[0]) for b in builders} | {
+            id(engine.tokenizer),
+            id(loop.proc.text.tokenizer),
+        }
+        assert len(toks) == 5  # no two threads share a tokenizer
+        msgs = [{"role": "user", "content": "same prompt"}]
+        want = engine.build_prompt(messages=msgs)
+        assert all(b(messages=msgs) == want for b in builders) and want
+    finally:
+        loop.stop()
+
+
+def test_a_tokenizer_the_server_process_cannot_load_stops_the_engine(
+    tiny_checkpoint: Path, monkeypatch
+) -> None:
+    """The engine process builds (its own tokenizer loads), but the server process's does not:
+    the start fails saying so, and the engine process is not left running."""
+    import multiprocessing as mp
+
+    import flashrec.prompt
+
+    def broken(path: str):
+        raise ValueError("tokenizer.json is truncated")
+
+    monkeypatch.setattr(flashrec.prompt, "load_tokenizer", broken)  # this process only
+    before = {p.pid for p in mp.active_children()}  # e.g. the module's server's engine
+    with pytest.raises(EngineProcessError, match="could not load the tokenizer: tokenizer.json"):
+        start_engine_process(real_config(tiny_checkpoint, engine_process="on"))
+    left = [p for p in mp.active_children() if p.pid not in before]
+    assert not left, left
+
+
 def test_engine_process_knob() -> None:
     from flashrec.config import ServerConfig
 

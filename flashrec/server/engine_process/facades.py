@@ -25,7 +25,9 @@ class RemoteEngine:
         self.vocab_size: int = info.vocab_size
         self.max_beam_rows: int = info.max_beam_rows
         self.pool_tokens: int = info.pool_tokens
-        self.tokenizer = load_tokenizer(self.config.model_path)
+        # loaded while the engine process built the engine (a tokenizer not thread-safe: its
+        # own, not the SID text's)
+        self.tokenizer = proc.take_tokenizer() or load_tokenizer(self.config.model_path)
 
     def sid_text_table(self) -> dict[int, str]:
         """Token id -> text of every SID token (the server process's own table)."""
@@ -37,8 +39,16 @@ class RemoteEngine:
         return build_prompt_ids(self.tokenizer, self.layout, self.vocab_size, **kwargs)
 
     def prompt_builder(self) -> Callable[..., list[int]]:
-        """``build_prompt`` over a private tokenizer copy (see ``Engine.prompt_builder``)."""
-        from flashrec.engine.engine import private_prompt_builder
+        """``build_prompt`` over a private tokenizer copy (see ``Engine.prompt_builder``): one
+        made while the engine was built, else a new one."""
+        import functools
+
+        from flashrec.prompt import build_prompt_ids
+
+        tok = self.proc.take_tokenizer()
+        if tok is not None:
+            return functools.partial(build_prompt_ids, tok, self.layout, self.vocab_size)
+        from flashrec.engine.engine import private_prompt_builder  # imports torch
 
         return private_prompt_builder(
             self.tokenizer, self.config.model_path, self.layout, self.vocab_size

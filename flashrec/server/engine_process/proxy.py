@@ -67,12 +67,24 @@ class EngineProcess:
         self._reader: threading.Thread | None = None
         self.dead: str | None = None  # why the engine process is gone (None while alive)
         self._stopping = False
+        self.tokenizers: list[Any] = []  # [this process's, then copies] (start)
         self.on_death: Callable[[str], None] | None = None
 
     def start(self) -> EngineProcess:
-        """Spawn the child and wait until it built the engine; EngineProcessError otherwise."""
+        """Spawn the child and wait until it built the engine; EngineProcessError otherwise.
+        While the child builds it, this process loads its own tokenizer and the prompt
+        builders' copies (``tokenizers``): seconds that would otherwise follow the build."""
         self.proc.start()
         self._child_conn.close()  # the child holds its end; EOF here once it exits
+        tok_error: Exception | None = None
+        try:
+            self.tokenizers = self._load_tokenizers()
+        except Exception as exc:  # noqa: BLE001 - the engine's own failure, if any, says more
+            tok_error = exc
+        except BaseException:  # Ctrl-C: the engine has served nothing, kill it now
+            self.proc.kill()
+            self.proc.join(timeout=STOP_TIMEOUT_S)
+            raise
         try:
             msg = decode(self._conn.recv())
         except (EOFError, OSError):
@@ -89,19 +101,43 @@ class EngineProcess:
             _log.error("engine process: %s", msg.traceback.rstrip())
             self.proc.join(timeout=STOP_TIMEOUT_S)
             raise EngineProcessError(f"the engine failed to start: {msg.message}")
+        if tok_error is not None:  # the engine came up, but this process cannot build prompts
+            self.proc.kill()
+            self.proc.join(timeout=STOP_TIMEOUT_S)
+            raise EngineProcessError(
+                f"the server process could not load the tokenizer: {tok_error}"
+            ) from tok_error
         self.info = msg
         from flashrec.engine.request import SidText
-        from flashrec.prompt import load_tokenizer
 
-        # the SID text of the beams, over a tokenizer of this process (loaded here, before
-        # the reader thread exists: two threads importing transformers at once can fail)
-        self.text: Callable[[list[int]], str] = SidText(
-            load_tokenizer(self.config.model_path), msg.layout
-        )
+        # the SID text of the beams, over this process's tokenizer (loaded before the reader
+        # thread exists: two threads importing transformers at once can fail)
+        self.text: Callable[[list[int]], str] = SidText(self.tokenizers[0], msg.layout)
         self._reader = threading.Thread(target=self._read, name="flashrec-ipc-read", daemon=True)
         self._reader.start()
         _log.info("engine process %d ready", msg.pid)
         return self
+
+    def _load_tokenizers(self) -> list[Any]:
+        """This process's tokenizer (the beams' SID text), then the copies ``take_tokenizer``
+        hands out: the front end's own, one per prompt-building thread beyond the first and
+        one for the large-prompt lane (``--tokenizer-workers``; see the server's backend)."""
+        import copy
+
+        from flashrec.prompt import load_tokenizer
+
+        tok = load_tokenizer(self.config.model_path)
+        out = [tok]
+        for _ in range(1 + max(1, int(getattr(self.config, "tokenizer_workers", 1)))):
+            try:
+                out.append(copy.deepcopy(tok))
+            except Exception:  # noqa: BLE001 - one that cannot be copied: loaded per builder
+                break
+        return out
+
+    def take_tokenizer(self) -> Any | None:
+        """A preloaded private tokenizer copy (None once they are all taken)."""
+        return self.tokenizers.pop() if len(self.tokenizers) > 1 else None
 
     # ---- requests and calls (any thread) --------------------------------------------------
     def _send(self, msg: Submit | Cancel | Call | Stop) -> None:
