@@ -189,13 +189,20 @@ def engine_settings_table(report: dict) -> Table | None:
                 str(eff.get("piecewise_prefill_max_tokens", "-")),
                 {True: "on", False: "off"}.get(eff.get("overlap_results"), "-"),
                 "on" if "engine_process_pid" in eng else "off",
+                _start(c.get("server") or {}),
             ]
         )
     if not rows:
         return None
     head = ["cell", "device, dtype", "FP8 GEMMs", "KV cache", "attention", "decode graphs"]
     head += ["whole-step graph", "prefill graph tokens", "piecewise prefill tokens"]
-    return head + ["overlapped results", "engine process"], rows
+    return head + ["overlapped results", "engine process", "server start s"], rows
+
+
+def _start(server: dict) -> str:
+    """The cell's server's launch -> healthy seconds ("-": an external or reused server's)."""
+    s = server.get("startup_s")
+    return f"{s:.1f}" if isinstance(s, int | float) else "-"
 
 
 def targets_table(report: dict) -> Table | None:
@@ -261,7 +268,9 @@ ENGINE_SETTINGS_NOTE = (
     "CUDA graphs and their batch sizes, the whole-step decode graph, the largest buckets of "
     "the one-prompt and piecewise prefill graphs (0 = off), whether finished requests' "
     "results were handed back one step later while the GPU ran on (--overlap-results; - = a "
-    "server that does not report it), and whether the engine ran in a process of its own."
+    "server that does not report it), whether the engine ran in a process of its own, and "
+    "how long its server took from launch to answering /health (- for a server the run did "
+    "not launch)."
 )
 TARGETS_NOTE = (
     "Targets are goals: a missed one is reported with the shortfall, the ratio actual / target "

@@ -363,6 +363,8 @@ class _Campaign:
         meta: dict[str, Any] = {"info": server.info}
         if isinstance(server, LaunchedServer):
             meta.update(log=str(server.log_path), command=server.command())
+            if server.startup_s is not None:
+                meta["startup_s"] = round(server.startup_s, 2)
         return meta
 
     def finish(self, res: CellResult, results: dict[str, CellResult]) -> None:

@@ -159,6 +159,7 @@ class LaunchedServer(Server):
         self.log_path = log_path
         self.proc: Any = None
         self.started_at = 0.0
+        self.startup_s: float | None = None  # launch -> first 200 on /health
         self._link: Any = None  # the watchdog pipe's launcher end while the server runs
 
     def command(self) -> list[str]:
@@ -242,6 +243,7 @@ class LaunchedServer(Server):
         except BaseException:
             self.stop()
             raise
+        self.startup_s = time.monotonic() - self.started_at
         self.info = await fetch_info(session, self.base_url)
 
     async def wait_healthy(self, session: aiohttp.ClientSession) -> None:

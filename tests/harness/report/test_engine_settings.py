@@ -47,21 +47,23 @@ CPU = {
 
 
 def test_rows_say_what_each_server_ran_with():
+    gpu = _cell("gpu", GPU)
+    gpu["server"]["startup_s"] = 31.46  # launched by the run
     report = {
         "cells": [
-            _cell("gpu", GPU),
+            gpu,
             _cell("cpu", CPU),
             _cell("sglang", {"version": "x"}),  # another engine: no effective block
             _cell("fake", None),
         ]
     }
     head, rows = engine_settings_table(report)
-    assert head[0] == "cell" and head[-1] == "engine process"
+    assert head[0] == "cell" and head[-2:] == ["engine process", "server start s"]
     assert rows == [
         ["gpu", "cuda, bfloat16", "yes", "float8_e4m3fn", "flashinfer", "4 sizes, 50..200 rows",
-         "on (4 sizes, 50..200 rows)", "2048", "8192", "on", "on"],
+         "on (4 sizes, 50..200 rows)", "2048", "8192", "on", "on", "31.5"],
         ["cpu", "cpu, float32", "no", "float32", "torch", "eager", "on (eager)", "0", "0", "-",
-         "off"],
+         "off", "-"],
     ]  # fmt: skip
     titles = [t for t, _, _ in extra_tables({**report, "targets": {}})]
     assert "Engine settings (from /get_server_info)" in titles

@@ -202,6 +202,8 @@ def test_external_servers_both_protocols_radix_open_loop(tmp_path, fake_url):
     for c in cells.values():
         assert c["status"] == "ok" and c["metrics"]["invalid_rate"]["median"] == 0
         assert c["metrics"]["beams_mean"]["median"] == 4
+        # not launched by the run: no start time, and no other-CPU reading (no known group)
+        assert "startup_s" not in c["server"] and "host_other_cpu_cores" not in c["metrics"]
     # radix: every round starts flushed; warm rounds are primed first, cold ones are not
     firsts = [r for r in records(out) if r["phase"] == "measure" and r["index"] == "0"]
     assert len(firsts) == 4 * 2
@@ -349,3 +351,14 @@ def test_burst_load_through_the_runner(tmp_path, fake_url):
     assert mm["burst_ms_max"]["median"] >= mm["latency_p50_ms"]["median"]
     report = (out / "REPORT.md").read_text()
     assert "Bursts (requests sent together)" in report and "burst makespan mean ms" in report
+
+
+def test_each_cell_records_its_server_start_time(tmp_path, marker):
+    """report.json keeps how long each launched server took from launch to a 200 on /health
+    (the fake answers 503 for its first 1.5 s); an external server has none."""
+    engine = fake_engine("--startup-s", "1.5", "--marker", marker)
+    m = base_matrix(engine, axes={"beam_width": [4, 8]})
+    out = tmp_path / "out"
+    assert run_cli(str(write_matrix(tmp_path, m)), "--out", str(out)) == 0
+    starts = [c["server"]["startup_s"] for c in load(out)["cells"]]
+    assert len(starts) == 2 and all(1.5 <= s < 20 for s in starts), starts
