@@ -14,8 +14,16 @@ import operator
 from typing import Any
 
 from harness.metrics.rounds import DIRECTIONS, QUALITY_PREFIXES, direction
-from harness.spec.cells import Cell, expand_cells, matches
-from harness.spec.matrix import GateSpec, MatrixSpec, SpecError, line_of, load_spec, relocate
+from harness.spec.cells import Cell, expand_cells, matches, param_text
+from harness.spec.matrix import (
+    GateSpec,
+    MatrixSpec,
+    SpecError,
+    line_of,
+    load_spec,
+    relative_overrides,
+    relocate,
+)
 
 OPS = {
     "<": operator.lt,
@@ -68,6 +76,23 @@ def filter_problem(filt: str, cells: list, what: str = "cell") -> str | None:
     return f"cells '{filt}' selects no {what} of the matrix (its cells: {ids})"
 
 
+def relative_problem(relative_to: str, chosen: list, cells: list) -> str | None:
+    """Why a target's ``relative_to`` gives no selected cell a reference cell (None when one
+    has): a parameter no cell has, or no cell with the changed values."""
+    overrides = relative_overrides(relative_to)
+    names = {k for c in cells for k in c.params}
+    if bad := sorted(set(overrides) - names):
+        return f"relative_to {relative_to!r}: no cell has the parameter(s) {', '.join(bad)}"
+    for c in chosen:
+        want = {k: param_text(v) for k, v in c.params.items()} | overrides
+        if want == {k: param_text(v) for k, v in c.params.items()}:
+            continue  # a reference itself
+        for o in cells:
+            if {k: param_text(v) for k, v in o.params.items()} == want:
+                return None
+    return f"relative_to {relative_to!r}: no cell it selects has a cell with those values"
+
+
 def check_references(spec: MatrixSpec, cells: list) -> list[tuple[tuple, str]]:
     """What the matrix's gates and targets name that it does not have, as (field path,
     message): a metric that is no metric, a ``cells`` filter that selects no cell of the
@@ -96,6 +121,9 @@ def check_references(spec: MatrixSpec, cells: list) -> list[tuple[tuple, str]]:
             path, metric = metric, None
         if metric and not is_metric(metric, ks):
             add("metric", unknown(metric, metric_names(ks), "a metric"))
+        if kind == "targets" and item.relative_to and chosen:
+            if why := relative_problem(item.relative_to, chosen, cells):
+                add("relative_to", why)
         if not path:
             continue
         key = "metric" if kind == "targets" else "path"

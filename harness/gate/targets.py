@@ -8,6 +8,10 @@ target, ``factor`` = how many times better the cell must get to meet it (target 
 shortfall (0 when met). For a speed target (``qps``, ``latency_*``) on a cell with an MFU,
 ``mfu_needed`` = the cell's MFU x ``factor``: the model-FLOP utilisation the cell would need to
 meet it with the same FLOPs per request (a derived figure, not a measurement).
+
+With ``relative_to: "key=value,..."`` the actual is a ratio: the cell's median over that of
+the same run's cell with those parameters changed (``value: 0.95`` = at least 95% of it);
+a cell without such a reference, or either side without the metric, has no data.
 """
 
 from __future__ import annotations
@@ -16,8 +20,8 @@ import math
 from typing import Any
 
 from harness.gate.gates import OPS, resolve_path
-from harness.spec.cells import matches
-from harness.spec.matrix import TargetSpec
+from harness.spec.cells import matches, param_text
+from harness.spec.matrix import TargetSpec, relative_overrides
 
 
 def _actual(cell: dict, metric: str) -> float | None:
@@ -69,6 +73,37 @@ def check(target: TargetSpec, actual: float, mfu: float | None = None) -> dict:
     }
 
 
+def reference_cell(cell: dict, overrides: dict[str, str], cells: list[dict]) -> dict | None:
+    """The cell of ``cells`` whose parameters are ``cell``'s with ``overrides`` applied (their
+    text forms compared), or None; ``cell`` itself when the overrides change nothing."""
+    want = {k: param_text(v) for k, v in cell.get("params", {}).items()}
+    want.update(overrides)
+    for other in cells:
+        params = other.get("params", {})
+        if set(params) == set(want) and all(param_text(params[k]) == want[k] for k in want):
+            return other
+    return None
+
+
+def _relative(t: TargetSpec, cell: dict, cells: list[dict]) -> tuple[dict | None, str | None]:
+    """A relative target's check of ``cell`` (None and why, when it has no data)."""
+    overrides = relative_overrides(t.relative_to or "")
+    ref = reference_cell(cell, overrides, cells)
+    if ref is cell:
+        return None, "is its own reference"
+    if ref is None:
+        return None, f"no cell of this run with {t.relative_to}"
+    actual = _actual(cell, t.metric) if cell.get("status") == "ok" else None
+    base = _actual(ref, t.metric) if ref.get("status") == "ok" else None
+    if actual is None or base is None or base == 0:
+        side = "its" if actual is None else f"the reference {ref['id']}'s"
+        return None, f"{side} {t.metric} is missing"
+    out = check(t, actual / base)
+    out.update(cell_actual=actual, reference=ref["id"], reference_actual=base)
+    out["text"] += f"; {actual:.4g} against {base:.4g} in {ref['id']}"
+    return out, None
+
+
 def evaluate_targets(targets: list[TargetSpec], report: dict) -> dict:
     """``{status: met|missed|partial|none, fail_run, results: [{name, metric, status, cells,
     checks, missing}]}``; a target's status is met, missed, partial (met where measured, some
@@ -77,10 +112,21 @@ def evaluate_targets(targets: list[TargetSpec], report: dict) -> dict:
     ``fail_run`` is true when a target with ``fail_run: true`` was missed (or had no data).
     """
     results, fail_run = [], False
+    cells = report.get("cells", [])
     for t in targets:
-        checks, missing = [], []
-        for cell in report.get("cells", []):
+        checks, missing, why = [], [], {}
+        for cell in cells:
             if t.cells and not matches(cell["id"], cell.get("params", {}), t.cells):
+                continue
+            if t.relative_to:
+                got, reason = _relative(t, cell, cells)
+                if reason == "is its own reference":
+                    continue  # the filter also selected a reference: not a cell to judge
+                if got is None:
+                    missing.append(cell["id"])
+                    why[cell["id"]] = reason
+                else:
+                    checks.append({"cell": cell["id"], **got})
                 continue
             actual = _actual(cell, t.metric) if cell.get("status") == "ok" else None
             if actual is None:
@@ -101,10 +147,12 @@ def evaluate_targets(targets: list[TargetSpec], report: dict) -> dict:
                 "op": t.op,
                 "value": t.value,
                 "cells": t.cells,
+                "relative_to": t.relative_to,
                 "fail_run": t.fail_run,
                 "status": status,
                 "checks": checks,
                 "missing": missing,
+                "missing_why": why,
             }
         )
     if not results:

@@ -213,7 +213,8 @@ def targets_table(report: dict) -> Table | None:
         for c in r["checks"]:
             rows.append([r["name"], c["cell"], "met" if c["met"] else "MISSED", c["text"]])
         for cell in r["missing"]:
-            rows.append([r["name"], cell, "no data", "cell failed or metric missing"])
+            why = (r.get("missing_why") or {}).get(cell) or "cell failed or metric missing"
+            rows.append([r["name"], cell, "no data", why])
         if not r["checks"] and not r["missing"]:
             rows.append([r["name"], "-", "no data", "no cell matches"])
     if not rows:

@@ -143,7 +143,8 @@ def plan(spec: MatrixSpec, cells: list[Cell], model: ResolvedModel | None) -> st
             f"{hf.max_kv_gib if hf.max_kv_gib is not None else 'none'}, own process"
         )
     for t in spec.targets:
-        lines.append(f"target: {t.label}" + (f" on {t.cells}" if t.cells else ""))
+        rel = f" (as a ratio to the cell with {t.relative_to})" if t.relative_to else ""
+        lines.append(f"target: {t.label}" + (f" on {t.cells}" if t.cells else "") + rel)
     q = spec.quality
     if q.evaluates:
         src = q.dataset or f"generated ({q.generate.samples} planted samples)"  # type: ignore[union-attr]

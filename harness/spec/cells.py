@@ -175,6 +175,11 @@ def _fmt(value: Scalar) -> str:
     return str(value)
 
 
+def param_text(value: Scalar) -> str:
+    """A parameter value's text form, as cell ids and filters show it (``true``, ``none``)."""
+    return _fmt(value)
+
+
 def matches(cell_id: str, params: dict[str, Scalar], filt: str) -> bool:
     """Whether a cell matches a filter: comma-separated terms, all of which must match.
 

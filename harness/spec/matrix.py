@@ -305,6 +305,17 @@ class MfuSpec(_Base):
         return v
 
 
+def relative_overrides(text: str) -> dict[str, str]:
+    """``relative_to``'s terms: ``{key: value}`` (exact values, no globs); ValueError else."""
+    out: dict[str, str] = {}
+    for term in (t.strip() for t in text.split(",")):
+        key, eq, value = term.partition("=")
+        if not eq or not key.strip() or any(c in term for c in "*?["):
+            raise ValueError(f"relative_to term {term!r}: expected key=value (exact, no globs)")
+        out[key.strip()] = value.strip()
+    return out
+
+
 class TargetSpec(_Base):
     """A goal on a cell metric: reported as met or missed by how much; fails nothing unless
     ``fail_run``."""
@@ -314,7 +325,17 @@ class TargetSpec(_Base):
     op: Literal["<", "<=", ">=", ">"]
     value: float
     cells: str | None = None
+    # "key=value,...": judge each cell's metric as a ratio to the same run's cell with these
+    # parameters changed (e.g. temperature=0.0: sampling against greedy), not as an absolute
+    relative_to: str | None = None
     fail_run: bool = False
+
+    @field_validator("relative_to")
+    @classmethod
+    def _overrides(cls, v: str | None) -> str | None:
+        if v is not None:
+            relative_overrides(v)  # raises on a term that is not key=value
+        return v
 
     @property
     def label(self) -> str:

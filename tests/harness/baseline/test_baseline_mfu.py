@@ -8,7 +8,7 @@ import math
 from pathlib import Path
 
 import pytest
-from bench_helpers import REPO, processes_with, run_cli, write_matrix
+from bench_helpers import REPO, base_matrix, fake_engine, processes_with, run_cli, write_matrix
 
 from harness.gate.gates import load_cells
 from harness.gate.targets import evaluate_targets
@@ -130,6 +130,65 @@ def test_targets_met_and_missed():
     strict = [TargetSpec(metric="qps", op=">=", value=100, cells="beam_width=50", fail_run=True)]
     assert evaluate_targets(strict, rep)["fail_run"] is True
     assert evaluate_targets([], rep)["status"] == "none"
+
+
+def test_relative_targets_judge_a_cell_against_its_same_run_reference():
+    """relative_to: the metric as a ratio to the cell with those parameters changed (#29's
+    "sampling within 5% of greedy, same run"); a cell without a reference has no data, a
+    reference the filter also selects is not judged against itself."""
+    rep = _report(
+        [
+            ("g50", {"beam_width": 50, "temperature": 0.0}, {"qps": 104.65}),
+            ("s50", {"beam_width": 50, "temperature": 0.8}, {"qps": 93.56}),
+            ("g8", {"beam_width": 8, "temperature": 0.0}, {"qps": 200.0}),
+            ("s8", {"beam_width": 8, "temperature": 0.8}, {"qps": 198.0}),
+            ("s4", {"beam_width": 4, "temperature": 0.8}, {"qps": 300.0}),  # no greedy cell
+        ]
+    )
+    t = TargetSpec(
+        name="sampling", metric="qps", op=">=", value=0.95, relative_to="temperature=0.0"
+    )
+    res = evaluate_targets([t], rep)["results"][0]
+    assert res["status"] == "missed"
+    by = {c["cell"]: c for c in res["checks"]}
+    assert set(by) == {"s50", "s8"}  # g50 / g8 are their own references: not judged
+    assert not by["s50"]["met"] and by["s50"]["actual"] == pytest.approx(93.56 / 104.65)
+    assert by["s50"]["reference"] == "g50" and by["s50"]["reference_actual"] == 104.65
+    assert by["s50"]["text"].endswith(
+        "(0.894 vs >= 0.95: 0.941x the target; needs 1.06x); 93.56 against 104.7 in g50"
+    )
+    assert by["s8"]["met"] and by["s8"]["actual"] == pytest.approx(0.99)
+    assert res["missing"] == ["s4"] and "no cell of this run" in res["missing_why"]["s4"]
+    # a failed reference: the cell has no data, saying whose metric is missing
+    rep["cells"][2]["status"] = "failed"
+    res = evaluate_targets([t], rep)["results"][0]
+    assert (
+        "s8" in res["missing"] and "the reference g8's qps is missing" in res["missing_why"]["s8"]
+    )
+    with pytest.raises(ValueError, match="key=value"):
+        TargetSpec(metric="qps", op=">=", value=0.95, relative_to="temperature=0.*")
+
+
+def test_relative_targets_checked_against_the_matrix(tmp_path):
+    """A relative_to naming a parameter no cell has, or values no cell has, is reported when
+    the matrix is checked, before anything runs."""
+
+    def problems(relative_to: str) -> list[str]:
+        m = base_matrix(
+            fake_engine(),
+            axes={"beam_width": [4, 8], "temperature": [0.0, 0.8]},
+            targets=[{"metric": "qps", "op": ">=", "value": 0.9, "cells": "temperature=0.8",
+                      "relative_to": relative_to}],
+        )  # fmt: skip
+        try:
+            load_cells(str(write_matrix(tmp_path, m)))
+        except SpecError as exc:
+            return str(exc)
+        return ""
+
+    assert problems("temperature=0.0") == ""
+    assert "relative_to" in problems("temp=0.0") and "parameter(s) temp" in problems("temp=0.0")
+    assert "no cell it selects has a cell with those values" in problems("temperature=0.5")
 
 
 def test_targets_say_the_mfu_a_missed_speed_target_needs():
