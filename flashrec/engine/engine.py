@@ -51,7 +51,7 @@ class Engine:
         # the layout comes from --sid or the tokenizer, not the catalog; the catalog is read
         # once, under it, as a hot reload reads one (a trailing end code dropped, packed keys
         # in its codebook size, a depth beyond its levels refused)
-        self.layout = resolve_sid_layout(self.tokenizer, config.sid, None)
+        self.layout = resolve_sid_layout(self.tokenizer, config.sid)
         if config.sid_vocab_file:
             version = build_catalog_version(
                 config.sid_vocab_file, self.layout, None, config.resolved_device

@@ -210,25 +210,15 @@ def infer_sid_layout(tokenizer: Any) -> SidLayout:
 
 
 def resolve_sid_layout(
-    tokenizer: Any,
-    sid_arg: str | None,
-    catalog_depth: int | None,
-    log: logging.Logger = _log,
+    tokenizer: Any, sid_arg: str | None, log: logging.Logger = _log
 ) -> SidLayout:
-    """The layout to serve with: ``--sid`` when given, else inferred from the tokenizer.
-
-    Logs one line (``Inferred --sid ...`` or ``Using --sid ...``) and checks that a catalog of
-    depth ``catalog_depth`` fits in the layout's levels.
-    """
+    """The layout to serve with: ``--sid`` when given, else inferred from the tokenizer. Logs
+    one line (``Inferred --sid ...`` or ``Using --sid ...``). A catalog is then read under it,
+    which refuses SIDs with more codes than its levels (``flashrec.sid.catalog``)."""
     if sid_arg:
         layout = parse_sid_arg(sid_arg)
         log.info("Using --sid %s", layout.to_arg())
     else:
         layout = infer_sid_layout(tokenizer)
         log.info("Inferred --sid %s", layout.to_arg())
-    if catalog_depth is not None and not 1 <= catalog_depth <= layout.num_levels:
-        raise SidLayoutError(
-            f"catalog depth {catalog_depth} does not fit the SID layout's "
-            f"{layout.num_levels} levels (--sid {layout.to_arg()})"
-        )
     return layout

@@ -153,7 +153,7 @@ class HFReference:
         self.vocab_size = ModelConfig.from_path(model_path).vocab_size
         # the layout comes from --sid or the tokenizer; the catalog is read once, under it (a
         # trailing end code dropped, packed keys in its codebook size, depth checked)
-        self.layout = resolve_sid_layout(self.tokenizer, sid, None)
+        self.layout = resolve_sid_layout(self.tokenizer, sid)
         catalog = load_catalog(sid_vocab_file, layout=self.layout) if sid_vocab_file else None
         self.depth = catalog.depth if catalog is not None else self.layout.num_levels
         self.prefixes = _prefix_table(catalog.codes) if catalog is not None else None

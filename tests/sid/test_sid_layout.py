@@ -105,19 +105,18 @@ def test_broken_layout_names_token(added: list[str], offender: str) -> None:
     assert offender in str(info.value)
 
 
-def test_resolve_logs_and_checks_depth(caplog: pytest.LogCaptureFixture) -> None:
+def test_resolve_logs_where_the_layout_came_from(caplog: pytest.LogCaptureFixture) -> None:
     tok = make_tokenizer(sid_tokens(3, 4))
     log = logging.getLogger("flashrec.test_sid")
     with caplog.at_level(logging.INFO, logger=log.name):
-        layout = resolve_sid_layout(tok, None, 3, log)
+        layout = resolve_sid_layout(tok, None, log)
+    assert layout.num_levels == 3
     assert [r.getMessage() for r in caplog.records] == [f"Inferred --sid {layout.to_arg()}"]
     caplog.clear()
     with caplog.at_level(logging.INFO, logger=log.name):
-        override = resolve_sid_layout(tok, "4:12/4", 2, log)
+        override = resolve_sid_layout(tok, "4:12/4", log)
     assert override == SidLayout(4, 4, 2, 12, 13)
     assert [r.getMessage() for r in caplog.records] == [f"Using --sid {override.to_arg()}"]
-    with pytest.raises(SidLayoutError, match=r"catalog depth 4 .* 3 levels"):
-        resolve_sid_layout(tok, None, 4, log)
 
 
 def test_layout_bounds() -> None:
