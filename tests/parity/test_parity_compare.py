@@ -267,3 +267,19 @@ def test_precision_args():
         {"dtype": "float32"},
     )
     assert precision_args("fp8")[0]["quantization"] == "fp8"
+
+
+def test_reference_server_flags_offer_what_the_reference_implements():
+    """reference_server's --search / --dtype choices are written out (its parser is built
+    without importing torch); they must be what HFReference accepts."""
+    import argparse
+
+    from harness.servers import hf_reference
+    from harness.servers.reference_server import DTYPES, add_reference_server_args
+
+    parser = argparse.ArgumentParser()
+    add_reference_server_args(parser)
+    choices = {a.dest: tuple(a.choices) for a in parser._actions if a.choices}
+    assert choices["search"] == hf_reference.SEARCHES
+    for dtype in DTYPES:  # every dtype the flag offers is one torch has
+        assert isinstance(getattr(hf_reference.torch, dtype), hf_reference.torch.dtype)
