@@ -25,8 +25,8 @@ class RemoteEngine:
         self.vocab_size: int = info.vocab_size
         self.max_beam_rows: int = info.max_beam_rows
         self.pool_tokens: int = info.pool_tokens
-        # loaded while the engine process built the engine (a tokenizer not thread-safe: its
-        # own, not the SID text's)
+        # a copy made while the engine process built the engine; its own, not the SID text's
+        # (a HF fast tokenizer must not serve two threads at once)
         self.tokenizer = proc.take_tokenizer() or load_tokenizer(self.config.model_path)
 
     def sid_text_table(self) -> dict[int, str]:
