@@ -156,7 +156,9 @@ if [ $# -ge 1 ] && case $STAGES in *" matrix "*) true;; *) false;; esac; then
   # minus the setup: cells that would not finish are not started, and the report is written
   # MATRIX_DIR (default $OUT/matrix): where the report is written. A matrix longer than one call
   # runs into a directory that outlives the call on a warm machine (e.g. /tmp/q) with MAX_WALL_S,
-  # then again with RESUME=1 (--resume: the finished cells are kept); a copy lands in $OUT/matrix
+  # then again with RESUME=1 (--resume: the finished cells are kept); a copy lands in $OUT/matrix.
+  # Nothing else should run beside it (a model being synthesized): cells measured on a busy
+  # host carry a "busy host" note in the report
   mdir=${MATRIX_DIR:-$OUT/matrix}
   MODEL_PATH=$MODEL SID_VOCAB_FILE=$MODEL/catalog.json $bench "$1" --out "$mdir" "${only[@]}" \
     ${MAX_WALL_S:+--max-wall-s "$MAX_WALL_S"} $([ "${RESUME:-0}" = 1 ] && echo --resume) 2>&1 | tail -5
