@@ -22,6 +22,7 @@ from harness.load.client import Record
 from harness.load.sids import SidChecker, load_catalog_sids
 from harness.load.workload import PromptRenderer, PromptSet, build_prompts, load_tokenizer
 from harness.metrics.flops import ceiling_for, mfu_info
+from harness.metrics.host import BUSY_NOTE
 from harness.run.cell import CellContext, CellResult, run_cell, safe_name
 from harness.run.environment import content_hash, measured_stamp
 from harness.run.outdir import set_aside_old_report
@@ -376,6 +377,9 @@ class _Campaign:
         self.one_time_s += once
         if res.status == "failed":
             self.progress.message(f"cell {res.id} failed: {res.error}")
+        for note in res.notes:  # said while the run goes on: the operator can quiet the host
+            if note.startswith(BUSY_NOTE) and not res.resumed:
+                self.progress.message(f"cell {res.id}: {note}")
         self.progress.end_cell(res.status, one_time_s=once)
 
     async def run(self, cells: list[Cell], results: dict[str, CellResult]) -> None:

@@ -149,7 +149,7 @@ def test_real_proc_counts_the_group_with_reaped_children_and_sees_others():
 
 
 @pytest.mark.skipif(not Path("/proc/stat").exists(), reason="Linux /proc accounting")
-def test_a_cell_measured_beside_cpu_burners_says_so(tmp_path, marker):
+def test_a_cell_measured_beside_cpu_burners_says_so(tmp_path, marker, capsys):
     engine = fake_engine("--latency-ms", "60", "--marker", marker)
     m = base_matrix(engine, load={"rounds": 3, "beam_width": 4, "request_timeout_s": 10})
     code = "import time\nt = time.monotonic()\nwhile time.monotonic() - t < 120: pass"
@@ -167,3 +167,5 @@ def test_a_cell_measured_beside_cpu_burners_says_so(tmp_path, marker):
     assert "host_steal_cores" in cell["metrics"]
     assert any(n.startswith("busy host during the measured rounds") for n in cell["notes"])
     assert "host_other_cpu_cores" in (out / "summary.csv").read_text().splitlines()[0]
+    # and said while the run went on, not only in the report
+    assert f"cell {cell['id']}: busy host during the measured rounds" in capsys.readouterr().err
