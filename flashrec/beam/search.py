@@ -37,6 +37,14 @@ def _shr(x: torch.Tensor, s: int) -> torch.Tensor:
     return (x >> s) & ((1 << (64 - s)) - 1)
 
 
+def _on_device(x, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """``x`` (a tensor, or a Python number) as a tensor of ``dtype`` on ``device``; a number by a
+    fill there (``as_tensor`` would copy it from the host and wait for the stream)."""
+    if isinstance(x, torch.Tensor):
+        return x.to(device=device, dtype=dtype)
+    return torch.full((), x, dtype=dtype, device=device)
+
+
 def gumbel_noise(seeds: torch.Tensor, level, parents: torch.Tensor, codes: torch.Tensor):
     """Gumbel(0, 1) noise of each candidate (``parents``, ``codes``: parent row within the
     request and level-local code, ``[B, ...]``) of requests with ``seeds [B]`` (int64) at SID
@@ -44,13 +52,9 @@ def gumbel_noise(seeds: torch.Tensor, level, parents: torch.Tensor, codes: torch
     (seed, level, parent, code), so a candidate's noise never depends on the batch, the
     candidate layout or an RNG state, and a step graph can compute it."""
     shape = (-1,) + (1,) * (codes.dim() - 1)
-    # a tensor either way, so the products below wrap in int64; an int becomes one by a fill on
-    # the device (as_tensor would copy it from the host and wait for the stream)
-    if isinstance(level, torch.Tensor):
-        lv = level.to(device=seeds.device, dtype=torch.long)
-        lv = lv.view(shape) if lv.dim() else lv
-    else:
-        lv = torch.full((), int(level), dtype=torch.long, device=seeds.device)
+    # a tensor either way, so the products below wrap in int64
+    lv = _on_device(level, torch.long, seeds.device)
+    lv = lv.view(shape) if lv.dim() else lv
     x = seeds.view(shape) * _SEED_MUL + (lv + 1) * _LEVEL_MUL
     x = x + parents * 0x100000 + codes + _MIX[0]
     x = (x ^ _shr(x, 30)) * _MIX[1]
@@ -63,10 +67,7 @@ def gumbel_noise(seeds: torch.Tensor, level, parents: torch.Tensor, codes: torch
 def sampling_key(total, temperature, seeds, level, parents, codes):
     """The Gumbel top-k key: ``total / T + noise`` where ``T`` (per request, ``[B]``, or one
     float) is > 0, ``total`` itself where it is 0; -inf stays -inf (never chosen)."""
-    if isinstance(temperature, torch.Tensor):
-        t = temperature.to(device=total.device, dtype=torch.float32).view(-1, 1)
-    else:  # a fill on the device, not a host copy that waits for the stream
-        t = torch.full((1, 1), float(temperature), dtype=torch.float32, device=total.device)
+    t = _on_device(temperature, torch.float32, total.device).view(-1, 1)
     noise = gumbel_noise(seeds, level, parents, codes).reshape(total.shape)
     key = torch.where(t > 0, total / t.clamp_min(1e-6) + noise, total)
     return key.masked_fill(torch.isinf(total), float("-inf"))
