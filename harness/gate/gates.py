@@ -14,7 +14,7 @@ import operator
 from typing import Any
 
 from harness.metrics.rounds import DIRECTIONS, QUALITY_PREFIXES, direction
-from harness.spec.cells import Cell, expand_cells, matches, param_text
+from harness.spec.cells import Cell, expand_cells, matches, reference_index
 from harness.spec.matrix import (
     GateSpec,
     MatrixSpec,
@@ -83,13 +83,11 @@ def relative_problem(relative_to: str, chosen: list, cells: list) -> str | None:
     names = {k for c in cells for k in c.params}
     if bad := sorted(set(overrides) - names):
         return f"relative_to {relative_to!r}: no cell has the parameter(s) {', '.join(bad)}"
+    params = [o.params for o in cells]
     for c in chosen:
-        want = {k: param_text(v) for k, v in c.params.items()} | overrides
-        if want == {k: param_text(v) for k, v in c.params.items()}:
-            continue  # a reference itself
-        for o in cells:
-            if {k: param_text(v) for k, v in o.params.items()} == want:
-                return None
+        i = reference_index(c.params, overrides, params)
+        if i is not None and cells[i] is not c:  # found, and not the cell itself
+            return None
     return f"relative_to {relative_to!r}: no cell it selects has a cell with those values"
 
 

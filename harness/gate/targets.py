@@ -20,7 +20,7 @@ import math
 from typing import Any
 
 from harness.gate.gates import OPS, resolve_path
-from harness.spec.cells import matches, param_text
+from harness.spec.cells import matches, reference_index
 from harness.spec.matrix import TargetSpec, relative_overrides
 
 
@@ -73,22 +73,11 @@ def check(target: TargetSpec, actual: float, mfu: float | None = None) -> dict:
     }
 
 
-def reference_cell(cell: dict, overrides: dict[str, str], cells: list[dict]) -> dict | None:
-    """The cell of ``cells`` whose parameters are ``cell``'s with ``overrides`` applied (their
-    text forms compared), or None; ``cell`` itself when the overrides change nothing."""
-    want = {k: param_text(v) for k, v in cell.get("params", {}).items()}
-    want.update(overrides)
-    for other in cells:
-        params = other.get("params", {})
-        if set(params) == set(want) and all(param_text(params[k]) == want[k] for k in want):
-            return other
-    return None
-
-
 def _relative(t: TargetSpec, cell: dict, cells: list[dict]) -> tuple[dict | None, str | None]:
     """A relative target's check of ``cell`` (None and why, when it has no data)."""
     overrides = relative_overrides(t.relative_to or "")
-    ref = reference_cell(cell, overrides, cells)
+    i = reference_index(cell.get("params", {}), overrides, [c.get("params", {}) for c in cells])
+    ref = cells[i] if i is not None else None
     if ref is cell:
         return None, "is its own reference"
     if ref is None:

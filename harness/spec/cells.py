@@ -175,9 +175,16 @@ def _fmt(value: Scalar) -> str:
     return str(value)
 
 
-def param_text(value: Scalar) -> str:
-    """A parameter value's text form, as cell ids and filters show it (``true``, ``none``)."""
-    return _fmt(value)
+def reference_index(
+    params: dict[str, Scalar], overrides: dict[str, str], others: list[dict[str, Scalar]]
+) -> int | None:
+    """Where in ``others`` (cells' parameters) stand ``params`` with ``overrides`` applied, the
+    values compared in their text form (a target's ``relative_to``); None where nowhere."""
+    want = {k: _fmt(v) for k, v in params.items()} | overrides
+    for i, other in enumerate(others):
+        if {k: _fmt(v) for k, v in other.items()} == want:
+            return i
+    return None
 
 
 def matches(cell_id: str, params: dict[str, Scalar], filt: str) -> bool:
