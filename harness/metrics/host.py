@@ -14,6 +14,12 @@ does not say so invites a false regression. Around each measured round the harne
 and keeps ``host_other_cpu_cores`` = (busy - server - harness) / wall seconds and
 ``host_steal_cores`` as round metrics. Only for a server the harness launched (its process
 group is known) and where ``/proc`` exists; otherwise nothing is recorded, never a zero.
+
+The same reads give the server's own CPU cost: ``server_cpu_ms_per_request`` (its whole
+group) and, for a FlashRec server (its group leader is the server process, not a guard),
+``server_main_cpu_ms_per_request`` and ``server_main_cpu_cores``: the HTTP process's share
+(requests, tokenizers, answers; the engine's host work too where it runs in that process).
+One process runs its Python under one GIL, so a main process near a whole core is the limit.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ class HostSample:
     steal_s: float
     server_s: float  # the server's process group
     harness_s: float
+    main_s: float | None = None  # the group leader's own time (FlashRec's server process)
 
 
 def _tick() -> float:
@@ -99,22 +106,54 @@ def group_cpu(pgid: int, proc: Path = Path("/proc")) -> float | None:
     return ticks / _tick()
 
 
+def process_cpu(pid: int, proc: Path = Path("/proc")) -> float | None:
+    """CPU seconds of process ``pid`` itself (utime + stime; not its reaped children's,
+    which the group total counts); None when it is gone or there is no ``/proc``."""
+    try:
+        text = (proc / str(pid) / "stat").read_text()
+    except OSError:
+        return None
+    f = text.rpartition(")")[2].split()
+    try:
+        return (float(f[11]) + float(f[12])) / _tick()
+    except (IndexError, ValueError):
+        return None
+
+
 def own_cpu() -> float:
     """CPU seconds of this process and its reaped children."""
     t = os.times()
     return t.user + t.system + t.children_user + t.children_system
 
 
-def sample(pgid: int | None, proc: Path = Path("/proc")) -> HostSample | None:
+def sample(pgid: int | None, proc: Path = Path("/proc"), main: bool = False) -> HostSample | None:
     """A :class:`HostSample`, or None where the server's group is unknown or there is no
-    ``/proc`` (another OS)."""
+    ``/proc`` (another OS). ``main``: also the group leader's own time (a server that leads
+    its group itself, as FlashRec does; a guarded command's leader is the guard)."""
     if pgid is None:
         return None
     machine = machine_cpu(proc)
     server = group_cpu(pgid, proc)
     if machine is None or server is None:
         return None
-    return HostSample(time.monotonic(), machine[0], machine[1], server, own_cpu())
+    lead = process_cpu(pgid, proc) if main else None
+    return HostSample(time.monotonic(), machine[0], machine[1], server, own_cpu(), lead)
+
+
+def server_cpu(
+    before: HostSample | None, after: HostSample | None, requests: int
+) -> dict[str, float]:
+    """The round's CPU cost of the server itself: ``server_cpu_ms_per_request`` (its process
+    group) and, where both samples have the leader's time, ``server_main_cpu_ms_per_request``
+    and ``server_main_cpu_cores``; {} without both samples or without requests."""
+    if before is None or after is None or after.t <= before.t or requests <= 0:
+        return {}
+    out = {"server_cpu_ms_per_request": max(0.0, after.server_s - before.server_s) * 1e3 / requests}
+    if before.main_s is not None and after.main_s is not None:
+        main = max(0.0, after.main_s - before.main_s)
+        out["server_main_cpu_ms_per_request"] = main * 1e3 / requests
+        out["server_main_cpu_cores"] = main / (after.t - before.t)
+    return out
 
 
 def other_cpu(before: HostSample | None, after: HostSample | None) -> dict[str, float]:
@@ -136,6 +175,12 @@ def other_cpu(before: HostSample | None, after: HostSample | None) -> dict[str, 
 BUSY_NOTE = "busy host during the measured rounds"
 # the round metrics of other_cpu (host_window_s only weighs the rounds for the note)
 METRICS = ("host_other_cpu_cores", "host_steal_cores")
+# the round metrics of server_cpu
+SERVER_METRICS = (
+    "server_cpu_ms_per_request",
+    "server_main_cpu_ms_per_request",
+    "server_main_cpu_cores",
+)
 
 
 def busy_host_note(rounds: list[dict[str, float]], cores: float = 0.5) -> str | None:

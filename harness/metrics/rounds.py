@@ -59,6 +59,10 @@ DIRECTIONS: dict[str, int] = {
     # other processes' CPU use on the host over the round (harness.metrics.host), informational
     "host_other_cpu_cores": 0,
     "host_steal_cores": 0,
+    # the server's own CPU over the round (harness.metrics.host.server_cpu), informational
+    "server_cpu_ms_per_request": 0,
+    "server_main_cpu_ms_per_request": 0,
+    "server_main_cpu_cores": 0,
     # the quality: section's eval (harness.quality): beams not in the catalog, repeated beams
     "quality_invalid_rate": -1,
     "quality_duplicate_rate": -1,

@@ -6,6 +6,7 @@ them.
 
 from __future__ import annotations
 
+from harness.metrics import host
 from harness.report.render import med_ci, num, ratio
 from harness.report.render_stages import Table
 
@@ -92,6 +93,14 @@ def mfu_table(report: dict) -> Table | None:
     return head, rows
 
 
+# harness.metrics.host.SERVER_METRICS as columns
+CPU_HEADS = {
+    "server_cpu_ms_per_request": "server CPU ms / request (all its processes)",
+    "server_main_cpu_ms_per_request": "server process CPU ms / request",
+    "server_main_cpu_cores": "server process CPU cores",
+}
+
+
 def server_timing_table(report: dict) -> Table | None:
     """Where a request's latency goes, from the server's Server-Timing header (the
     ``respond`` column only where some cell has it)."""
@@ -102,11 +111,13 @@ def server_timing_table(report: dict) -> Table | None:
     ipc = any("server_ipc_ms_mean" in c["metrics"] for c in cells)
     gc = any("server_gc_pause_ms" in c["metrics"] for c in cells)
     other = any("host_other_cpu_cores" in c["metrics"] for c in cells)
+    cpu = [k for k in host.SERVER_METRICS if any(k in c["metrics"] for c in cells)]
     keys = ["latency_mean_ms", "server_tokenize_ms_mean", "server_queue_ms_mean"]
     keys += ["server_engine_ms_mean"] + (["server_ipc_ms_mean"] if ipc else [])
     keys += ["server_respond_ms_mean"] if respond else []
     keys += ["outside_server_ms_mean"] + (["server_gc_pause_ms"] if gc else [])
-    fmt = {"host_other_cpu_cores": ".2f"}
+    fmt = {"host_other_cpu_cores": ".2f", "server_main_cpu_cores": ".2f", "server_cpu_ms_per_request": ".2f", "server_main_cpu_ms_per_request": ".2f"}  # fmt: skip
+    keys += cpu
     keys += ["host_other_cpu_cores"] if other else []
     rows = [
         [c["id"]]
@@ -119,6 +130,7 @@ def server_timing_table(report: dict) -> Table | None:
     head = ["cell", "client latency ms", "tokenize", "queue", "engine"]
     head += (["ipc"] if ipc else []) + (["respond"] if respond else []) + ["outside the server"]
     head += ["server GC pauses ms / round"] if gc else []
+    head += [CPU_HEADS[k] for k in cpu]
     head += ["other processes' CPU cores"] if other else []
     return head, rows
 
@@ -243,7 +255,10 @@ SERVER_TIMING_NOTE = (
     "hand-off to the event loop and JSON encoding). Outside the server = client latency - "
     "their sum: HTTP and event-loop time on both sides (and, for servers without respond, "
     "the answer's encoding). Server GC pauses: the server's garbage-collector time during "
-    "the round (its /metrics before and after), which stops every server thread. Other "
+    "the round (its /metrics before and after), which stops every server thread. Server "
+    "CPU: its process group's CPU time during the round per request sent; the server "
+    "process's own share (a launched FlashRec server: with --engine-process, the HTTP side "
+    "alone), per request and in cores: near one core, that process's GIL is the limit. Other "
     "processes' CPU cores: the host's busy CPU time during the round minus the server's "
     "process group's and the harness's, over the round's wall time (a launched server on "
     "Linux); well above 0, the round shared the host's CPUs with other work."

@@ -166,7 +166,8 @@ async def _load(ctx, cell, target, reqs, rnd: int, phase: str, res: CellResult) 
     and the host's CPU accounting read for other processes' use of it."""
     before = await scrape(ctx.session, ctx.server.base_url) if phase == "measure" else None
     pgid = ctx.server.process_group()
-    host0 = host.sample(pgid) if phase == "measure" else None
+    main = ctx.server.engine.kind == "flashrec"  # the server process leads its own group
+    host0 = host.sample(pgid, main=main) if phase == "measure" else None
     recs = await run_load(
         ctx.session,
         target,
@@ -178,10 +179,14 @@ async def _load(ctx, cell, target, reqs, rnd: int, phase: str, res: CellResult) 
     )
     res.records += recs
     if host0 is not None:
-        used = host.other_cpu(host0, host.sample(pgid))
+        host1 = host.sample(pgid, main=main)
+        used = host.other_cpu(host0, host1)
         if used:
             res.host_rounds.append(used)
             res.server_rounds.setdefault(rnd, {}).update({k: used[k] for k in host.METRICS})
+        own = host.server_cpu(host0, host1, len(recs))
+        if own:
+            res.server_rounds.setdefault(rnd, {}).update(own)
     await _check_server(ctx, recs, _health_timeout(cell))
     if before is not None:
         after = await scrape(ctx.session, ctx.server.base_url)

@@ -65,6 +65,34 @@ def test_group_and_machine_cpu_from_proc_files(tmp_path):
     assert host.sample(100, tmp_path / "missing") is None  # no /proc: nothing, not zero
 
 
+def test_the_leaders_own_time_leaves_its_reaped_children_out(tmp_path):
+    root = _fake_proc(
+        tmp_path,
+        [(100, "server (http)", 100, (300, 100, 50, 50)), (101, "engine", 100, (200, 0, 0, 0))],
+        [1000, 100, 400, 5000, 30, 20, 10, 60],
+    )
+    assert host.process_cpu(100, root) == pytest.approx(400 / TICK)  # utime + stime only
+    assert host.process_cpu(555, root) is None  # gone
+    assert host.sample(100, root, main=True).main_s == pytest.approx(400 / TICK)
+    assert host.sample(100, root).main_s is None  # a guarded command: its leader is the guard
+
+
+def test_server_cpu_per_request_and_the_main_process_cores():
+    a = host.HostSample(t=10.0, busy_s=100.0, steal_s=0.0, server_s=20.0, harness_s=5.0, main_s=8.0)
+    b = host.HostSample(t=12.0, busy_s=105.0, steal_s=0.0, server_s=23.0, harness_s=5.5, main_s=9.5)
+    got = host.server_cpu(a, b, 500)
+    assert got["server_cpu_ms_per_request"] == pytest.approx(6.0)  # 3 s over 500 requests
+    assert got["server_main_cpu_ms_per_request"] == pytest.approx(3.0)
+    assert got["server_main_cpu_cores"] == pytest.approx(0.75)  # 1.5 s over 2 s of wall
+    plain = host.server_cpu(
+        host.HostSample(10.0, 100.0, 0.0, 20.0, 5.0),
+        host.HostSample(12.0, 105.0, 0.0, 23.0, 5.5),
+        3,
+    )
+    assert set(plain) == {"server_cpu_ms_per_request"}  # no leader's time: no main-process share
+    assert host.server_cpu(a, b, 0) == {} and host.server_cpu(a, None, 5) == {}
+
+
 def test_other_cpu_subtracts_the_server_and_the_harness():
     a = host.HostSample(t=10.0, busy_s=100.0, steal_s=1.0, server_s=20.0, harness_s=5.0)
     b = host.HostSample(t=12.0, busy_s=105.0, steal_s=1.5, server_s=22.0, harness_s=5.5)
@@ -128,13 +156,13 @@ def test_real_proc_counts_the_group_with_reaped_children_and_sees_others():
     other = _burner(0.4, child=False, own_group=False)  # not the server's group
     try:
         time.sleep(0.5)  # both started (their imports are not part of the window)
-        before = host.sample(server.pid)
+        before = host.sample(server.pid, main=True)
         for p in (server, other):
             p.stdin.write("go\n")
             p.stdin.flush()
         assert server.stdout.readline().strip() == "done"
         assert other.stdout.readline().strip() == "done"
-        after = host.sample(server.pid)
+        after = host.sample(server.pid, main=True)
     finally:
         for p in (server, other):
             p.kill()
@@ -142,6 +170,8 @@ def test_real_proc_counts_the_group_with_reaped_children_and_sees_others():
     assert before is not None and after is not None
     # the group's 0.6 s, the reaped child's included (ticks of 10 ms: a few lost at the edges)
     assert after.server_s - before.server_s >= 0.5
+    # the leader's own 0.3 s, without its child's
+    assert 0.2 <= after.main_s - before.main_s <= 0.45
     got = host.other_cpu(before, after)
     wall = got["host_window_s"]
     # the other burner's 0.4 s is other work (anything else on the machine only adds to it)
@@ -165,6 +195,9 @@ def test_a_cell_measured_beside_cpu_burners_says_so(tmp_path, marker, capsys):
     other = cell["metrics"]["host_other_cpu_cores"]
     assert len(other["values"]) == 3 and other["median"] >= 0.5, other
     assert "host_steal_cores" in cell["metrics"]
+    # the server's own CPU per request; no main-process share behind a guard (kind command)
+    assert cell["metrics"]["server_cpu_ms_per_request"]["median"] > 0
+    assert "server_main_cpu_cores" not in cell["metrics"]
     assert any(n.startswith("busy host during the measured rounds") for n in cell["notes"])
     assert "host_other_cpu_cores" in (out / "summary.csv").read_text().splitlines()[0]
     # and said while the run went on, not only in the report

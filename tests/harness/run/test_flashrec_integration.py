@@ -78,6 +78,16 @@ def test_smoke_matrix_on_flashrec(tmp_path, tiny_model, marker):
         for r in c["round_metrics"]:
             assert r["server_gc_pause_ms"] >= 0 and r["server_gc_slow_pauses"] >= 0, r
             assert r["server_respond_ms_mean"] >= 0, r
+        # the server's CPU per request: its process's share of its group's; the engine's
+        # forward runs in that process for chat, in a process of its own for gen
+        rounds = c["round_metrics"]
+        total = sum(r["server_cpu_ms_per_request"] for r in rounds)
+        main = sum(r["server_main_cpu_ms_per_request"] for r in rounds)
+        assert total > 0 and all(r["server_main_cpu_cores"] >= 0 for r in rounds)
+        if c["id"].startswith("chat"):
+            assert main >= 0.9 * total, (main, total)
+        else:
+            assert main < 0.9 * total, (main, total)
             # the pipe's own phase only where the engine runs in a process of its own
             assert ("server_ipc_ms_mean" in r) == c["id"].startswith("gen"), r
     assert cells["chat,beam_width=4,concurrency=1"]["metrics"]["cached_frac"]["median"] > 0
