@@ -354,6 +354,8 @@ class Server:
             st.gc.uninstall()
         if self.config.gc_freeze:
             gc.unfreeze()  # an in-process server (tests, embedding) leaves the process as found
+            if st.gc is not None:
+                st.gc.frozen = 0
         _log.info("stopped")
 
 

@@ -28,7 +28,9 @@ SLOW_PAUSE_S = 0.05  # a pause at least this long is logged (once per pause)
 
 def freeze_startup_objects(watch: GcWatch | None = None) -> int:
     """Collect once, then move every surviving object to the permanent generation; returns
-    how many objects are frozen. ``watch`` does not count this deliberate collection."""
+    how many objects are frozen, which ``watch`` keeps for ``/metrics`` (counting them walks
+    them all: tens of milliseconds holding the GIL, not something to do per scrape).
+    ``watch`` does not count this deliberate collection."""
     if watch is not None:
         watch.ignoring = True
     try:
@@ -37,7 +39,10 @@ def freeze_startup_objects(watch: GcWatch | None = None) -> int:
         if watch is not None:
             watch.ignoring = False
     gc.freeze()
-    return gc.get_freeze_count()
+    frozen = gc.get_freeze_count()
+    if watch is not None:
+        watch.frozen = frozen
+    return frozen
 
 
 class GcWatch:
@@ -54,6 +59,7 @@ class GcWatch:
         self._t0 = 0.0
         self._installed = False
         self.ignoring = False  # set around a deliberate collection (the freeze's own)
+        self.frozen = 0  # objects frozen at start-up (freeze_startup_objects)
 
     def install(self) -> GcWatch:
         if not self._installed:
@@ -104,5 +110,5 @@ class GcWatch:
             "pause_s": list(self.pause_s),
             "max_pause_s": self.max_pause_s,
             "slow": self.slow,
-            "frozen": gc.get_freeze_count(),
+            "frozen": self.frozen,
         }

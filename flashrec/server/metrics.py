@@ -295,7 +295,7 @@ def _gc_families(out: list[str], family: Callable[[str, str, str], None], procs:
         (
             "flashrec_gc_frozen_objects",
             "gauge",
-            "Objects in the permanent GC generation (--gc-freeze).",
+            "Objects moved to the permanent GC generation at start-up (--gc-freeze).",
             "frozen",
         ),
     )
