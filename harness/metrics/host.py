@@ -69,10 +69,10 @@ def machine_cpu(proc: Path = Path("/proc")) -> tuple[float, float] | None:
     return (v[0] + v[1] + v[2]) / tick, steal / tick
 
 
-def parse_stat(text: str) -> tuple[int, float] | None:
-    """(process group, utime + stime + cutime + cstime in ticks) of one ``/proc/<pid>/stat``
-    line. The command name (field 2) may hold spaces and parentheses: fields are read after
-    its last ``)``."""
+def _stat(text: str) -> tuple[int, float, float] | None:
+    """(process group, own utime + stime, reaped children's cutime + cstime) in ticks of one
+    ``/proc/<pid>/stat`` line. The command name (field 2) may hold spaces and parentheses:
+    fields are read after its last ``)``."""
     _, sep, rest = text.rpartition(")")
     if not sep:
         return None
@@ -81,43 +81,46 @@ def parse_stat(text: str) -> tuple[int, float] | None:
     if len(f) < 15:
         return None
     try:
-        return int(f[2]), float(f[11]) + float(f[12]) + float(f[13]) + float(f[14])
+        return int(f[2]), float(f[11]) + float(f[12]), float(f[13]) + float(f[14])
     except ValueError:
         return None
+
+
+def parse_stat(text: str) -> tuple[int, float] | None:
+    """(process group, utime + stime + cutime + cstime in ticks) of one ``/proc/<pid>/stat``
+    line."""
+    parsed = _stat(text)
+    return None if parsed is None else (parsed[0], parsed[1] + parsed[2])
+
+
+def _group_and_lead(pgid: int, proc: Path) -> tuple[float, float | None] | None:
+    """CPU seconds of every live process in group ``pgid`` (own and reaped children's), and
+    of its leader alone (own time; None when it is gone), in one pass over ``/proc``; None
+    without ``/proc``."""
+    try:
+        entries = list(proc.iterdir())
+    except OSError:
+        return None
+    ticks, lead = 0.0, None
+    for entry in entries:
+        if not entry.name.isdigit():
+            continue
+        try:
+            parsed = _stat((entry / "stat").read_text())
+        except OSError:  # gone between the listing and the read
+            continue
+        if parsed is not None and parsed[0] == pgid:
+            ticks += parsed[1] + parsed[2]
+            if entry.name == str(pgid):
+                lead = parsed[1] / _tick()
+    return ticks / _tick(), lead
 
 
 def group_cpu(pgid: int, proc: Path = Path("/proc")) -> float | None:
     """CPU seconds of every live process in group ``pgid`` (own and reaped children's);
     None without ``/proc``."""
-    try:
-        entries = list(proc.iterdir())
-    except OSError:
-        return None
-    ticks = 0.0
-    for entry in entries:
-        if not entry.name.isdigit():
-            continue
-        try:
-            parsed = parse_stat((entry / "stat").read_text())
-        except OSError:  # gone between the listing and the read
-            continue
-        if parsed is not None and parsed[0] == pgid:
-            ticks += parsed[1]
-    return ticks / _tick()
-
-
-def process_cpu(pid: int, proc: Path = Path("/proc")) -> float | None:
-    """CPU seconds of process ``pid`` itself (utime + stime; not its reaped children's,
-    which the group total counts); None when it is gone or there is no ``/proc``."""
-    try:
-        text = (proc / str(pid) / "stat").read_text()
-    except OSError:
-        return None
-    f = text.rpartition(")")[2].split()
-    try:
-        return (float(f[11]) + float(f[12])) / _tick()
-    except (IndexError, ValueError):
-        return None
+    both = _group_and_lead(pgid, proc)
+    return None if both is None else both[0]
 
 
 def own_cpu() -> float:
@@ -133,11 +136,13 @@ def sample(pgid: int | None, proc: Path = Path("/proc"), main: bool = False) -> 
     if pgid is None:
         return None
     machine = machine_cpu(proc)
-    server = group_cpu(pgid, proc)
-    if machine is None or server is None:
+    both = _group_and_lead(pgid, proc)
+    if machine is None or both is None:
         return None
-    lead = process_cpu(pgid, proc) if main else None
-    return HostSample(time.monotonic(), machine[0], machine[1], server, own_cpu(), lead)
+    server, lead = both
+    return HostSample(
+        time.monotonic(), machine[0], machine[1], server, own_cpu(), lead if main else None
+    )
 
 
 def server_cpu(

@@ -116,7 +116,7 @@ def server_timing_table(report: dict) -> Table | None:
     keys += ["server_engine_ms_mean"] + (["server_ipc_ms_mean"] if ipc else [])
     keys += ["server_respond_ms_mean"] if respond else []
     keys += ["outside_server_ms_mean"] + (["server_gc_pause_ms"] if gc else [])
-    fmt = {"host_other_cpu_cores": ".2f", "server_main_cpu_cores": ".2f", "server_cpu_ms_per_request": ".2f", "server_main_cpu_ms_per_request": ".2f"}  # fmt: skip
+    fmt = {"host_other_cpu_cores": ".2f", **dict.fromkeys(host.SERVER_METRICS, ".2f")}
     keys += cpu
     keys += ["host_other_cpu_cores"] if other else []
     rows = [
