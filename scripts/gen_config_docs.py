@@ -110,7 +110,8 @@ ZH = {
     "respond_workers": "并行构建宽回答（至少 64 个 beam、非流式）JSON 正文的进程数，不占事件循环；0 = 在事件循环上构建",
     "tokenizer_workers": "并行构建 prompt（chat template + 分词）的线程数，每个线程持有自己的 tokenizer 副本；1 = 单线程使用引擎自身的 tokenizer",
     "gil_switch_interval_ms": "服务进程的 sys.setswitchinterval（毫秒）：引擎线程等待 GIL 时，HTTP / 分词线程最多可持有 GIL 的时长（Python 默认 5）",
-    "engine_process": "引擎（调度器、模型、profiler）运行在独立进程中，使 HTTP、分词和响应文本永远不占用它的 GIL：on、off 或 auto（使用 CUDA 时开启）",
+    "engine_process": "引擎（调度器、模型、profiler）运行在独立进程中，使 HTTP、分词和响应文本永远不占用它的 GIL：on、off 或 auto（使用 CUDA 或 --api-server-count > 1 时开启）",
+    "api_server_count": "共享同一端口的 HTTP 前端进程数（SO_REUSEPORT 把新连接分给它们），每个有自己的事件循环、GIL 和分词器，全部接到同一个引擎进程：用于短 prompt、高请求率下单个进程的 GIL 成为瓶颈的场景",
     "event_loop": "server 的事件循环：asyncio（标准库）、uvloop（HTTP 与线程交接的 host 时间更少；pip install 'flashrec[fast]'），或 auto（已安装时用 uvloop）",
 }
 

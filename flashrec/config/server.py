@@ -59,8 +59,15 @@ class ServerConfig(EngineConfig):
     engine_process: str = opt(
         "auto",
         "run the engine (scheduler, model, profiler) in a process of its own, so that HTTP, "
-        "tokenization and response text never hold its GIL: on, off, or auto (on with CUDA)",
+        "tokenization and response text never hold its GIL: on, off, or auto (on with CUDA or "
+        "with --api-server-count > 1)",
         ("auto", "on", "off"),
+    )
+    api_server_count: int = opt(
+        1,
+        "HTTP front-end processes sharing the port (SO_REUSEPORT spreads connections over them), "
+        "each with its own event loop, GIL and tokenizers, all feeding the one engine process: "
+        "for short prompts at high request rates, where one process's GIL is the limit",
     )
     event_loop: str = opt(
         "asyncio",
@@ -85,6 +92,13 @@ class ServerConfig(EngineConfig):
 
         for name in ("engine_process", "event_loop"):
             check_choice(self, name)
+        if not 1 <= self.api_server_count <= 64:
+            raise ValueError(f"--api-server-count must be in 1..64, got {self.api_server_count}")
+        if self.api_server_count > 1 and self.engine_process == "off":
+            raise ValueError(
+                "--api-server-count > 1 feeds one engine process from several front ends: it "
+                "cannot be combined with --engine-process off"
+            )
         if self.event_loop == "uvloop" and not uvloop_installed():
             raise ValueError(
                 "--event-loop uvloop: uvloop is not installed (pip install 'flashrec[fast]'), "
@@ -100,8 +114,9 @@ class ServerConfig(EngineConfig):
 
     @property
     def resolved_engine_process(self) -> bool:
-        """Whether the engine runs in a process of its own (``--engine-process``)."""
+        """Whether the engine runs in a process of its own (``--engine-process``; auto: with
+        CUDA, or with several front ends)."""
         if self.engine_process == "auto":
-            return self.resolved_device == "cuda"
+            return self.resolved_device == "cuda" or self.api_server_count > 1
         return self.engine_process == "on"
 

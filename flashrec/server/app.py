@@ -44,6 +44,7 @@ from flashrec.profiler import ProfileController
 from flashrec.server import handlers
 from flashrec.server.backend import Backend
 from flashrec.server.errors import APIError
+from flashrec.server.frontends import ASK_TIMEOUT_S, FrontendGroup, Member, Snapshot
 from flashrec.server.gcwatch import GcWatch, freeze_startup_objects
 from flashrec.server.handlers import STATE, ServerState
 from flashrec.server.metrics import ServerMetrics
@@ -182,15 +183,16 @@ class Site:
         await self.runner.cleanup()
 
 
-def _listen(host: str, port: int) -> socket.socket:
+def _listen(host: str, port: int, reuse_port: bool = False) -> socket.socket:
     family, _, _, _, addr = socket.getaddrinfo(
         host.strip("[]"), port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
     )[0]
-    return socket.create_server(addr, family=family)
+    return socket.create_server(addr, family=family, reuse_port=reuse_port)
 
 
-async def start_site(app: web.Application, host: str, port: int) -> Site:
-    """Bind ``app`` the way production does."""
+async def start_site(app: web.Application, host: str, port: int, reuse_port: bool = False) -> Site:
+    """Bind ``app`` the way production does (``reuse_port``: with SO_REUSEPORT, so that
+    several front-end processes listen on one port)."""
     runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=5.0)
     await runner.setup()
     cfg = app[STATE].config
@@ -210,7 +212,7 @@ async def start_site(app: web.Application, host: str, port: int) -> Site:
         )
 
     try:
-        site = Site(runner, _listen(host, port), connection)
+        site = Site(runner, _listen(host, port, reuse_port), connection)
         site.start()
     except BaseException:
         await runner.cleanup()
@@ -218,10 +220,13 @@ async def start_site(app: web.Application, host: str, port: int) -> Site:
     return site
 
 
-async def start_engine(st: ServerState, warmup: bool) -> None:
-    """Start the engine loop, run its warm-up (``loop.warmup()``), then mark the server ready."""
+async def start_engine(st: ServerState, warmup: bool, group: FrontendGroup | None = None) -> None:
+    """Start the engine loop and the other front ends (``group``), run the warm-up
+    (``loop.warmup()``), then mark the server (every front end) ready."""
     be = st.backend
     await asyncio.to_thread(be.loop.start)
+    if group is not None:
+        await asyncio.to_thread(group.start)
     if warmup:
         t0 = time.perf_counter()
         await asyncio.to_thread(be.loop.warmup)
@@ -234,7 +239,16 @@ async def start_engine(st: ServerState, warmup: bool) -> None:
         frozen = freeze_startup_objects(st.gc)
         _log.info("gc: %d start-up objects frozen in %.2f s", frozen, time.perf_counter() - t0)
     be.ready = True
+    if group is not None:
+        group.set_ready()
     _log.info("ready")
+
+
+async def start_member(st: ServerState, member: Member) -> None:
+    """A spawned front end: wait for front end 0's word that the engine is warm."""
+    await asyncio.to_thread(member.ready.wait)
+    if not member.gone:
+        st.backend.ready = True
 
 
 async def drain(st: ServerState, timeout_s: float) -> bool:
@@ -255,11 +269,24 @@ class Server:
     ``run`` owns an event loop; ``request_stop`` may be called from any thread (or a signal).
     """
 
-    def __init__(self, engine: Any, loop: Any, config: ServerConfig) -> None:
+    def __init__(
+        self,
+        engine: Any,
+        loop: Any,
+        config: ServerConfig,
+        member: Member | None = None,
+        port: int | None = None,
+    ) -> None:
         self.config = config
         self.loop = loop
         self.app = create_app(engine, loop, config)
         self.state: ServerState = self.app[STATE]
+        # a spawned front end (``member``) binds the port front end 0 bound
+        self.member = member
+        self.group: FrontendGroup | None = None  # front end 0 of several: the others
+        self.bind_port = config.port if port is None else port
+        if member is not None:
+            self.state.frontend_index = member.index
         self.port: int | None = None
         self.bound = threading.Event()
         self._aloop: asyncio.AbstractEventLoop | None = None
@@ -270,11 +297,46 @@ class Server:
             proc.on_death = self._engine_died
 
     def _engine_died(self, why: str) -> None:
-        """The engine process exited under us: not healthy any more; stop, exit code 1."""
+        """The engine process (or another front end) exited under us: not healthy any more;
+        stop, exit code 1."""
         self.state.backend.ready = False
         self.exit_code = 1
         _log.error("%s: the server shuts down", why)
         self.request_stop()
+
+    def _member_stop(self, orphaned: bool) -> None:
+        """Front end 0 says stop (a drain), or is gone (``orphaned``: exit code 1)."""
+        if orphaned:
+            self._engine_died("front end 0 is gone")
+        else:
+            self.request_stop()
+
+    def _snapshot(self) -> Snapshot:
+        """This front end's ``/metrics`` part, taken on its event loop from any thread."""
+
+        async def take() -> Snapshot:
+            return handlers.snapshot(self.state)
+
+        assert self._aloop is not None
+        return asyncio.run_coroutine_threadsafe(take(), self._aloop).result(ASK_TIMEOUT_S)
+
+    def _join_frontends(self) -> None:
+        """Start the other front ends (front end 0 of several) or tell front end 0 this one
+        listens (a spawned front end)."""
+        st = self.state
+        if self.member is not None:
+            self.member.local = self._snapshot
+            self.member.on_stop = self._member_stop
+            st.frontends = self.member
+            self.member.bound()
+            return
+        spare = getattr(getattr(self.loop, "proc", None), "frontend_conns", None)
+        if self.config.api_server_count > 1 and spare:
+            self.group = FrontendGroup(
+                self.config, self.loop.proc, self.port, self._snapshot, frontend_main
+            )
+            self.group.on_death = self._engine_died
+            st.frontends = self.group
 
     @property
     def url(self) -> str:
@@ -298,24 +360,37 @@ class Server:
                 "this address can send requests. Keep it on 127.0.0.1 or behind a trusted proxy.",
                 cfg.host,
             )
+        if self.member is not None:  # a spawned front end: set up whole before it listens
+            st.gc = GcWatch().install()
+            if cfg.gc_freeze:
+                frozen = freeze_startup_objects(st.gc)
+                _log.info("gc: %d start-up objects frozen", frozen)
         try:
-            site = await start_site(self.app, cfg.host, cfg.port)
+            site = await start_site(
+                self.app, cfg.host, self.bind_port, reuse_port=cfg.api_server_count > 1
+            )
         except OSError as exc:
-            _log.error("cannot listen on %s:%s: %s", cfg.host, cfg.port, exc)
+            _log.error("cannot listen on %s:%s: %s", cfg.host, self.bind_port, exc)
             self.state.backend.close()
             return 1
         self.port = site.port
-        print(URL_LINE.format(host=_url_host(cfg.host), port=self.port), flush=True)
+        if self.member is None:
+            print(URL_LINE.format(host=_url_host(cfg.host), port=self.port), flush=True)
+        self._join_frontends()
         self.bound.set()
         if install_signals:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
                     self._aloop.add_signal_handler(sig, self._stop.set)
-        st.gc = GcWatch().install()
+        if st.gc is None:
+            st.gc = GcWatch().install()
         add_hook = getattr(self.loop, "add_step_hook", None)
         if add_hook is not None:
             add_hook(st.gc.report_slow)  # logged on the engine thread, outside any collection
-        starting = asyncio.ensure_future(start_engine(st, cfg.warmup))
+        if self.member is not None:
+            starting = asyncio.ensure_future(start_member(st, self.member))
+        else:
+            starting = asyncio.ensure_future(start_engine(st, cfg.warmup, self.group))
         stopping = asyncio.ensure_future(self._stop.wait())
         await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
         code = 0
@@ -337,6 +412,8 @@ class Server:
         _log.info("shutting down: draining for up to %.1f s", self.config.shutdown_timeout_s)
         # not closed here: a kept-alive client may be sending on it; it gets 503 and a close
         be.draining = True
+        if self.group is not None:  # the other front ends drain at the same time
+            self.group.request_stop()
         if not await drain(st, self.config.shutdown_timeout_s):
             held = list(st.held)
             _log.warning("shutdown timeout: %d request(s) did not finish; cancelling", len(held))
@@ -346,7 +423,11 @@ class Server:
             deadline = time.monotonic() + 2.0
             while be.active_handlers and time.monotonic() < deadline:
                 await asyncio.sleep(0.01)
-        await asyncio.to_thread(st.profiler.shutdown)
+        if self.group is not None:  # their requests need the engine until they are done
+            grace = self.config.shutdown_timeout_s + CLOSE_GRACE_S + 10.0
+            await asyncio.to_thread(self.group.join, grace)
+        if self.member is None:
+            await asyncio.to_thread(st.profiler.shutdown)
         await site.cleanup()
         await asyncio.to_thread(self.loop.stop)
         be.close()
@@ -359,10 +440,11 @@ class Server:
         _log.info("stopped")
 
 
-def serve(engine: Any, loop: Any, config: ServerConfig) -> int:
+def serve(engine: Any, loop: Any, config: ServerConfig, **frontend: Any) -> int:
     """Serve ``engine`` through ``loop`` on this (main) thread until SIGTERM / SIGINT, on the
-    event loop ``--event-loop`` names."""
-    server = Server(engine, loop, config)
+    event loop ``--event-loop`` names (``frontend``: a spawned front end's ``member`` and
+    ``port``, see ``Server``)."""
+    server = Server(engine, loop, config, **frontend)
     kind = config.resolved_event_loop
     _log.info("event loop: %s", kind)
     if kind == "uvloop":
@@ -394,6 +476,28 @@ def run_server(config: ServerConfig) -> int:
     engine = Engine(config)
     loop = EngineLoop(engine)
     return serve(engine, loop, config)
+
+
+def frontend_main(
+    index: int, conn: Any, ctl: Any, config: ServerConfig, info: Any, port: int, log_level: int
+) -> None:
+    """Entry point of front end ``index`` of ``--api-server-count`` (a ``multiprocessing``
+    spawn target, see ``frontends``): serve ``port`` over the engine pipe ``conn`` until front
+    end 0 (control pipe ``ctl``) or a signal says stop; exits with the server's code."""
+    logging.basicConfig(
+        level=log_level,
+        stream=sys.stderr,
+        format=f"%(asctime)s %(levelname)s %(name)s[frontend-{index}]: %(message)s",
+    )
+    from flashrec.server.engine_process import EngineClient, RemoteEngine, RemoteLoop
+
+    sys.setswitchinterval(config.gil_switch_interval_ms / 1000.0)
+    member = Member(index, ctl).start()
+    client = EngineClient(config, conn)
+    client.load_tokenizers()
+    client.connect(info)
+    loop = RemoteLoop(client, config)
+    sys.exit(serve(RemoteEngine(client), loop, config, member=member, port=port))
 
 
 def add_serve_args(parser: argparse.ArgumentParser) -> None:

@@ -9,9 +9,11 @@ cancellation withdraws the request from the engine.
 from __future__ import annotations
 
 import asyncio
+import copy
 import dataclasses
 import json
 import logging
+import os
 import platform
 import time
 import uuid
@@ -29,6 +31,7 @@ from flashrec.profiler import ProfileController, ProfileError
 from flashrec.server import protocol, responses, wire
 from flashrec.server.backend import Backend
 from flashrec.server.errors import NOT_FOUND, APIError, bad_request, busy, error_body
+from flashrec.server.frontends import Snapshot
 from flashrec.server.gcwatch import GcWatch
 from flashrec.server.metrics import ServerMetrics
 
@@ -48,6 +51,10 @@ class ServerState:
     model_name: str
     started: float = dataclasses.field(default_factory=time.time)
     gc: GcWatch | None = None  # installed by ``Server.run``
+    # several front-end processes (--api-server-count): this one's index, and the handle that
+    # gathers the others' snapshots (``frontends.FrontendGroup`` / ``frontends.Member``)
+    frontend_index: int = 0
+    frontends: Any = None
     # generation handlers running now; past the drain deadline they are cancelled and answer 503
     held: set[asyncio.Task] = dataclasses.field(default_factory=set)
     closing: bool = False  # the drain deadline has passed
@@ -358,6 +365,12 @@ async def server_info(request: web.Request) -> web.Response:
             "aiohttp": aiohttp.__version__,
         },
         "ready": st.backend.healthy,
+        # the HTTP front-end process that answered (--api-server-count)
+        "frontend": {
+            "index": st.frontend_index,
+            "count": st.config.api_server_count,
+            "pid": os.getpid(),
+        },
         # the loop this server actually runs on (an embedded server runs on its caller's)
         "event_loop": type(asyncio.get_running_loop()).__module__.split(".")[0],
     }
@@ -368,6 +381,19 @@ def _torch_version() -> str:
     import torch
 
     return torch.__version__
+
+
+def snapshot(st: ServerState) -> Snapshot:
+    """This front end's part of ``/metrics`` (on the event loop: its counters are copied)."""
+    be = st.backend
+    return Snapshot(
+        frontend=st.frontend_index,
+        metrics=copy.deepcopy(st.metrics),
+        gc=st.gc.metrics() if st.gc is not None else None,
+        inflight=len(be.inflight),
+        ready=be.healthy,
+        draining=be.draining,
+    )
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -384,16 +410,23 @@ async def metrics(request: web.Request) -> web.Response:
 
     try:
         stats, profiler_state, engine_gc = await asyncio.to_thread(engine_side)
+        others = await asyncio.to_thread(st.frontends.others) if st.frontends else []
     except Exception as exc:  # noqa: BLE001 - the engine process is gone: say so, not 500 text
         raise busy(f"the engine does not answer: {exc}") from None
+    snaps = sorted([snapshot(st), *others], key=lambda s: s.frontend)
     extra = {
-        "flashrec_ready": int(be.healthy),
-        "flashrec_draining": int(be.draining),
-        "flashrec_http_inflight_requests": len(be.inflight),
+        "flashrec_ready": int(all(s.ready for s in snaps)),
+        "flashrec_draining": int(any(s.draining for s in snaps)),
+        "flashrec_http_inflight_requests": sum(s.inflight for s in snaps),
         "flashrec_profiler_active": int(profiler_state == "active"),
     }
-    text = st.metrics.render(
-        stats, extra, st.gc.metrics() if st.gc is not None else None, engine_gc=engine_gc
+    served = ServerMetrics.merged(s.metrics for s in snaps) if others else st.metrics
+    text = served.render(
+        stats,
+        extra,
+        next((s.gc for s in snaps if s.frontend == 0), None),
+        engine_gc=engine_gc,
+        frontends=[(s.frontend, s.metrics.served(), s.gc) for s in snaps] if others else (),
     )
     return web.Response(
         text=text,

@@ -2,13 +2,15 @@
 
 Two sources feed ``/metrics``: counters and histograms the HTTP layer keeps itself
 (:class:`ServerMetrics`, updated only on the event-loop thread) and a snapshot of
-``EngineLoop.stats()`` taken at scrape time (gauges and engine-side counters).
+``EngineLoop.stats()`` taken at scrape time (gauges and engine-side counters). With several
+front-end processes (``--api-server-count``) the HTTP layer's counters are every front end's
+summed (``ServerMetrics.merged``), whichever front end answers the scrape.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -148,6 +150,14 @@ class Histogram:
         if not self.counts:
             self.counts = [0] * len(self.buckets)
 
+    def add(self, other: Histogram) -> None:
+        """Add ``other``'s observations (same buckets)."""
+        if other.buckets != self.buckets:
+            raise ValueError("histograms of different buckets cannot be added")
+        self.counts = [a + b for a, b in zip(self.counts, other.counts)]
+        self.total += other.total
+        self.count += other.count
+
     def observe(self, value: float) -> None:
         """Add one observation."""
         for i, b in enumerate(self.buckets):
@@ -195,16 +205,40 @@ class ServerMetrics:
         """End-to-end latency of one successful request."""
         self.latency.setdefault(endpoint, Histogram()).observe(seconds)
 
+    def served(self) -> int:
+        """Generation requests finished, whatever their outcome."""
+        return sum(self.requests.values())
+
+    @classmethod
+    def merged(cls, parts: Iterable[ServerMetrics]) -> ServerMetrics:
+        """The sum of several front ends' counters and histograms."""
+        out = cls()
+        for m in parts:
+            for key, n in m.requests.items():
+                out.requests[key] = out.requests.get(key, 0) + n
+            for status, n in m.errors.items():
+                out.errors[status] = out.errors.get(status, 0) + n
+            for ep, hist in m.latency.items():
+                out.latency.setdefault(ep, Histogram(buckets=hist.buckets)).add(hist)
+            out.completion_tokens += m.completion_tokens
+            out.cached_tokens += m.cached_tokens
+        return out
+
     def render(
         self,
         stats: Mapping[str, float],
         extra: Mapping[str, float],
         gc: Mapping[str, Any] | None = None,
         engine_gc: Mapping[str, Any] | None = None,
+        frontends: Sequence[tuple[int, int, Mapping[str, Any] | None]] = (),
     ) -> str:
         """The full exposition text: engine ``stats``, ``extra`` gauges, own counters and the
-        garbage collector's pauses (``GcWatch.metrics()``): this process's unlabelled, an
-        engine process's (``--engine-process``) labelled ``process="engine"``."""
+        garbage collector's pauses (``GcWatch.metrics()``): the server process's unlabelled,
+        an engine process's (``--engine-process``) labelled ``process="engine"``. With several
+        front ends, ``frontends`` holds every front end's ``(index, requests served, GC
+        metrics)``: each front end's requests are counted apart, and the GC samples of front
+        ends other than the server process (index 0, whose are ``gc``) are labelled
+        ``process="frontend-<index>"``."""
         out: list[str] = []
 
         def family(name: str, kind: str, help: str) -> None:
@@ -254,7 +288,17 @@ class ServerMetrics:
         )
         for ep, hist in sorted(self.latency.items()):
             out.extend(hist.lines("flashrec_request_latency_seconds", {"endpoint": ep}))
+        if frontends:
+            family(
+                "flashrec_frontend_requests_total",
+                "counter",
+                "Generation requests finished by each HTTP front-end process (--api-server-count).",
+            )
+            for index, n, _ in sorted(frontends, key=lambda f: f[0]):
+                label = _labels({"frontend": str(index)})
+                out.append(f"flashrec_frontend_requests_total{label} {n}")
         procs = [(lab, g) for lab, g in (({}, gc), ({"process": "engine"}, engine_gc)) if g]
+        procs += [({"process": f"frontend-{i}"}, g) for i, _, g in frontends if g and i != 0]
         if procs:
             _gc_families(out, family, procs)
         return "\n".join(out) + "\n"

@@ -11,8 +11,10 @@ does not say so invites a false regression. Around each measured round the harne
   own + reaped children's time, so a child that exits mid-round is still counted);
 - the harness's own (``os.times``, itself and its reaped children),
 
-and keeps ``host_other_cpu_cores`` = (busy - server - harness) / wall seconds and
-``host_steal_cores`` as round metrics. Only for a server the harness launched (its process
+and keeps ``host_other_cpu_cores`` = (busy - server - harness) / wall seconds,
+``host_steal_cores`` and ``harness_cpu_cores`` (the load generator's own use: one asyncio
+process, so near a whole core the client, not the server, may set the pace) as round
+metrics. Only for a server the harness launched (its process
 group is known) and where ``/proc`` exists; otherwise nothing is recorded, never a zero.
 
 The same reads give the server's own CPU cost: ``server_cpu_ms_per_request`` (its whole
@@ -162,8 +164,9 @@ def server_cpu(
 
 
 def other_cpu(before: HostSample | None, after: HostSample | None) -> dict[str, float]:
-    """The round's ``host_other_cpu_cores`` / ``host_steal_cores`` ({} without both samples).
-    Clamped at 0: ticks are counted per CPU and per process at slightly different instants."""
+    """The round's ``host_other_cpu_cores`` / ``host_steal_cores`` / ``harness_cpu_cores`` ({}
+    without both samples). Clamped at 0: ticks are counted per CPU and per process at slightly
+    different instants."""
     if before is None or after is None or after.t <= before.t:
         return {}
     wall = after.t - before.t
@@ -172,6 +175,7 @@ def other_cpu(before: HostSample | None, after: HostSample | None) -> dict[str, 
     return {
         "host_other_cpu_cores": max(0.0, busy - ours) / wall,
         "host_steal_cores": max(0.0, after.steal_s - before.steal_s) / wall,
+        "harness_cpu_cores": max(0.0, after.harness_s - before.harness_s) / wall,
         "host_window_s": wall,
     }
 
@@ -179,7 +183,7 @@ def other_cpu(before: HostSample | None, after: HostSample | None) -> dict[str, 
 # how a busy-host note begins (harness.gate.compare reads it on either side of two runs)
 BUSY_NOTE = "busy host during the measured rounds"
 # the round metrics of other_cpu (host_window_s only weighs the rounds for the note)
-METRICS = ("host_other_cpu_cores", "host_steal_cores")
+METRICS = ("host_other_cpu_cores", "host_steal_cores", "harness_cpu_cores")
 # the round metrics of server_cpu
 SERVER_METRICS = (
     "server_cpu_ms_per_request",

@@ -59,6 +59,7 @@ DIRECTIONS: dict[str, int] = {
     # other processes' CPU use on the host over the round (harness.metrics.host), informational
     "host_other_cpu_cores": 0,
     "host_steal_cores": 0,
+    "harness_cpu_cores": 0,  # the load generator's own CPU (near 1: the client sets the pace)
     # the server's own CPU over the round (harness.metrics.host.server_cpu), informational
     "server_cpu_ms_per_request": 0,
     "server_main_cpu_ms_per_request": 0,

@@ -111,14 +111,16 @@ def server_timing_table(report: dict) -> Table | None:
     ipc = any("server_ipc_ms_mean" in c["metrics"] for c in cells)
     gc = any("server_gc_pause_ms" in c["metrics"] for c in cells)
     other = any("host_other_cpu_cores" in c["metrics"] for c in cells)
+    client = any("harness_cpu_cores" in c["metrics"] for c in cells)
     cpu = [k for k in host.SERVER_METRICS if any(k in c["metrics"] for c in cells)]
     keys = ["latency_mean_ms", "server_tokenize_ms_mean", "server_queue_ms_mean"]
     keys += ["server_engine_ms_mean"] + (["server_ipc_ms_mean"] if ipc else [])
     keys += ["server_respond_ms_mean"] if respond else []
     keys += ["outside_server_ms_mean"] + (["server_gc_pause_ms"] if gc else [])
-    fmt = {"host_other_cpu_cores": ".2f", **dict.fromkeys(host.SERVER_METRICS, ".2f")}
+    fmt = dict.fromkeys(("host_other_cpu_cores", "harness_cpu_cores", *host.SERVER_METRICS), ".2f")
     keys += cpu
     keys += ["host_other_cpu_cores"] if other else []
+    keys += ["harness_cpu_cores"] if client else []
     rows = [
         [c["id"]]
         + [
@@ -132,6 +134,7 @@ def server_timing_table(report: dict) -> Table | None:
     head += ["server GC pauses ms / round"] if gc else []
     head += [CPU_HEADS[k] for k in cpu]
     head += ["other processes' CPU cores"] if other else []
+    head += ["load generator CPU cores"] if client else []
     return head, rows
 
 

@@ -109,6 +109,17 @@ def start(procs: list[Proc], argv: list[str], env: dict[str, str] | None = None)
     return p
 
 
+def wait_inflight(url: str, n: int, timeout: float = 10.0) -> bool:
+    """Poll ``/metrics`` until ``n`` generation requests are in flight; whether they were."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        text = requests.get(url + "/metrics", timeout=30).text
+        if re.search(rf"^flashrec_http_inflight_requests {n}$", text, re.M):
+            return True
+        time.sleep(0.02)
+    return False
+
+
 FAKE_ARGS = ["--model-path", "/models/fake", "--host", "127.0.0.1", "--port", "0"]
 FAKE_ARGS += ["--device", "cpu", "--batch-slots", "64", "--no-warmup"]
 
@@ -156,12 +167,7 @@ def test_sigterm_drains_in_flight_and_exits_0(procs: list[Proc], tiny_checkpoint
     threads = [threading.Thread(target=call) for _ in range(4)]
     for t in threads:
         t.start()
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        text = requests.get(p.url + "/metrics", timeout=5).text
-        if re.search(r"^flashrec_http_inflight_requests 4$", text, re.M):
-            break
-        time.sleep(0.02)
+    wait_inflight(p.url, 4)
     p.p.send_signal(signal.SIGTERM)
     time.sleep(0.1)
     late = requests.post(p.url + "/v1/chat/completions", json=body, timeout=10)
@@ -238,12 +244,7 @@ def test_sigterm_past_the_deadline_answers_every_request(procs: list[Proc]) -> N
     held = [threading.Thread(target=call, args=(None,)) for _ in range(6)]
     for t in held:
         t.start()
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        text = requests.get(p.url + "/metrics", timeout=5).text
-        if re.search(r"^flashrec_http_inflight_requests 6$", text, re.M):
-            break
-        time.sleep(0.02)
+    wait_inflight(p.url, 6)
     sessions = [requests.Session() for _ in range(12)]
     for s in sessions:  # a kept-alive connection each
         assert s.get(p.url + "/health", timeout=5).status_code == 200

@@ -32,9 +32,10 @@ from flashrec.server.engine_process.facades import (
     start_engine_process,
 )
 from flashrec.server.engine_process.messages import result_from_wire, result_to_wire
-from flashrec.server.engine_process.proxy import EngineProcess, EngineProcessError
+from flashrec.server.engine_process.proxy import EngineClient, EngineProcess, EngineProcessError
 
 __all__ = [
+    "EngineClient",
     "EngineProcess",
     "EngineProcessError",
     "RemoteEngine",

@@ -1,9 +1,12 @@
-"""The engine process: builds the engine, then serves the pipe until told to stop.
+"""The engine process: builds the engine, then serves its pipes until told to stop.
 
-Three kinds of thread answer the server process: the reader (the main thread) takes
-messages and submits requests, a sender pickles and writes every outgoing message (so the
-engine thread never does), and each blocking ``Call`` (warm-up, stats, profiling) runs on a
-thread of its own.
+One pipe per HTTP front-end process (``--api-server-count``); the first is the server
+process's, which alone is sent ``Ready`` and sends ``Stop``. Three kinds of thread answer
+them: a reader per pipe (the first is the main thread) takes messages and submits requests,
+one sender pickles and writes every outgoing message to the pipe its request or call came
+from (so the engine thread never does), and each blocking ``Call`` (warm-up, stats,
+profiling) runs on a thread of its own. A front end whose pipe closes has its requests
+withdrawn; the engine serves on for the others.
 """
 
 from __future__ import annotations
@@ -43,9 +46,11 @@ _log = logging.getLogger("flashrec.server")
 STOP_TIMEOUT_S = 60.0  # the sender's last writes; the server process's wait for an exit
 
 
-def child_main(conn: Any, config: Any, log_level: int) -> None:
+def child_main(conns: list[Any], config: Any, log_level: int) -> None:
     """Entry point of the engine process (``multiprocessing`` spawn target): sends ``Ready``
-    once the engine is built (or ``Failed`` and returns), then serves."""
+    on the first pipe once the engine is built (or ``Failed`` and returns), then serves
+    every pipe."""
+    conn = conns[0]
     logging.basicConfig(
         level=log_level,
         stream=sys.stderr,
@@ -90,7 +95,7 @@ def child_main(conn: Any, config: Any, log_level: int) -> None:
         return
     loop.start()
     conn.send(encode(ready))
-    _Child(conn, loop, profiler, gcw).serve()
+    _Child(conns, loop, profiler, gcw).serve()
 
 
 def _exit_with_parent(grace_s: float = 2.0) -> None:
@@ -118,60 +123,87 @@ class _Done(NamedTuple):
 
 
 class _Child:
-    """The engine process's side of the pipe: a reader (this thread), a sender thread (so the
-    engine thread never pickles or writes) and one thread per blocking call."""
+    """The engine process's side of the pipes: a reader per pipe (the first on this thread),
+    a sender thread (so the engine thread never pickles or writes) and one thread per
+    blocking call. Every outgoing item is queued as ``(pipe index, message)``."""
 
-    def __init__(self, conn, loop, profiler, gcw) -> None:
-        self.conn, self.loop, self.profiler, self.gcw = conn, loop, profiler, gcw
+    def __init__(self, conns, loop, profiler, gcw) -> None:
+        self.conns, self.loop, self.profiler, self.gcw = list(conns), loop, profiler, gcw
         self.out: queue.SimpleQueue = queue.SimpleQueue()
         self.sender = threading.Thread(target=self._send_all, name="flashrec-ipc-send")
+        self._lock = threading.Lock()
+        self._live: list[set[str]] = [set() for _ in self.conns]  # each pipe's open requests
 
     def serve(self) -> None:
         self.sender.start()
+        for i in range(1, len(self.conns)):
+            threading.Thread(
+                target=self._read, args=(i,), name=f"flashrec-ipc-read-{i}", daemon=True
+            ).start()
         try:
-            while True:
-                try:
-                    msg = decode(self.conn.recv())
-                except (EOFError, OSError):  # the server process is gone
-                    _log.warning("the server process closed the pipe; the engine stops")
-                    break
-                if type(msg) is Stop:
-                    break
-                self._handle(msg)
+            self._read(0)
         finally:
             self.loop.stop()
             self.out.put(None)
             self.sender.join(timeout=STOP_TIMEOUT_S)
 
-    def _handle(self, msg: Submit | Cancel | Call) -> None:
+    def _read(self, i: int) -> None:
+        """Serve pipe ``i`` until it closes (or, for the server process's, until ``Stop``)."""
+        conn = self.conns[i]
+        while True:
+            try:
+                msg = decode(conn.recv())
+            except (EOFError, OSError):
+                if i == 0:
+                    _log.warning("the server process closed the pipe; the engine stops")
+                    return
+                break
+            if type(msg) is Stop:
+                if i == 0:
+                    return
+                break
+            self._handle(i, msg)
+        conn.close()  # a front end that left: its reader ends, its sends are dropped
+        with self._lock:  # and its requests free their rows
+            gone, self._live[i] = self._live[i], set()
+        for rid in gone:
+            self.loop.cancel(rid)
+        if gone:
+            _log.warning("front end %d closed its pipe; %d request(s) withdrawn", i, len(gone))
+
+    def _handle(self, i: int, msg: Submit | Cancel | Call) -> None:
         kind = type(msg)
         if kind is Submit:
             req = msg.req
+            with self._lock:
+                self._live[i].add(req.rid)
             try:
                 fut = self.loop.submit(req)
             except BaseException as exc:  # noqa: BLE001
-                self.out.put(RequestError.of(req.rid, exc))
+                with self._lock:
+                    self._live[i].discard(req.rid)
+                self.out.put((i, RequestError.of(req.rid, exc)))
                 return
-            fut.add_done_callback(functools.partial(self._finished, req.rid))
+            fut.add_done_callback(functools.partial(self._finished, i, req.rid))
         elif kind is Cancel:
             self.loop.cancel(msg.rid)
         elif kind is Call:
             threading.Thread(
-                target=self._call, args=(msg,), name=f"flashrec-call-{msg.name}"
+                target=self._call, args=(i, msg), name=f"flashrec-call-{msg.name}"
             ).start()
         else:
-            _log.error("unknown message %r from the server process", kind.__name__)
+            _log.error("unknown message %r from front end %d", kind.__name__, i)
 
-    def _finished(self, rid: str, fut: Future) -> None:
+    def _finished(self, i: int, rid: str, fut: Future) -> None:
         """On the engine thread: hand the future to the sender, nothing more."""
-        self.out.put(_Done(rid, fut))
+        self.out.put((i, _Done(rid, fut)))
 
-    def _call(self, call: Call) -> None:
+    def _call(self, i: int, call: Call) -> None:
         try:
             value = self._calls()[call.name](*call.args)
-            self.out.put(Reply(call.call_id, value))
+            self.out.put((i, Reply(call.call_id, value)))
         except BaseException as exc:  # noqa: BLE001
-            self.out.put(CallError.of(call.call_id, exc))
+            self.out.put((i, CallError.of(call.call_id, exc)))
 
     def _calls(self) -> dict[str, Callable[..., Any]]:
         lp, prof = self.loop, self.profiler
@@ -201,16 +233,20 @@ class _Child:
 
     def _send_all(self) -> None:
         while True:
-            item = self.out.get()
-            if item is None:
+            queued = self.out.get()
+            if queued is None:
                 return
+            i, item = queued
             if type(item) is _Done:
+                with self._lock:
+                    self._live[i].discard(item.rid)
                 exc = item.fut.exception()
                 if exc is None:
                     item = result_to_wire(item.fut.result())
                 else:
                     item = RequestError.of(item.rid, exc)
             try:
-                self.conn.send(encode(item))
-            except (OSError, ValueError, EOFError):  # the server process is gone
-                return
+                self.conns[i].send(encode(item))
+            except (OSError, ValueError, EOFError):  # that front end is gone
+                if i == 0:
+                    return

@@ -49,7 +49,8 @@ class Call(NamedTuple):
 
 
 class Stop(NamedTuple):
-    """Stop the engine loop and exit (sent after the server process drained)."""
+    """From the server process: stop the engine loop and exit (sent once it drained); from
+    another front end (``--api-server-count``): it leaves, the engine serves on."""
 
 
 # ---- engine process -> server process ------------------------------------------------------

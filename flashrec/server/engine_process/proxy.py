@@ -1,6 +1,7 @@
-"""The server process's handle on the engine process: spawns it, sends requests and calls,
-and resolves their futures from a reader thread. If the process dies, every waiting future
-fails and ``on_death`` is told why."""
+"""A front end's handle on the engine process: ``EngineClient`` sends requests and calls over
+one pipe and resolves their futures from a reader thread; ``EngineProcess`` (the server
+process's) also spawns the engine process and holds the other front ends' pipes. If the
+engine process dies, every waiting future fails and ``on_death`` is told why."""
 
 from __future__ import annotations
 
@@ -40,85 +41,27 @@ class EngineProcessError(RuntimeError):
     """The engine process failed to start, or exited."""
 
 
-class EngineProcess:
-    """Owns the engine process and the pipe; resolves request futures and call replies."""
+class EngineClient:
+    """One front end's end of a pipe to the engine process: sends requests and calls, and
+    resolves their futures and replies from a reader thread (``connect``). If the pipe
+    closes, every waiting future fails and ``on_death`` is told why."""
 
-    def __init__(self, config: Any) -> None:
+    def __init__(self, config: Any, conn: Any) -> None:
         self.config = config
         self.info: Ready | None = None  # what the engine process reported at start-up
-        self._ctx = mp.get_context("spawn")  # CUDA cannot be used in a forked child
-        self._conn, child_conn = self._ctx.Pipe(duplex=True)
-        self._child_conn = child_conn
-        self.proc = self._ctx.Process(
-            target=child_main,
-            args=(child_conn, config, logging.getLogger().getEffectiveLevel()),
-            name="flashrec-engine",
-            daemon=True,
-        )
+        self._conn = conn
         self._send_lock = threading.Lock()
         self._lock = threading.Lock()
-        # one thread at a time waits for the process (the reader when the pipe closes, stop()):
-        # of two concurrent waitpid calls the loser gets no exit status and, for a moment, sees
-        # a dead process as alive (stop() then warned and killed an already reaped pid)
-        self._reap_lock = threading.Lock()
         self._futures: dict[str, Future] = {}
         self._calls: dict[int, Future] = {}
         self._ids = itertools.count()
         self._reader: threading.Thread | None = None
         self.dead: str | None = None  # why the engine process is gone (None while alive)
         self._stopping = False
-        self.tokenizers: list[Any] = []  # [this process's, then copies] (start)
+        self.tokenizers: list[Any] = []  # [this process's, then copies] (load_tokenizers)
         self.on_death: Callable[[str], None] | None = None
 
-    def start(self) -> EngineProcess:
-        """Spawn the child and wait until it built the engine; EngineProcessError otherwise.
-        While the child builds it, this process loads its own tokenizer and the prompt
-        builders' copies (``tokenizers``): seconds that would otherwise follow the build."""
-        self.proc.start()
-        self._child_conn.close()  # the child holds its end; EOF here once it exits
-        tok_error: Exception | None = None
-        try:
-            self.tokenizers = self._load_tokenizers()
-        except Exception as exc:  # noqa: BLE001 - the engine's own failure, if any, says more
-            tok_error = exc
-        except BaseException:  # Ctrl-C: the engine has served nothing, kill it now
-            self.proc.kill()
-            self.proc.join(timeout=STOP_TIMEOUT_S)
-            raise
-        try:
-            msg = decode(self._conn.recv())
-        except (EOFError, OSError):
-            self.proc.join(timeout=STOP_TIMEOUT_S)
-            raise EngineProcessError(
-                f"the engine process exited while building the engine "
-                f"(exit code {self.proc.exitcode}); its log is above"
-            ) from None
-        except BaseException:  # Ctrl-C while it builds: it has served nothing, kill it now
-            self.proc.kill()
-            self.proc.join(timeout=STOP_TIMEOUT_S)
-            raise
-        if type(msg) is Failed:
-            _log.error("engine process: %s", msg.traceback.rstrip())
-            self.proc.join(timeout=STOP_TIMEOUT_S)
-            raise EngineProcessError(f"the engine failed to start: {msg.message}")
-        if tok_error is not None:  # the engine came up, but this process cannot build prompts
-            self.proc.kill()
-            self.proc.join(timeout=STOP_TIMEOUT_S)
-            raise EngineProcessError(
-                f"the server process could not load the tokenizer: {tok_error}"
-            ) from tok_error
-        self.info = msg
-        from flashrec.engine.request import SidText
-
-        # the SID text of the beams, over this process's tokenizer (loaded before the reader
-        # thread exists: two threads importing transformers at once can fail)
-        self.text: Callable[[list[int]], str] = SidText(self.tokenizers[0], msg.layout)
-        self._reader = threading.Thread(target=self._read, name="flashrec-ipc-read", daemon=True)
-        self._reader.start()
-        _log.info("engine process %d ready", msg.pid)
-        return self
-
-    def _load_tokenizers(self) -> list[Any]:
+    def load_tokenizers(self) -> None:
         """This process's tokenizer (the beams' SID text), then the copies ``take_tokenizer``
         hands out: the front end's own, one per prompt-building thread beyond the first and
         one for the large-prompt lane (``--tokenizer-workers``; see the server's backend)."""
@@ -133,11 +76,23 @@ class EngineProcess:
                 out.append(copy.deepcopy(tok))
             except Exception:  # noqa: BLE001 - one that cannot be copied: loaded per builder
                 break
-        return out
+        self.tokenizers = out
 
     def take_tokenizer(self) -> Any | None:
         """A preloaded private tokenizer copy (None once they are all taken)."""
         return self.tokenizers.pop() if len(self.tokenizers) > 1 else None
+
+    def connect(self, info: Ready) -> EngineClient:
+        """Serve the pipe to an engine that reported ``info`` (after ``load_tokenizers``)."""
+        from flashrec.engine.request import SidText
+
+        self.info = info
+        # the SID text of the beams, over this process's tokenizer (loaded before the reader
+        # thread exists: two threads importing transformers at once can fail)
+        self.text: Callable[[list[int]], str] = SidText(self.tokenizers[0], info.layout)
+        self._reader = threading.Thread(target=self._read, name="flashrec-ipc-read", daemon=True)
+        self._reader.start()
+        return self
 
     # ---- requests and calls (any thread) --------------------------------------------------
     def _send(self, msg: Submit | Cancel | Call | Stop) -> None:
@@ -214,8 +169,7 @@ class EngineProcess:
                         cfut.set_result(msg.value)
                     else:
                         cfut.set_exception(msg.exception())
-        self._wait(5.0)
-        why = f"the engine process exited (exit code {self.proc.exitcode})"
+        why = self._why_gone()
         self.dead = why
         if not self._stopping:
             _log.error("%s; every waiting request fails", why)
@@ -232,6 +186,101 @@ class EngineProcess:
     def _pop(self, rid: str) -> Future | None:
         with self._lock:
             return self._futures.pop(rid, None)
+
+    def _why_gone(self) -> str:
+        return "the engine process closed this front end's pipe (it exited)"
+
+    def stop(self) -> None:
+        """Leave the engine process (``Stop`` on this pipe; it closes its end, which ends the
+        reader): it withdraws what it still runs for this front end and serves the others."""
+        self._stopping = True
+        try:
+            self._send(Stop())
+        except EngineProcessError:
+            pass
+        if self._reader is not None:
+            self._reader.join(timeout=5.0)
+        self._conn.close()
+
+
+class EngineProcess(EngineClient):
+    """Owns the engine process and the server process's pipe to it; with
+    ``--api-server-count`` N also the other N - 1 front ends' pipes (``frontend_conns``),
+    each handed to its front-end process when that is spawned."""
+
+    def __init__(self, config: Any) -> None:
+        self._ctx = mp.get_context("spawn")  # CUDA cannot be used in a forked child
+        pipes = [self._ctx.Pipe(duplex=True) for _ in range(int(config.api_server_count))]
+        super().__init__(config, pipes[0][0])
+        self.frontend_conns = [ours for ours, _ in pipes[1:]]
+        self._child_conns = [theirs for _, theirs in pipes]
+        self.proc = self._ctx.Process(
+            target=child_main,
+            args=(self._child_conns, config, logging.getLogger().getEffectiveLevel()),
+            name="flashrec-engine",
+            daemon=True,
+        )
+        # one thread at a time waits for the process (the reader when the pipe closes, stop()):
+        # of two concurrent waitpid calls the loser gets no exit status and, for a moment, sees
+        # a dead process as alive (stop() then warned and killed an already reaped pid)
+        self._reap_lock = threading.Lock()
+
+    def start(self) -> EngineProcess:
+        """Spawn the child and wait until it built the engine; EngineProcessError otherwise.
+        While the child builds it, this process loads its own tokenizer and the prompt
+        builders' copies (``tokenizers``): seconds that would otherwise follow the build."""
+        self.proc.start()
+        for c in self._child_conns:  # the child holds its ends; EOF here once it exits
+            c.close()
+        tok_error: Exception | None = None
+        try:
+            self.load_tokenizers()
+        except Exception as exc:  # noqa: BLE001 - the engine's own failure, if any, says more
+            tok_error = exc
+        except BaseException:  # Ctrl-C: the engine has served nothing, kill it now
+            self._kill()
+            raise
+        try:
+            msg = decode(self._conn.recv())
+        except (EOFError, OSError):
+            self.proc.join(timeout=STOP_TIMEOUT_S)
+            self.close_frontend_conns()
+            raise EngineProcessError(
+                f"the engine process exited while building the engine "
+                f"(exit code {self.proc.exitcode}); its log is above"
+            ) from None
+        except BaseException:  # Ctrl-C while it builds: it has served nothing, kill it now
+            self._kill()
+            raise
+        if type(msg) is Failed:
+            _log.error("engine process: %s", msg.traceback.rstrip())
+            self.proc.join(timeout=STOP_TIMEOUT_S)
+            self.close_frontend_conns()
+            raise EngineProcessError(f"the engine failed to start: {msg.message}")
+        if tok_error is not None:  # the engine came up, but this process cannot build prompts
+            self._kill()
+            raise EngineProcessError(
+                f"the server process could not load the tokenizer: {tok_error}"
+            ) from tok_error
+        self.connect(msg)
+        _log.info("engine process %d ready", msg.pid)
+        return self
+
+    def _kill(self) -> None:
+        self.proc.kill()
+        self.proc.join(timeout=STOP_TIMEOUT_S)
+        self.close_frontend_conns()
+
+    def close_frontend_conns(self) -> None:
+        """Close this process's ends of the other front ends' pipes: once handed to their
+        processes, or when those will not run (the engine's readers of them then end)."""
+        for c in self.frontend_conns:
+            c.close()
+        self.frontend_conns = []
+
+    def _why_gone(self) -> str:
+        self._wait(5.0)
+        return f"the engine process exited (exit code {self.proc.exitcode})"
 
     def _wait(self, timeout: float) -> bool:
         """Wait up to ``timeout`` s for the process to exit (one waiting thread at a time, see
@@ -257,3 +306,4 @@ class EngineProcess:
         if self._reader is not None:
             self._reader.join(timeout=5.0)
         self._conn.close()
+        self.close_frontend_conns()

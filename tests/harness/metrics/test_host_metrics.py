@@ -100,6 +100,7 @@ def test_other_cpu_subtracts_the_server_and_the_harness():
     # 5 s busy in 2 s; 2.5 s of it ours -> 1.25 cores of other work
     assert got["host_other_cpu_cores"] == pytest.approx(1.25)
     assert got["host_steal_cores"] == pytest.approx(0.25)
+    assert got["harness_cpu_cores"] == pytest.approx(0.25)  # 0.5 s of the harness in 2 s
     assert got["host_window_s"] == pytest.approx(2.0)
     assert host.other_cpu(a, None) == {} and host.other_cpu(None, b) == {}
     c = host.HostSample(t=12.0, busy_s=101.0, steal_s=1.0, server_s=22.0, harness_s=5.5)
@@ -195,6 +196,8 @@ def test_a_cell_measured_beside_cpu_burners_says_so(tmp_path, marker, capsys):
     other = cell["metrics"]["host_other_cpu_cores"]
     assert len(other["values"]) == 3 and other["median"] >= 0.5, other
     assert "host_steal_cores" in cell["metrics"]
+    # the load generator measured itself: some CPU, never more than its one event loop can use
+    assert 0 < cell["metrics"]["harness_cpu_cores"]["median"] < 1.5
     # the server's own CPU per request; no main-process share behind a guard (kind command)
     assert cell["metrics"]["server_cpu_ms_per_request"]["median"] > 0
     assert "server_main_cpu_cores" not in cell["metrics"]
