@@ -196,8 +196,9 @@ def test_a_cell_measured_beside_cpu_burners_says_so(tmp_path, marker, capsys):
     other = cell["metrics"]["host_other_cpu_cores"]
     assert len(other["values"]) == 3 and other["median"] >= 0.5, other
     assert "host_steal_cores" in cell["metrics"]
-    # the load generator measured itself: some CPU, never more than its one event loop can use
-    assert 0 < cell["metrics"]["harness_cpu_cores"]["median"] < 1.5
+    # the load generator measured itself, never more than its one event loop can use (its
+    # os.times ticks are 10 ms: a short round can read 0; the figure is unit-tested exactly)
+    assert 0 <= cell["metrics"]["harness_cpu_cores"]["median"] < 1.5
     # the server's own CPU per request; no main-process share behind a guard (kind command)
     assert cell["metrics"]["server_cpu_ms_per_request"]["median"] > 0
     assert "server_main_cpu_cores" not in cell["metrics"]
