@@ -27,16 +27,28 @@ def host_to_device(arrays: list, device, dtype=np.int64) -> list[torch.Tensor]:
     for n in sizes:
         starts.append(total)
         total += -(-n // step) * step
-    host_np = np.zeros(total, dtype=dtype)
-    for a, start, n in zip(arrays, starts, sizes):
-        host_np[start : start + n] = a
-    host = torch.from_numpy(host_np)
     dev = torch.device(device)
     if dev.type == "cuda":
-        buf = host.pin_memory().to(dev, non_blocking=True)
+        # filled in place in page-locked memory (no pageable staging array and no second
+        # host copy); the caching host allocator reuses the block only after the copy ran
+        host = torch.empty(total, dtype=_TORCH_DTYPES[np.dtype(dtype)], pin_memory=True)
+        host_np = host.numpy()
     else:
-        buf = host
+        host_np = np.empty(total, dtype=dtype)
+        host = torch.from_numpy(host_np)
+    ends = starts[1:] + [total]
+    for a, start, n, end in zip(arrays, starts, sizes, ends):
+        host_np[start : start + n] = a
+        host_np[start + n : end] = 0  # the alignment padding: never read, but never garbage
+    buf = host.to(dev, non_blocking=True) if dev.type == "cuda" else host
     return [buf[start : start + n] for start, n in zip(starts, sizes)]
+
+
+_TORCH_DTYPES = {
+    np.dtype(np.int64): torch.int64,
+    np.dtype(np.int32): torch.int32,
+    np.dtype(np.float32): torch.float32,
+}
 
 
 def make_prefill_meta(seqs, device, ids=None) -> PrefillMeta:

@@ -20,8 +20,8 @@ padded to its bucket: padding tokens sit after the real ones, write their K/V in
 slots reserved for the prefill graphs, and are never attended to or read back.
 
 Per layer this is one graph replay and one attention call instead of ~10 launches. The price:
-three copies per layer (q/k/v into the static buffer, the residual, the attention output) and
-the padding, a few percent of GPU time on large batches, so the largest bucket is a knob:
+copies per layer (q/k/v into the static buffer, the residual, and the attention output where
+the backend cannot write it into its buffer; FlashInfer's kernel does) and the padding, a few percent of GPU time on large batches, so the largest bucket is a knob:
 large batches are GPU-bound and lose more to the copies than they gain, hence the default
 of 8,192 (docs/configuration.md).
 
@@ -157,11 +157,13 @@ class PiecewisePrefill(PaddedInputs):
         # carry the stored FP8 k/v; attention reads the real batch's meta
         meta.kv_rounded = bool(self.metas[t].kv_rounded)
         ctx = self.runner.ctx
+        attn = self.attn[:n]
         for i, layer in enumerate(self.layers):
             o = layer.self_attn.attend(
-                self.q[:n], self.k[:n], self.v[:n], self.stored[i], meta, ctx
+                self.q[:n], self.k[:n], self.v[:n], self.stored[i], meta, ctx, out=attn
             )
-            self.attn[:n].copy_(o)
+            if o.data_ptr() != attn.data_ptr():  # a backend that returned its own tensor
+                attn.copy_(o)
             if graphs is None:
                 out = self._piece(t, i + 1)
             else:

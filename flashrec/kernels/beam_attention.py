@@ -360,8 +360,8 @@ def beam_decode_attention_triton(
     R, hq, d = q.shape
     hkv = k_pool.shape[1]
     assert d == next_pow2(d), "head_dim must be a power of two"
-    if out is None:
-        out = torch.empty_like(q)
+    if out is None:  # contiguous whatever q's strides (q may be a view into the QKV row)
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     if ctrl is None:
         ctrl = torch.tensor([1, work.shape[0]], dtype=torch.int32, device=q.device)
         splits = 1

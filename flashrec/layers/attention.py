@@ -91,11 +91,15 @@ class AttentionBackend:
             self.kv.dk[layer_id][meta.out_loc] = k.to(self.kv.dtype)
             self.kv.dv[layer_id][meta.out_loc] = v.to(self.kv.dtype)
 
-    def forward(self, q, k, v, layer_id: int, meta, skip_store: bool = False) -> torch.Tensor:
+    def forward(
+        self, q, k, v, layer_id: int, meta, skip_store: bool = False, out=None
+    ) -> torch.Tensor:
+        """``out`` ([T, Hq*D], prefill only): where the output may go; a backend that can
+        write it there does and returns ``out``, the others return a tensor of their own."""
         if not skip_store:
             self.store(k, v, layer_id, meta)
         if meta.mode == "prefill":
-            return self.prefill(q, k, v, layer_id, meta)
+            return self.prefill(q, k, v, layer_id, meta, out=out)
         return self.decode(q, layer_id, meta)
 
     needs_packed = False  # whether decode reads ``DecodeMeta.packed``
@@ -106,7 +110,7 @@ class AttentionBackend:
         (``_sdpa``), so a contiguous copy before it would be a copy for nothing."""
         return meta.mode == "prefill"
 
-    def prefill(self, q, k, v, layer_id, meta: PrefillMeta):
+    def prefill(self, q, k, v, layer_id, meta: PrefillMeta, out=None):
         """Causal attention of each prompt's new tokens over its cached prefix + itself, no
         padding. Sequences without a cached prefix and of equal length go through one batched
         SDPA call; others one call each. SDPA takes head-major views of the token rows and

@@ -149,9 +149,11 @@ class FlashInferAttention(TritonAttention):
         self._planned = meta
 
     def takes_strided_q(self, meta) -> bool:
-        return meta.mode == "prefill"  # the ragged kernel takes per-token / per-head strides
+        # prefill: the ragged kernel takes per-token / per-head strides; decode: the beam
+        # kernel of the base class
+        return True
 
-    def prefill(self, q, k, v, layer_id, meta: PrefillMeta):
+    def prefill(self, q, k, v, layer_id, meta: PrefillMeta, out=None):
         self._plan(meta, q.dtype)
         kp, vp = self.kv.k[layer_id], self.kv.v[layer_id]
         if self._gather is not None:
@@ -163,5 +165,7 @@ class FlashInferAttention(TritonAttention):
         # row-strided views (q/k/v slices of the fused QKV output) go in as they are: the
         # kernel takes per-token and per-head strides (tests/gpu checks strided inputs)
         q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
-        out = self._ring.current.run(q, k, v)
-        return out.view(q.shape[0], self.hq * self.d)
+        # ``out``: the kernel writes there (the piecewise graphs' static buffer: no copy)
+        dst = None if out is None else out.view(q.shape[0], self.hq, self.d)
+        o = self._ring.current.run(q, k, v, out=dst)
+        return o.view(q.shape[0], self.hq * self.d)

@@ -21,6 +21,12 @@ class TritonAttention(AttentionBackend):
     _partials = None
     _sms = None
 
+    def takes_strided_q(self, meta) -> bool:
+        """Decode too: the beam kernel reads q through its row and head strides, so q stays
+        the view into the QKV output (a contiguous copy would be a kernel and a graph node per
+        layer); prefill as the base class."""
+        return meta.mode == "decode" or super().takes_strided_q(meta)
+
     def decode(self, q, layer_id, meta: DecodeMeta):
         pk = meta.packed
         if self._partials is None:  # split-K scratch, shared by every layer and forward

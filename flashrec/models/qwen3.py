@@ -53,10 +53,11 @@ class Attention(nn.Module):
         k = apply_rope(k, positions, ctx.cos_sin)
         return q, k, v, False
 
-    def attend(self, q, k, v, stored, meta, ctx) -> torch.Tensor:
-        """Attention through the context's backend: ``[T, Hq*D]`` (before ``o_proj``)."""
+    def attend(self, q, k, v, stored, meta, ctx, out=None) -> torch.Tensor:
+        """Attention through the context's backend: ``[T, Hq*D]`` (before ``o_proj``); in
+        ``out`` where the backend can write there (``AttentionBackend.forward``)."""
         q = q if ctx.attn.takes_strided_q(meta) else q.contiguous()
-        return ctx.attn.forward(q, k, v, self.layer_id, meta, skip_store=stored)
+        return ctx.attn.forward(q, k, v, self.layer_id, meta, skip_store=stored, out=out)
 
 
 class MLP(nn.Module):

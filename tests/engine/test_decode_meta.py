@@ -130,19 +130,32 @@ def _offsets_aligned(tensors) -> bool:
     return all((t.data_ptr() - base) % 16 == 0 for t in tensors)
 
 
-@pytest.mark.parametrize("dtype", [np.int64, np.int32])
-def test_host_to_device_views_start_on_16_byte_boundaries(dtype):
+@pytest.mark.parametrize(
+    "device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+)  # cuda: filled in page-locked memory, copied asynchronously
+@pytest.mark.parametrize("dtype", [np.int64, np.int32, np.float32])
+def test_host_to_device_views_start_on_16_byte_boundaries(dtype, device):
     """Triton specializes kernels on pointer alignment: a view whose alignment depended on the
     batch (an odd token count before it) switched the fused q/k norm + RoPE + KV-write kernel
-    between two compiled variants, and the first batch of the unseen kind compiled mid-run."""
+    between two compiled variants, and the first batch of the unseen kind compiled mid-run.
+    The padding between views is zero, never left over from an earlier use."""
     from flashrec.engine.meta import host_to_device
 
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
     arrays = [np.arange(n, dtype=dtype) + 10 * n for n in (3, 0, 1, 5, 2, 7)]
-    views = host_to_device(arrays, "cpu", dtype)
+    for _ in range(3):  # the pinned blocks are reused: every fill is whole
+        views = host_to_device([a * 0 - 1 for a in arrays], device, dtype)
+        views = host_to_device(arrays, device, dtype)
     assert [v.tolist() for v in views] == [a.tolist() for a in arrays]
     assert all(v.dtype == torch.from_numpy(arrays[0]).dtype for v in views)
+    assert all(v.device.type == device for v in views)
     assert len({v.untyped_storage().data_ptr() for v in views}) == 1  # one buffer, one copy
     assert _offsets_aligned([v for v in views if v.numel()])
+    whole = torch.tensor([], dtype=views[0].dtype, device=device).set_(views[0].untyped_storage())
+    covered = sum(v.numel() for v in views)
+    assert int((whole != 0).sum()) <= covered  # only the arrays' own values are nonzero
+    assert whole.numel() > covered  # there is padding (3 + 0 + 1 + 5 + 2 + 7 is not aligned)
 
 
 def test_prefill_and_decode_meta_fields_are_aligned_for_odd_sizes():

@@ -3,6 +3,8 @@ the radix cache, and each request's first beam step from its level-0 logprobs.""
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import torch
 
@@ -51,8 +53,18 @@ class PrefillManager:
     def _forward(self, batch: list[ReqState], alone: bool) -> list[tuple]:
         """One prefill forward over ``batch``; the prompts published to the radix cache.
         Returns the first expansion's items (state, cum, level-0 logprobs, trie root)."""
-        seqs = [(st.cached_tokens, st.private_slots, st.prompt_slots) for st in batch]
-        ids = [t for st in batch for t in st.req.input_ids[st.cached_tokens :]]
+        # each prompt's slots as one array, its new tokens' slots a view of it (the private
+        # ones come last), kept for the request's decode steps
+        slots = [np.asarray(st.prompt_slots, dtype=np.int64) for st in batch]
+        seqs = [(st.cached_tokens, s[st.cached_tokens :], s) for st, s in zip(batch, slots)]
+        new = sum(st.req.prompt_len - st.cached_tokens for st in batch)
+        ids = np.fromiter(
+            itertools.chain.from_iterable(
+                itertools.islice(st.req.input_ids, st.cached_tokens, None) for st in batch
+            ),
+            dtype=np.int64,
+            count=new,
+        )
         meta = make_prefill_meta(seqs, self.device, ids)
         input_ids = meta.input_ids
         logprobs = self.runner.prefill(input_ids, meta, alone=alone)
@@ -65,7 +77,7 @@ class PrefillManager:
         for i, st in enumerate(batch):
             self.cache.publish(st)
             st.prompt_slots_t = meta.seq_slots[i]  # the prompt's slots, already on the device
-            st.prompt_slots_np = np.asarray(st.prompt_slots, dtype=np.int64)
+            st.prompt_slots_np = slots[i]
             items.append((st, zero, logprobs[i : i + 1], root))
             self.stats.prompt_tokens_total += st.req.prompt_len
             self.stats.prefix_hit_tokens_total += st.cached_tokens
