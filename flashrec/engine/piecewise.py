@@ -22,8 +22,9 @@ slots reserved for the prefill graphs, and are never attended to or read back.
 Per layer this is one graph replay and one attention call instead of ~10 launches. The price:
 copies per layer (q/k/v into the static buffer, the residual, and the attention output where
 the backend cannot write it into its buffer; FlashInfer's kernel does) and the padding, a few
-percent of GPU time on large batches, so the largest bucket is a knob: large batches are GPU-bound and lose more to the copies than they gain, hence the default
-of 8,192 (docs/configuration.md).
+percent of GPU time on large batches, so the largest bucket is a knob: large batches are
+GPU-bound and lose more to the copies than they gain, hence the default of 8,192
+(docs/configuration.md).
 
 On CPU the same padded pieces run eagerly (the tests compare them with the plain forward).
 """
