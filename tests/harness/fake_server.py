@@ -36,6 +36,7 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--sid-vocab-file")
     p.add_argument("--latency-ms", type=float, default=2.0)
     p.add_argument("--per-beam-us", type=float, default=0.0)
+    p.add_argument("--cpu-ms", type=float, default=0.0, help="CPU time burnt per request")
     p.add_argument("--crash-after", type=int, default=0)
     p.add_argument("--crash-once-file", help="crash only if this file is absent (then create it)")
     p.add_argument("--hang-after", type=int, default=-1)
@@ -106,6 +107,10 @@ class Fake:
         if self.writing:
             delay += 0.05  # a trace being written slows everything down
         t0 = time.monotonic()
+        if a.cpu_ms > 0:  # real work the host accounting can see (not a sleep)
+            spent = time.process_time()
+            while time.process_time() - spent < a.cpu_ms / 1000:
+                pass
         if self.sem:
             async with self.sem:
                 await asyncio.sleep(delay)
