@@ -278,6 +278,16 @@ class Server:
             self.state.backend.close()
             return 1
         self.port = site.port
+        try:
+            code = await self._serve(install_signals)
+        finally:  # a failure after the bind still drains, stops the engine and frees the port
+            await self._shutdown(site)
+        return code or self.exit_code
+
+    async def _serve(self, install_signals: bool) -> int:
+        """From the bind to the stop: announce, start the engine (or join front end 0),
+        wait; 1 when start-up failed."""
+        cfg, st = self.config, self.state
         if self.member is None:
             print(URL_LINE.format(host=_url_host(cfg.host), port=self.port), flush=True)
         self._join_frontends()
@@ -296,51 +306,56 @@ class Server:
         else:
             starting = asyncio.ensure_future(start_engine(st, cfg.warmup, self.group))
         stopping = asyncio.ensure_future(self._stop.wait())
-        await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
-        code = 0
-        if starting.done() and starting.exception() is not None:
-            exc = starting.exception()
-            _log.error("start-up failed: %s", exc, exc_info=exc)
-            code = 1
-        else:
+        try:
+            await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            if starting.done() and starting.exception() is not None:
+                exc = starting.exception()
+                _log.error("start-up failed: %s", exc, exc_info=exc)
+                return 1
             await stopping
-        if not starting.done():
-            starting.cancel()
-        stopping.cancel()
-        await self._shutdown(site)
-        return code or self.exit_code
+            return 0
+        finally:
+            if not starting.done():
+                starting.cancel()
+            stopping.cancel()
 
     async def _shutdown(self, site: Site) -> None:
         st = self.state
         be = st.backend
         _log.info("shutting down: draining for up to %.1f s", self.config.shutdown_timeout_s)
-        # not closed here: a kept-alive client may be sending on it; it gets 503 and a close
-        be.draining = True
-        if self.group is not None:  # the other front ends drain at the same time
-            self.group.request_stop()
-        if not await drain(st, self.config.shutdown_timeout_s):
-            held = list(st.held)
-            _log.warning("shutdown timeout: %d request(s) did not finish; cancelling", len(held))
-            st.closing = True
-            for task in held:
-                task.cancel()  # each answers 503 and withdraws its engine request
-            deadline = time.monotonic() + 2.0
-            while be.active_handlers and time.monotonic() < deadline:
-                await asyncio.sleep(0.01)
-        if self.group is not None:  # their requests need the engine until they are done
-            grace = self.config.shutdown_timeout_s + CLOSE_GRACE_S + 10.0
-            await asyncio.to_thread(self.group.join, grace)
-        if self.member is None:
-            await asyncio.to_thread(st.profiler.shutdown)
-        await site.cleanup()
-        await asyncio.to_thread(self.loop.stop)
-        be.close()
-        if st.gc is not None:
-            st.gc.uninstall()
-        if self.config.gc_freeze:
-            gc.unfreeze()  # an in-process server (tests, embedding) leaves the process as found
-            if st.gc is not None:
-                st.gc.frozen = 0
+        try:
+            # not closed here: a kept-alive client may be sending on it; it gets 503 and a close
+            be.draining = True
+            if self.group is not None:  # the other front ends drain at the same time
+                self.group.request_stop()
+            if not await drain(st, self.config.shutdown_timeout_s):
+                held = list(st.held)
+                _log.warning(
+                    "shutdown timeout: %d request(s) did not finish; cancelling", len(held)
+                )
+                st.closing = True
+                for task in held:
+                    task.cancel()  # each answers 503 and withdraws its engine request
+                deadline = time.monotonic() + 2.0
+                while be.active_handlers and time.monotonic() < deadline:
+                    await asyncio.sleep(0.01)
+            if self.group is not None:  # their requests need the engine until they are done
+                grace = self.config.shutdown_timeout_s + CLOSE_GRACE_S + 10.0
+                await asyncio.to_thread(self.group.join, grace)
+            if self.member is None:
+                await asyncio.to_thread(st.profiler.shutdown)
+        finally:  # whatever failed above, the port is freed and the engine stopped
+            try:
+                await site.cleanup()
+            finally:
+                await asyncio.to_thread(self.loop.stop)
+                be.close()
+                if st.gc is not None:
+                    st.gc.uninstall()
+                if self.config.gc_freeze:  # an in-process server leaves the process as found
+                    gc.unfreeze()
+                    if st.gc is not None:
+                        st.gc.frozen = 0
         _log.info("stopped")
 
 

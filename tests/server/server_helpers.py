@@ -35,10 +35,14 @@ class ServerThread:
         self.engine, self.loop, self.config = engine, loop, config
         self.server = Server(engine, loop, config)
         self.exit_code: int | None = None
+        self.error: BaseException | None = None  # what ``run`` raised, if it raised
         self._thread = threading.Thread(target=self._main, name="test-server", daemon=True)
 
     def _main(self) -> None:
-        self.exit_code = asyncio.run(self.server.run(install_signals=False))
+        try:
+            self.exit_code = asyncio.run(self.server.run(install_signals=False))
+        except Exception as exc:  # noqa: BLE001 - kept for the test to assert on
+            self.error = exc
 
     @property
     def url(self) -> str:

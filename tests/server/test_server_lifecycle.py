@@ -277,6 +277,43 @@ def test_port_in_use_exits_1() -> None:
         assert srv.exit_code == 1
 
 
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def test_failure_after_bind_frees_the_port(monkeypatch: pytest.MonkeyPatch) -> None:
+    def boom(self: app_mod.Server) -> None:
+        raise RuntimeError("front ends could not start")
+
+    monkeypatch.setattr(app_mod.Server, "_join_frontends", boom)
+    srv = fake_server()
+    with pytest.raises(RuntimeError, match="during start-up"):
+        srv.start()
+    assert "front ends could not start" in str(srv.error)
+    port = srv.server.port
+    assert port and _port_free(port)  # the listener is closed, not left to process exit
+    assert srv.server.state.backend.draining
+
+
+def test_failure_during_shutdown_still_frees_the_port() -> None:
+    srv = fake_server().start()
+    port = srv.server.port
+
+    def broken() -> None:
+        raise RuntimeError("profiler could not stop")
+
+    srv.server.state.profiler.shutdown = broken
+    srv.stop()
+    assert "profiler could not stop" in str(srv.error)  # the error reached the caller
+    assert _port_free(port)
+    assert not srv.loop._thread.is_alive()  # the engine loop was stopped all the same
+
+
 def test_non_loopback_logs_no_auth_warning(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
