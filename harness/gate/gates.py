@@ -15,15 +15,8 @@ from typing import Any
 
 from harness.metrics.rounds import DIRECTIONS, QUALITY_PREFIXES, direction
 from harness.spec.cells import Cell, expand_cells, matches, reference_index
-from harness.spec.matrix import (
-    GateSpec,
-    MatrixSpec,
-    SpecError,
-    line_of,
-    load_spec,
-    relative_overrides,
-    relocate,
-)
+from harness.spec.checks import GateSpec, relative_overrides
+from harness.spec.matrix import MatrixSpec, SpecError, line_of, load_spec, relocate
 
 OPS = {
     "<": operator.lt,

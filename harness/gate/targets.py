@@ -21,7 +21,7 @@ from typing import Any
 
 from harness.gate.gates import OPS, resolve_path
 from harness.spec.cells import matches, reference_index
-from harness.spec.matrix import TargetSpec, relative_overrides
+from harness.spec.checks import TargetSpec, relative_overrides
 
 
 def _actual(cell: dict, metric: str) -> float | None:

@@ -15,10 +15,12 @@ from typing import Any, Literal, Union
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from harness.spec.base import NAME as _NAME
+from harness.spec.base import SpecModel
+from harness.spec.checks import GateSpec, TargetSpec
 from harness.spec.quality import QualitySpec
 
 Scalar = Union[bool, int, float, str, None]
-_NAME = r"^[A-Za-z0-9_.-]+$"
 _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(:-([^}]*))?\}")
 
 
@@ -47,11 +49,7 @@ def _fmt(file: str, line: int, field: str, message: str) -> str:
     return f"{where}: {field or '<matrix>'}: {message}"
 
 
-class _Base(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class EngineSpec(_Base):
+class EngineSpec(SpecModel):
     """One server: launched (``flashrec`` or a custom ``command``) or ``external`` by URL."""
 
     name: str = Field("flashrec", pattern=_NAME)
@@ -87,7 +85,7 @@ class EngineSpec(_Base):
         return self.kind != "external"
 
 
-class ModelSpec(_Base):
+class ModelSpec(SpecModel):
     """A checkpoint path, or a synthetic preset built on first use and cached by content hash."""
 
     path: str | None = None
@@ -111,7 +109,7 @@ class ModelSpec(_Base):
         return self
 
 
-class CatalogSpec(_Base):
+class CatalogSpec(SpecModel):
     """Valid SIDs: a catalog file, or the synthetic model's catalog of ``size`` items."""
 
     path: str | None = None
@@ -130,7 +128,7 @@ class CatalogSpec(_Base):
         return self
 
 
-class WorkloadSpec(_Base):
+class WorkloadSpec(SpecModel):
     """Prompts: synthetic (flashrec.synth), lorem (harness filler text), jsonl or recif parquet."""
 
     kind: Literal["synthetic", "lorem", "jsonl", "recif"] = "synthetic"
@@ -150,7 +148,7 @@ class WorkloadSpec(_Base):
         return self
 
 
-class LoadSpec(_Base):
+class LoadSpec(SpecModel):
     """How requests are sent: closed-loop concurrency, bursts of ``concurrency`` requests at
     once, or open-loop rate; rounds; radix state."""
 
@@ -169,7 +167,7 @@ class LoadSpec(_Base):
     cooldown_s: float = Field(0.0, ge=0)
 
 
-class TraceSpec(_Base):
+class TraceSpec(SpecModel):
     """Which cells get an extra traced round, and how long to wait for the files."""
 
     cells: Literal["none", "first", "all"] | list[str] = "none"
@@ -181,7 +179,7 @@ class TraceSpec(_Base):
     profile_args: dict[str, Any] = {}
 
 
-class StatsSpec(_Base):
+class StatsSpec(SpecModel):
     """Statistics settings: bootstrap, noise band, significance test."""
 
     bootstrap: int = Field(2000, ge=100)
@@ -210,60 +208,7 @@ class StageSpec(BaseModel):
     enabled: bool = True
 
 
-class GateSpec(_Base):
-    """A threshold on a cell metric, a report path, or a regression against a baseline."""
-
-    name: str | None = None
-    metric: str | None = None
-    path: str | None = None
-    op: Literal["<", "<=", "==", "!=", ">=", ">"] | None = None
-    value: float | None = None
-    max_regression_pct: float | None = Field(None, ge=0)
-    # "keep only if it beats the baseline": the metric must improve by at least this much
-    min_improvement_pct: float | None = Field(None, ge=0)
-    beyond_noise: bool = True
-    cells: str | None = None
-    required: bool = False
-
-    @model_validator(mode="after")
-    def _check(self) -> GateSpec:
-        if bool(self.metric) == bool(self.path):
-            raise ValueError("give exactly one of 'metric' (a cell metric) or 'path' (report path)")
-        absolute = self.op is not None and self.value is not None
-        kinds = [
-            absolute,
-            self.max_regression_pct is not None,
-            self.min_improvement_pct is not None,
-        ]
-        if sum(kinds) != 1:
-            raise ValueError(
-                "give exactly one of 'op' + 'value', 'max_regression_pct' or 'min_improvement_pct'"
-            )
-        if self.relative_kind and not self.metric:
-            raise ValueError("'max_regression_pct' / 'min_improvement_pct' apply to a 'metric'")
-        return self
-
-    @property
-    def relative_kind(self) -> str | None:
-        """``regress`` / ``improve`` for a gate against a baseline; None for a threshold."""
-        if self.max_regression_pct is not None:
-            return "regress"
-        return "improve" if self.min_improvement_pct is not None else None
-
-    @property
-    def label(self) -> str:
-        """The gate's display name."""
-        if self.name:
-            return self.name
-        target = self.metric or self.path
-        if self.max_regression_pct is not None:
-            return f"{target} regression <= {self.max_regression_pct}%"
-        if self.min_improvement_pct is not None:
-            return f"{target} improvement >= {self.min_improvement_pct}%"
-        return f"{target} {self.op} {self.value:g}"
-
-
-class HFBaselineSpec(_Base):
+class HFBaselineSpec(SpecModel):
     """HF transformers ``generate(num_beams=n)`` timed after each cell, in its own process."""
 
     enabled: bool = True
@@ -283,13 +228,13 @@ class HFBaselineSpec(_Base):
         return v
 
 
-class BaselineSpec(_Base):
+class BaselineSpec(SpecModel):
     """Baselines measured in the same run as the cells (``hf``: transformers generate)."""
 
     hf: HFBaselineSpec | None = None
 
 
-class MfuSpec(_Base):
+class MfuSpec(SpecModel):
     """Model-FLOP utilisation: achieved linear-layer FLOP/s over a ceiling per precision."""
 
     ceiling_tflops: Union[float, dict[str, float]]
@@ -305,45 +250,7 @@ class MfuSpec(_Base):
         return v
 
 
-def relative_overrides(text: str) -> dict[str, str]:
-    """``relative_to``'s terms: ``{key: value}`` (exact values, no globs); ValueError else."""
-    out: dict[str, str] = {}
-    for term in (t.strip() for t in text.split(",")):
-        key, eq, value = term.partition("=")
-        if not eq or not key.strip() or any(c in term for c in "*?["):
-            raise ValueError(f"relative_to term {term!r}: expected key=value (exact, no globs)")
-        out[key.strip()] = value.strip()
-    return out
-
-
-class TargetSpec(_Base):
-    """A goal on a cell metric: reported as met or missed by how much; fails nothing unless
-    ``fail_run``."""
-
-    name: str | None = None
-    metric: str
-    op: Literal["<", "<=", ">=", ">"]
-    value: float
-    cells: str | None = None
-    # "key=value,...": judge each cell's metric as a ratio to the same run's cell with these
-    # parameters changed (e.g. temperature=0.0: sampling against greedy), not as an absolute
-    relative_to: str | None = None
-    fail_run: bool = False
-
-    @field_validator("relative_to")
-    @classmethod
-    def _overrides(cls, v: str | None) -> str | None:
-        if v is not None:
-            relative_overrides(v)  # raises on a term that is not key=value
-        return v
-
-    @property
-    def label(self) -> str:
-        """The target's display name."""
-        return self.name or f"{self.metric} {self.op} {self.value:g}"
-
-
-class MatrixSpec(_Base):
+class MatrixSpec(SpecModel):
     """A whole campaign: servers, model, workload, axes and how to measure and judge them."""
 
     name: str | None = None

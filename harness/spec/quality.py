@@ -4,16 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
-_NAME = r"^[A-Za-z0-9_.-]+$"
-
-
-class _Base(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+from harness.spec.base import NAME as _NAME
+from harness.spec.base import SpecModel
 
 
-class QualityGenerateSpec(_Base):
+class QualityGenerateSpec(SpecModel):
     """A planted RecIF-shaped dataset built from the run's model (``harness.quality.generate``)."""
 
     samples: int = Field(100, ge=1)
@@ -27,7 +24,7 @@ class QualityGenerateSpec(_Base):
     reference_url: str | None = None  # a running reference server instead of a launched one
 
 
-class QualitySpec(_Base):
+class QualitySpec(SpecModel):
     """Cut-offs for recall / hit / NDCG / MRR when the workload has ground truth; with
     ``dataset`` or ``generate``, each cell is also evaluated on that dataset after its rounds
     (``harness.quality.stage``: pass@k, position1_pass@k, recall@k by SID and PID)."""

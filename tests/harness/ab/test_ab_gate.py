@@ -23,7 +23,8 @@ from harness.ab.paired import compare_paired, paired_metric, paired_t, wilcoxon
 from harness.ab.run import Side, cpu_split, pin_server, pinned_ref, resolve_commit, worktree
 from harness.gate.gates import evaluate_gates
 from harness.servers.launch import LaunchedServer
-from harness.spec.matrix import EngineSpec, GateSpec
+from harness.spec.checks import GateSpec
+from harness.spec.matrix import EngineSpec
 
 # --------------------------------------------------------------------------- statistics
 

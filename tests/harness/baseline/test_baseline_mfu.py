@@ -22,7 +22,8 @@ from harness.metrics.flops import (
     request_flops,
 )
 from harness.spec.cells import expand_cells
-from harness.spec.matrix import MfuSpec, SpecError, TargetSpec, parse_spec
+from harness.spec.checks import TargetSpec
+from harness.spec.matrix import MfuSpec, SpecError, parse_spec
 
 TINY = {  # the tiny preset's shapes (flashrec/synth/presets.py)
     "hidden_size": 64,

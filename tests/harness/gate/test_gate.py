@@ -13,7 +13,7 @@ from bench_helpers import REPO, base_matrix, fake_engine, processes_with, run_cl
 from harness.gate.compare import compare_reports
 from harness.gate.gates import evaluate_gates, resolve_path
 from harness.metrics.stats import summarize
-from harness.spec.matrix import GateSpec
+from harness.spec.checks import GateSpec
 
 
 def report(qps: list[float], lat: list[float], cell: str = "e,concurrency=1") -> dict:

@@ -68,7 +68,7 @@ def test_cells_carry_quality_and_the_report_draws_it(tmp_path, confident_model, 
     # 4-beam one) regresses like a slowdown; the same report against itself does not
     from harness.gate.compare import compare_reports
     from harness.gate.gates import evaluate_gates
-    from harness.spec.matrix import GateSpec
+    from harness.spec.checks import GateSpec
 
     if narrow["recall@32"]["median"] == wide["recall@32"]["median"]:
         pytest.skip("4 and 32 beams agree on this model: no recall change to gate")
