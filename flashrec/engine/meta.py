@@ -3,6 +3,8 @@ pinned asynchronous copy each."""
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import torch
 
@@ -31,7 +33,7 @@ def host_to_device(arrays: list, device, dtype=np.int64) -> list[torch.Tensor]:
     if dev.type == "cuda":
         # filled in place in page-locked memory (no pageable staging array and no second
         # host copy); the caching host allocator reuses the block only after the copy ran
-        host = torch.empty(total, dtype=_TORCH_DTYPES[np.dtype(dtype)], pin_memory=True)
+        host = torch.empty(total, dtype=_torch_dtype(np.dtype(dtype)), pin_memory=True)
         host_np = host.numpy()
     else:
         host_np = np.empty(total, dtype=dtype)
@@ -44,11 +46,10 @@ def host_to_device(arrays: list, device, dtype=np.int64) -> list[torch.Tensor]:
     return [buf[start : start + n] for start, n in zip(starts, sizes)]
 
 
-_TORCH_DTYPES = {
-    np.dtype(np.int64): torch.int64,
-    np.dtype(np.int32): torch.int32,
-    np.dtype(np.float32): torch.float32,
-}
+@functools.cache
+def _torch_dtype(dtype: np.dtype) -> torch.dtype:
+    """The torch dtype a numpy array of ``dtype`` converts to."""
+    return torch.from_numpy(np.empty(0, dtype=dtype)).dtype
 
 
 def make_prefill_meta(seqs, device, ids=None) -> PrefillMeta:
