@@ -124,6 +124,13 @@ def _url_host(host: str) -> str:
     return f"[{host}]" if ":" in host and not host.startswith("[") else host
 
 
+def _freeze_startup(watch: GcWatch | None) -> None:
+    """Freeze what start-up built (``--gc-freeze``) and say how much, and how long it took."""
+    t0 = time.perf_counter()
+    frozen = freeze_startup_objects(watch)
+    _log.info("gc: %d start-up objects frozen in %.2f s", frozen, time.perf_counter() - t0)
+
+
 async def start_engine(st: ServerState, warmup: bool, group: FrontendGroup | None = None) -> None:
     """Start the engine loop and the other front ends (``group``), run the warm-up
     (``loop.warmup()``), then mark the server (every front end) ready."""
@@ -139,9 +146,7 @@ async def start_engine(st: ServerState, warmup: bool, group: FrontendGroup | Non
         freeze_engine = getattr(be.loop, "freeze_gc", None)  # an engine process: there too
         if freeze_engine is not None:
             await asyncio.to_thread(freeze_engine)
-        t0 = time.perf_counter()
-        frozen = freeze_startup_objects(st.gc)
-        _log.info("gc: %d start-up objects frozen in %.2f s", frozen, time.perf_counter() - t0)
+        _freeze_startup(st.gc)
     be.ready = True
     if group is not None:
         group.set_ready()
@@ -267,8 +272,7 @@ class Server:
         if self.member is not None:  # a spawned front end: set up whole before it listens
             st.gc = GcWatch().install()
             if cfg.gc_freeze:
-                frozen = freeze_startup_objects(st.gc)
-                _log.info("gc: %d start-up objects frozen", frozen)
+                _freeze_startup(st.gc)
         try:
             site = await start_site(
                 self.app, cfg.host, self.bind_port, reuse_port=cfg.api_server_count > 1
