@@ -22,6 +22,16 @@ from server_helpers import (  # noqa: E402
 from flashrec.profiler import PROFILER_DIR_ENV  # noqa: E402
 
 
+@pytest.fixture
+def procs() -> Iterator[list[Any]]:
+    """Server processes (``test_server_lifecycle.Proc``) a test starts; each is closed after
+    it, its whole process group killed."""
+    started: list[Any] = []
+    yield started
+    for p in started:
+        p.close()
+
+
 @pytest.fixture(scope="session")
 def tiny_checkpoint(tiny_model: Path) -> Path:
     """The tiny synthetic Qwen3 checkpoint with a catalog (``tests/conftest.py``)."""

@@ -12,7 +12,6 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,15 +23,6 @@ from flashrec.config import ServerConfig
 from flashrec.server.metrics import Histogram, ServerMetrics
 
 SUCCESS = 'flashrec_requests_total{endpoint="chat",outcome="success"}'
-
-
-@pytest.fixture
-def servers() -> Iterator[list[Proc]]:
-    """Server processes started by a test, killed (their whole group) after it."""
-    started: list[Proc] = []
-    yield started
-    for p in started:
-        p.close()
 
 
 def _chat(content: str, n: int = 4) -> dict:
@@ -58,8 +48,8 @@ def _group_gone(pgid: int, timeout: float = 30.0) -> bool:
     return False
 
 
-def test_front_ends_share_the_port_and_the_engine(servers: list[Proc], tiny_checkpoint: Path):
-    p = start(servers, cli_argv(tiny_checkpoint, "--api-server-count", "3"))
+def test_front_ends_share_the_port_and_the_engine(procs: list[Proc], tiny_checkpoint: Path):
+    p = start(procs, cli_argv(tiny_checkpoint, "--api-server-count", "3"))
     seen = {}
     for _ in range(60):
         info = _info(p.url)
@@ -106,10 +96,10 @@ def test_front_ends_share_the_port_and_the_engine(servers: list[Proc], tiny_chec
     assert _group_gone(pgid), "a front end or the engine outlived the server"
 
 
-def test_sigterm_drains_every_front_end(servers: list[Proc], tiny_checkpoint: Path) -> None:
+def test_sigterm_drains_every_front_end(procs: list[Proc], tiny_checkpoint: Path) -> None:
     # the engine's planted slowdown keeps eight requests in flight, spread over the front ends
     argv = cli_argv(tiny_checkpoint, "--api-server-count", "2", "--shutdown-timeout-s", "30")
-    p = start(servers, argv, env={"FLASHREC_TEST_STEP_DELAY_MS": "150"})
+    p = start(procs, argv, env={"FLASHREC_TEST_STEP_DELAY_MS": "150"})
     results: list[int] = []
 
     def call(i: int) -> None:
@@ -138,8 +128,8 @@ def test_sigterm_drains_every_front_end(servers: list[Proc], tiny_checkpoint: Pa
     assert ready == 1
 
 
-def test_a_front_end_that_dies_stops_the_server(servers: list[Proc], tiny_checkpoint: Path):
-    p = start(servers, cli_argv(tiny_checkpoint, "--api-server-count", "2"))
+def test_a_front_end_that_dies_stops_the_server(procs: list[Proc], tiny_checkpoint: Path):
+    p = start(procs, cli_argv(tiny_checkpoint, "--api-server-count", "2"))
     for _ in range(100):
         info = _info(p.url)
         if info["frontend"]["index"] == 1:

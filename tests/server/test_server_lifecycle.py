@@ -12,7 +12,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -91,14 +90,6 @@ class Proc:
             os.killpg(self.p.pid, signal.SIGKILL)
         self.p.wait(timeout=30)
         self.link.close()
-
-
-@pytest.fixture
-def procs() -> Iterator[list[Proc]]:
-    started: list[Proc] = []
-    yield started
-    for p in started:
-        p.close()
 
 
 def start(procs: list[Proc], argv: list[str], env: dict[str, str] | None = None) -> Proc:
