@@ -383,12 +383,13 @@ def _torch_version() -> str:
     return torch.__version__
 
 
-def snapshot(st: ServerState) -> Snapshot:
-    """This front end's part of ``/metrics`` (on the event loop: its counters are copied)."""
+def snapshot(st: ServerState, copy_metrics: bool = True) -> Snapshot:
+    """This front end's part of ``/metrics`` (on the event loop: its counters are copied, unless
+    ``copy_metrics`` is False: read at once by this event loop, not sent to another front end)."""
     be = st.backend
     return Snapshot(
         frontend=st.frontend_index,
-        metrics=copy.deepcopy(st.metrics),
+        metrics=copy.deepcopy(st.metrics) if copy_metrics else st.metrics,
         gc=st.gc.metrics() if st.gc is not None else None,
         inflight=len(be.inflight),
         ready=be.healthy,
@@ -413,7 +414,8 @@ async def metrics(request: web.Request) -> web.Response:
         others = await asyncio.to_thread(st.frontends.others) if st.frontends else []
     except Exception as exc:  # noqa: BLE001 - the engine process is gone: say so, not 500 text
         raise busy(f"the engine does not answer: {exc}") from None
-    snaps = sorted([snapshot(st), *others], key=lambda s: s.frontend)
+    # alone, this front end's counters are rendered before the loop runs anything else
+    snaps = sorted([snapshot(st, copy_metrics=bool(others)), *others], key=lambda s: s.frontend)
     extra = {
         "flashrec_ready": int(all(s.ready for s in snaps)),
         "flashrec_draining": int(any(s.draining for s in snaps)),
