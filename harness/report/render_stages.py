@@ -216,6 +216,17 @@ def _file_details(f: dict) -> list[tuple[str, list[str]]]:
             [],
         )
     )
+    kinds = f.get("gpu_time_by_class")
+    if isinstance(kinds, list) and kinds:
+        out.append(
+            (
+                "GPU time by kind: "
+                + ", ".join(
+                    f"{k['name']} {k['total_us'] / 1000:.1f} ms ({k['pct']:.1f}%)" for k in kinds
+                ),
+                [],
+            )
+        )
     if f.get("annotations"):
         spans = ", ".join(
             f"{k['name']} x{k['count']} {k['total_us'] / 1000:.1f} ms" for k in f["annotations"][:6]

@@ -3,8 +3,9 @@
 Busy fraction (union of kernel / memcpy / memset time over the span from the first to the last
 of them), the largest gaps between them, CUDA-graph replays (``cudaGraphLaunch`` runtime calls;
 ``decode_graph_replay`` counts only those inside FlashRec's decode spans, since prefill replays
-graphs too), top kernels by time and whether the GEMMs are FP8 kernels. On a CPU-only trace
-those fields are ``"n/a"``.
+graphs too), top kernels by time, the time by kind of kernel (``gpu_time_by_class``: attention,
+GEMM, the norm / activation / quant kernels between them, copies, other) and whether the GEMMs
+are FP8 kernels. On a CPU-only trace those fields are ``"n/a"``.
 
 Where the GPU waits (``gpu_idle_by_host``): every gap between GPU operations is charged to the
 outermost host annotation (``record_function`` span, e.g. ``flashrec.prefill``) running at its
@@ -47,6 +48,17 @@ ATTENTION = re.compile(r"sdpa|fmha|flash|attention|attn|beam_decode", re.I)
 # cuBLASLt "nvjet_sm90_qq..." kernels take two e4m3 operands (what torch._scaled_mm launches)
 FP8 = re.compile(r"fp8|e4m3|e5m2|scaled_mm|f8f8|nvjet_sm\d+_qq", re.I)
 GRAPH_LAUNCH = {"cudaGraphLaunch", "cuGraphLaunch", "hipGraphLaunch"}
+# the row-wise kernels between the GEMMs (RMSNorm, q/k norm + RoPE, SiLU-and-mul, FP8 quant)
+NORM_ACT = re.compile(r"norm|rope|rotary|silu|gelu|swiglu|act_and_mul|quant", re.I)
+COPY = re.compile(r"^mem(cpy|set)\b|direct_copy|copy_kernel|CatArray", re.I)
+# gpu_time_by_class: an operation is the first class its name matches (attention first, as
+# attention kernels carry GEMM-like names), else "other" (e.g. beam search's sort and gather)
+KERNEL_CLASSES = (
+    ("attention", ATTENTION),
+    ("GEMM", GEMM),
+    ("norm / activation / quant", NORM_ACT),
+    ("copy / memset", COPY),
+)
 
 # host spans that launch one model forward: GPU idle inside them is launch overhead
 FORWARD_SPANS = ("flashrec.prefill", *DECODE_SPANS, "flashrec.layer")
@@ -73,11 +85,31 @@ def _decode_graph_launches(events: list[dict]) -> int | None:
     return n
 
 
+def gpu_time_by_class(
+    spans: list[tuple[float, float, str]], classes: tuple[tuple[str, str], ...] = ()
+) -> list[dict]:
+    """Every GPU operation's time summed by class (``KERNEL_CLASSES``, after the
+    ``(name, regex)`` pairs of ``classes``, which are tried first), largest first, with each
+    class's share of the summed operation time."""
+    rules = [(n, re.compile(rx)) for n, rx in classes] + list(KERNEL_CLASSES)
+    totals: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    for start, end, name in spans:
+        kind = next((k for k, rx in rules if rx.search(name)), "other")
+        totals[kind][0] += end - start
+        totals[kind][1] += 1
+    return top_rows(totals, sum(v[0] for v in totals.values()), len(totals))
+
+
 def gpu_summary(
-    events: list[dict], spans: list[tuple[float, float, str]], merged: list, top_k: int, gaps_k: int
+    events: list[dict],
+    spans: list[tuple[float, float, str]],
+    merged: list,
+    top_k: int,
+    gaps_k: int,
+    classes: tuple[tuple[str, str], ...] = (),
 ) -> dict[str, Any]:
     """The GPU fields (see the module docstring) of ``spans`` (every GPU operation) and
-    ``merged`` (their union)."""
+    ``merged`` (their union); ``classes``: extra ``gpu_time_by_class`` rules."""
     runtime = [e.get("name") for e in events if e.get("cat") in ("cuda_runtime", "cuda_driver")]
     graph = sum(1 for n in runtime if n in GRAPH_LAUNCH)
     launches = sum(1 for n in runtime if n in KERNEL_LAUNCH)
@@ -95,6 +127,7 @@ def gpu_summary(
             "kernel_launches": launches if runtime else NA,
             "decode_graph_replay": replay if runtime else NA,
             "top_kernels": NA,
+            "gpu_time_by_class": NA,
             "gemm": NA,
         }
     busy = sum(m[1] - m[0] for m in merged)
@@ -137,6 +170,7 @@ def gpu_summary(
         "kernel_launches": launches,
         "decode_graph_replay": replay,
         "top_kernels": top_rows(kernels, busy, top_k),
+        "gpu_time_by_class": gpu_time_by_class(spans, classes),
         "gemm": {
             "total_us": round(gemm_us, 1),
             "fp8_us": round(fp8_us, 1),

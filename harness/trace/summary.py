@@ -1,7 +1,8 @@
 """A summary of a chrome trace (torch profiler JSON): where the time went, in a few numbers.
 
 :func:`summarize_events` puts together the GPU fields (:mod:`harness.trace.gpu`: busy fraction,
-gaps, graph replays, top kernels, FP8 GEMMs, where the GPU waits and where it works) and the
+gaps, graph replays, top kernels, time by kind of kernel, FP8 GEMMs, where the GPU waits and
+where it works) and the
 host fields (:mod:`harness.trace.host`: CPU operator time, steps, host stalls, decode cadence).
 On a CPU-only trace the GPU fields are ``"n/a"`` and the CPU operator time is what the summary
 reports. ``python -m harness.trace.summary TRACE... [--span NAME]`` prints each trace's summary
@@ -11,6 +12,7 @@ reports. ``python -m harness.trace.summary TRACE... [--span NAME]`` prints each 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -25,11 +27,14 @@ from harness.trace.host import (
 )
 
 
-def summarize_events(events: list[dict], top_k: int = 10, gaps_k: int = 5) -> dict[str, Any]:
-    """Summary of a list of chrome trace events (see the module docstring)."""
+def summarize_events(
+    events: list[dict], top_k: int = 10, gaps_k: int = 5, classes: tuple = ()
+) -> dict[str, Any]:
+    """Summary of a list of chrome trace events (see the module docstring); ``classes``:
+    extra ``(name, regex)`` kernel classes, tried before the built-in ones."""
     spans = gpu_spans(events)
     merged = union(spans)
-    gpu = gpu_summary(events, spans, merged, top_k, gaps_k)
+    gpu = gpu_summary(events, spans, merged, top_k, gaps_k, classes)
     idle = idle_by_host(events, merged=merged)
     by_span = gpu_time_by_span(events)
     rows = by_span["gpu_time_by_span"]
@@ -56,12 +61,14 @@ def summarize_events(events: list[dict], top_k: int = 10, gaps_k: int = 5) -> di
     }
 
 
-def summarize_trace(path: str | Path, top_k: int = 10, gaps_k: int = 5) -> dict[str, Any]:
+def summarize_trace(
+    path: str | Path, top_k: int = 10, gaps_k: int = 5, classes: tuple = ()
+) -> dict[str, Any]:
     """Summary of one trace file, with its path and size; ``error`` when it cannot be read."""
     p = Path(path)
     out: dict[str, Any] = {"path": str(p), "size_bytes": p.stat().st_size if p.exists() else 0}
     try:
-        out.update(summarize_events(load_events(p), top_k, gaps_k))
+        out.update(summarize_events(load_events(p), top_k, gaps_k, classes))
     except (OSError, ValueError, EOFError) as exc:
         out["error"] = f"{type(exc).__name__}: {exc}"
     return out
@@ -85,13 +92,32 @@ def main(argv: list[str] | None = None) -> int:
         help="print the inside of this host span instead (e.g. flashrec.prefill): its direct "
         "children by time, its own time, the GPU work it launched; repeatable",
     )
+    p.add_argument(
+        "--class",
+        dest="classes",
+        action="append",
+        default=[],
+        metavar="NAME=REGEX",
+        help="a kernel class for gpu_time_by_class, tried before the built-in ones (e.g. "
+        "'attention=^my_attn'); repeatable",
+    )
     args = p.parse_args(argv)
+    classes = []
+    for c in args.classes:
+        name, eq, rx = c.partition("=")
+        try:
+            re.compile(rx)
+        except re.error as exc:
+            p.error(f"--class {c!r}: bad regex: {exc}")
+        if not eq or not name.strip() or not rx:
+            p.error(f"--class {c!r}: expected NAME=REGEX")
+        classes.append((name.strip(), rx))
     for path in args.traces:
         if args.span:
             events = load_events(path)
             out: Any = [span_breakdown(events, n, args.top) for n in args.span]
         else:
-            out = summarize_trace(path, top_k=args.top)
+            out = summarize_trace(path, top_k=args.top, classes=tuple(classes))
         print(json.dumps(out, indent=1, default=str))
     return 0
 

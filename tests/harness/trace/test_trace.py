@@ -483,3 +483,68 @@ def test_span_breakdown_direct_children_self_time_and_launched_gpu_work(tmp_path
     out = json.loads(capsys.readouterr().out)
     assert [x["span"] for x in out] == ["flashrec.prefill", "flashrec.layer"]
     assert out[1]["count"] == 2 and out[1]["children"][0]["name"] == "aten::mm"
+
+
+def test_gpu_time_by_kind_of_kernel():
+    """Attention before GEMM (FlashInfer / cuDNN names carry GEMM-like words), the row-wise
+    kernels between the GEMMs, copies, and the rest; shares of the summed operation time."""
+    events = [
+        _kernel("nvjet_sm90_qqtst_128x128_128x6_1x2_h_bz_ovscale_TNT", 0, 50),
+        _kernel("void flashinfer::PrefillWithKVCacheKernel<cutlass::half_t>", 50, 20),
+        _kernel("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16", 70, 5),
+        _kernel("beam_decode_attention_kernel", 75, 5),
+        _kernel("rms_norm_kernel", 80, 6),
+        _kernel("silu_mul_kernel", 86, 4),
+        _kernel("per_token_quant_kernel", 90, 2),
+        {
+            "ph": "X",
+            "cat": "gpu_memcpy",
+            "name": "Memcpy HtoD (Pinned -> Device)",
+            "ts": 92,
+            "dur": 3,
+        },
+        _kernel("void at::native::elementwise_kernel<direct_copy_kernel_cuda>", 95, 1),
+        _kernel("DeviceRadixSortOnesweepKernel", 96, 4),
+    ]
+    got = {
+        r["name"]: (r["total_us"], r["count"])
+        for r in summarize_events(events)["gpu_time_by_class"]
+    }
+    assert got == {
+        "GEMM": (50, 1),
+        "attention": (30, 3),
+        "norm / activation / quant": (12, 3),
+        "copy / memset": (4, 2),
+        "other": (4, 1),
+    }
+    rows = summarize_events(events)["gpu_time_by_class"]
+    assert [r["name"] for r in rows][:2] == ["GEMM", "attention"]  # largest first
+    assert sum(r["pct"] for r in rows) == pytest.approx(100)
+    # a class of one's own goes first: an unnamed kernel counted as attention
+    mine = summarize_events(events, classes=(("attention", r"Sort"),))["gpu_time_by_class"]
+    assert {r["name"]: r["total_us"] for r in mine}["attention"] == 34
+    assert "other" not in {r["name"] for r in mine}
+    assert summarize_events([_span("x", 0, 5)])["gpu_time_by_class"] == "n/a"  # CPU trace
+
+
+def test_trace_summary_command_takes_kernel_classes(tmp_path):
+    import subprocess
+    import sys
+
+    p = tmp_path / "t.trace.json.gz"
+    with gzip.open(p, "wt") as fh:
+        json.dump({"traceEvents": gpu_events()}, fh)
+    cmd = [sys.executable, "-m", "harness.trace.summary", str(p)]
+    out = subprocess.run([*cmd, "--class", "mine=rmsnorm"], capture_output=True, text=True)
+    rows = {r["name"]: r["total_us"] for r in json.loads(out.stdout)["gpu_time_by_class"]}
+    assert rows == {"GEMM": 80, "mine": 20, "attention": 10}
+    bad = subprocess.run([*cmd, "--class", "noequals"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "expected NAME=REGEX" in bad.stderr
+    bad = subprocess.run([*cmd, "--class", "x=("], capture_output=True, text=True)
+    assert bad.returncode == 2 and "bad regex" in bad.stderr
+
+
+def test_report_lists_gpu_time_by_kind(tmp_path):
+    events = [_kernel("nvjet_sm90_tst_gemm", 0, 3000), _kernel("rms_norm_kernel", 3000, 1000)]
+    text = "\n".join(_report_lines(tmp_path, events))
+    assert "GPU time by kind: GEMM 3.0 ms (75.0%), norm / activation / quant 1.0 ms (25.0%)" in text
