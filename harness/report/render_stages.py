@@ -257,9 +257,11 @@ def _file_details(f: dict) -> list[tuple[str, list[str]]]:
                 + ")"
                 for k in r["top"]
             )
+            kinds = ", ".join(f"{k['name']} {k['pct']:.0f}%" for k in r.get("by_class", []))
+            times = f" x{r['spans']}" if r.get("spans") else ""
             subs.append(
-                f"{r['span']} {r['gpu_us'] / 1000:.1f} ms ({r['pct']:.1f}% of GPU "
-                f"time, {r['ops']} ops): {kernels}"
+                f"{r['span']}{times} {r['gpu_us'] / 1000:.1f} ms ({r['pct']:.1f}% of GPU "
+                f"time, {r['ops']} ops): {kernels}" + (f"; by kind: {kinds}" if kinds else "")
             )
         out.append(("GPU time by span (its top kernels: launches x mean, longest):", subs))
     stalls = f.get("host_stalls")

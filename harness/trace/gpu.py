@@ -85,19 +85,24 @@ def _decode_graph_launches(events: list[dict]) -> int | None:
     return n
 
 
+def _by_class(items, classes: tuple[tuple[str, str], ...] = ()) -> list[dict]:
+    """``(name, us, count)`` items summed by kernel class (see :func:`gpu_time_by_class`)."""
+    rules = [(n, re.compile(rx)) for n, rx in classes] + list(KERNEL_CLASSES)
+    totals: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    for name, us, count in items:
+        kind = next((k for k, rx in rules if rx.search(name)), "other")
+        totals[kind][0] += us
+        totals[kind][1] += count
+    return top_rows(totals, sum(v[0] for v in totals.values()), len(totals))
+
+
 def gpu_time_by_class(
     spans: list[tuple[float, float, str]], classes: tuple[tuple[str, str], ...] = ()
 ) -> list[dict]:
     """Every GPU operation's time summed by class (``KERNEL_CLASSES``, after the
     ``(name, regex)`` pairs of ``classes``, which are tried first), largest first, with each
     class's share of the summed operation time."""
-    rules = [(n, re.compile(rx)) for n, rx in classes] + list(KERNEL_CLASSES)
-    totals: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
-    for start, end, name in spans:
-        kind = next((k for k, rx in rules if rx.search(name)), "other")
-        totals[kind][0] += end - start
-        totals[kind][1] += 1
-    return top_rows(totals, sum(v[0] for v in totals.values()), len(totals))
+    return _by_class(((name, end - start, 1) for start, end, name in spans), classes)
 
 
 def gpu_summary(
@@ -236,10 +241,15 @@ def idle_by_host(events: list[dict], top_k: int = 6, merged: list | None = None)
 
 
 def gpu_time_by_span(
-    events: list[dict], top_spans: int = 6, top_kernels: int = 4
+    events: list[dict],
+    top_spans: int = 6,
+    top_kernels: int = 4,
+    classes: tuple[tuple[str, str], ...] = (),
 ) -> dict[str, Any]:
     """GPU time by the outermost device-side annotation each GPU operation starts in (see the
-    module docstring); ``n/a`` without GPU operations or without device-side annotations."""
+    module docstring), with how many such annotations there are and the span's time by kind
+    of kernel (``classes`` as in :func:`gpu_time_by_class`); ``n/a`` without GPU operations
+    or without device-side annotations."""
     ops = sorted(
         (float(e["ts"]), float(e.get("dur", 0)), str(e.get("name", "")), e.get("args") or {})
         for e in events
@@ -265,6 +275,9 @@ def gpu_time_by_span(
         if isinstance(regs, (int, float)):
             k[3] = max(k[3] or 0, int(regs))
     busy = sum(r[0] for r in by.values())
+    occurrences: dict[str, int] = defaultdict(int)
+    for sp in outer:
+        occurrences[sp[2]] += 1
     rows = []
     for span, (total, count, kernels) in sorted(by.items(), key=lambda kv: -kv[1][0])[:top_spans]:
         tops = sorted(kernels.items(), key=lambda kv: -kv[1][0])[:top_kernels]
@@ -273,7 +286,9 @@ def gpu_time_by_span(
                 "span": span,
                 "gpu_us": round(total, 1),
                 "ops": count,
+                "spans": occurrences.get(span, 0),  # 0 for NO_SPAN
                 "pct": round(100 * total / busy, 2) if busy else None,
+                "by_class": _by_class(((n, v[0], v[1]) for n, v in kernels.items()), classes),
                 "top": [
                     {
                         "name": n[:160],

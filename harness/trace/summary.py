@@ -36,7 +36,7 @@ def summarize_events(
     merged = union(spans)
     gpu = gpu_summary(events, spans, merged, top_k, gaps_k, classes)
     idle = idle_by_host(events, merged=merged)
-    by_span = gpu_time_by_span(events)
+    by_span = gpu_time_by_span(events, classes=classes)
     rows = by_span["gpu_time_by_span"]
     if str(idle.get("limit", "")).startswith("gpu-bound") and isinstance(rows, list) and rows:
         # a GPU-bound limit names where the GPU works: the span with most GPU time, its kernel

@@ -398,17 +398,27 @@ def test_gpu_time_is_charged_to_the_outermost_device_span():
     assert prefill["gpu_us"] == 45 and [t["name"] for t in prefill["top"]] == ["gemm", "norm"]
     assert prefill["top"][1]["registers"] is None
     assert rest["gpu_us"] == 3
+    # how many such spans the trace holds, and each span's time by kind of kernel
+    assert (decode["spans"], prefill["spans"], rest["spans"]) == (1, 1, 0)
+    kinds = {r["name"]: (r["total_us"], r["count"]) for r in decode["by_class"]}
+    assert kinds == {"attention": (60, 2), "GEMM": (10, 1)}
+    assert {r["name"]: r["total_us"] for r in prefill["by_class"]} == {
+        "GEMM": 40,
+        "norm / activation / quant": 5,
+    }
     # no device-side annotations (another engine's trace): not applicable
     assert summarize_events(events[3:])["gpu_time_by_span"] == "n/a"
 
 
 def test_report_lists_gpu_time_by_span(tmp_path):
     events = [_gspan("flashrec.decode_step", 0, 50), _kernel("Kernel", 0, 40, 255)]
+    events += [_gspan("flashrec.decode_step", 60, 50), _kernel("rms_norm_kernel", 60, 10)]
     text = "\n".join(_report_lines(tmp_path, events))
     assert "GPU time by span" in text
     assert (
-        "flashrec.decode_step 0.0 ms (100.0% of GPU time, 1 ops): Kernel 0.0 ms (1 x 40 us, max 40, 255 regs)"
-        in text
+        "flashrec.decode_step x2 0.1 ms (100.0% of GPU time, 2 ops): Kernel 0.0 ms (1 x 40 us, "
+        "max 40, 255 regs); rms_norm_kernel 0.0 ms (1 x 10 us, max 10); by kind: other 80%, "
+        "norm / activation / quant 20%" in text
     )
 
 
