@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -114,24 +115,30 @@ def _read(path: Path, layout: SidLayout | None, size: int | None, keep_values: b
         raise CatalogError(f"{path}: cannot read catalog: {e}") from None
     if text.lstrip()[:1] not in ("{", "["):
         return _read_text(path, text)
-    try:
-        obj = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise CatalogError(
-            f"{path}: invalid JSON at line {e.lineno} column {e.colno}: {e.msg}"
-        ) from None
-    del text
-    if isinstance(obj, list):
-        label = "entry {}".format
-        return RawCatalog(
-            _parse(path, obj, label, list_rows), label, "list-of-lists JSON", str(path)
-        )
-    if not isinstance(obj, dict):
-        raise CatalogError(f"{path}: expected a JSON object or list, got {type(obj).__name__}")
-    keys = list(obj)
-    values = list(obj.values())
-    del obj
-    items = sum(map(len, values)) if all(isinstance(v, list) for v in values) else None
+    keys = _written_keys(text)
+    if keys is not None:  # the layout write_catalog_json writes: no JSON objects built
+        del text
+        values: list[Any] | None = None  # every value an empty object
+    else:
+        try:
+            obj = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise CatalogError(
+                f"{path}: invalid JSON at line {e.lineno} column {e.colno}: {e.msg}"
+            ) from None
+        del text
+        if isinstance(obj, list):
+            label = "entry {}".format
+            return RawCatalog(
+                _parse(path, obj, label, list_rows), label, "list-of-lists JSON", str(path)
+            )
+        if not isinstance(obj, dict):
+            raise CatalogError(f"{path}: expected a JSON object or list, got {type(obj).__name__}")
+        keys = list(obj)
+        values = list(obj.values())
+        del obj
+    lists = values is not None and all(isinstance(v, list) for v in values)
+    items = sum(map(len, values)) if lists else None
 
     def label(i: int) -> str:
         return f"key {keys[i]!r}"
@@ -144,8 +151,33 @@ def _read(path: Path, layout: SidLayout | None, size: int | None, keep_values: b
         kind = f"RecIF sid2pid JSON, packed keys base {size}"
     else:
         codes, kind = _parse(path, keys, label, parse_rows), "comma-key JSON"
-    pids = [_pids(v) for v in values] if keep_values else None
+    pids = None
+    if keep_values:
+        pids = [{} for _ in keys] if values is None else [_pids(v) for v in values]
     return RawCatalog(codes, label, kind, str(path), pids, items)
+
+
+# one entry a line as write_catalog_json writes it: '"12,7,301": {}', a comma after all but the last
+_WRITTEN_ENTRY = re.compile(r'^"([0-9]+(?:,[0-9]+)*)": \{\},?$', re.M)
+
+
+def _written_keys(text: str) -> list[str] | None:
+    """The keys of a comma-key JSON file in exactly the layout ``write_catalog_json`` writes
+    with empty values (``{``, one ``"a,b,c": {}`` entry a line, ``}``), in file order,
+    duplicates merged as ``json.loads`` merges them; None for anything else, which
+    ``json.loads`` then reads. It builds no object per entry."""
+    if not text.startswith("{\n"):
+        return None
+    end = text.rstrip().rfind("}")
+    body = text[2:end]
+    n = body.count("\n")
+    if end < 2 or text[end + 1 :].strip() or n == 0 or not body.endswith("{}\n"):
+        return None
+    keys = _WRITTEN_ENTRY.findall(body)
+    # every line an entry, and every entry but the last followed by a comma
+    if len(keys) != n or body.count("{},\n") != n - 1:
+        return None
+    return keys if len(set(keys)) == n else list(dict.fromkeys(keys))
 
 
 def _read_text(path: Path, text: str) -> RawCatalog:

@@ -179,3 +179,94 @@ def test_write_catalog_json_large_roundtrip(tmp_path: Path) -> None:
     path = tmp_path / "big.json"
     write_catalog_json(codes, path)
     np.testing.assert_array_equal(load_catalog(path, codebook_size=8192).codes, codes)
+
+
+def _raw_both_ways(path: Path, monkeypatch: pytest.MonkeyPatch, **kwargs):
+    """read_raw_catalog through the written-layout fast path and through json.loads."""
+    import flashrec.sid.catalog as cat
+
+    fast = cat.read_raw_catalog(path, **kwargs)
+    with monkeypatch.context() as m:
+        m.setattr(cat, "_written_keys", lambda text: None)
+        slow = cat.read_raw_catalog(path, **kwargs)
+    return fast, slow
+
+
+def _same_raw(fast, slow) -> None:
+    np.testing.assert_array_equal(fast.codes, slow.codes)
+    assert (fast.kind, fast.items, fast.values) == (slow.kind, slow.items, slow.values)
+    assert [fast.label(i) for i in range(len(fast.codes))] == [
+        slow.label(i) for i in range(len(slow.codes))
+    ]
+
+
+@pytest.mark.parametrize("keep_pids", [False, True])
+def test_written_comma_key_json_reads_as_json_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, keep_pids: bool
+) -> None:
+    """The fast path for write_catalog_json's own layout gives what json.loads gives: same
+    codes in file order, labels, kind, values; a key written twice merges (json keeps the
+    first position); leading zeros and packed (comma-free) keys as well."""
+    import flashrec.sid.catalog as cat
+
+    rng = np.random.default_rng(1)
+    codes = rng.integers(0, K, size=(300, 3))
+    codes[17] = codes[3]  # a duplicate SID
+    path = tmp_path / "w.json"
+    write_catalog_json(codes, path)
+    text = path.read_text()
+    assert cat._written_keys(text) is not None  # the fast path applies
+    fast, slow = _raw_both_ways(path, monkeypatch, keep_pids=keep_pids)
+    _same_raw(fast, slow)
+    assert len(fast.codes) == 299  # the SID written twice is one key, as json.loads has it
+    # the same key text twice: json.loads keeps one
+    twice = write(tmp_path / "twice.json", '{\n"1,2,3": {},\n"4,5,6": {},\n"1,2,3": {}\n}\n')
+    fast, slow = _raw_both_ways(twice, monkeypatch, keep_pids=keep_pids)
+    _same_raw(fast, slow)
+    assert fast.codes.tolist() == [[1, 2, 3], [4, 5, 6]]
+    zeros = write(tmp_path / "z.json", '{\n"012,7,301": {},\n"12,7,5": {}\n}\n  \n')
+    _same_raw(*_raw_both_ways(zeros, monkeypatch, keep_pids=keep_pids))
+    packed = write(tmp_path / "p.json", f'{{\n"{(12 * K + 7) * K + 301}": {{}},\n"7": {{}}\n}}\n')
+    fast, slow = _raw_both_ways(packed, monkeypatch, codebook_size=K, keep_pids=keep_pids)
+    _same_raw(fast, slow)
+    assert fast.kind.startswith("RecIF") and fast.codes.tolist()[0] == [12, 7, 301]
+    # the loaded catalog is the same either way
+    assert load_catalog(path).codes.tolist() == np.unique(codes, axis=0).tolist()
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{\n"1,2,3": {},\n"4,5,6": {},\n}\n',  # a trailing comma: invalid JSON
+        '{\n"1,2,3": {}\n"4,5,6": {}\n}\n',  # a missing comma: invalid JSON
+        '{\n"1,2,3": {},\n"4,5,6": {}\n',  # no closing brace
+        '{\n"1,2,3": {},\n"4,5,6": {}\n}\n}\n',  # a brace too many
+    ],
+)
+def test_written_layout_lookalikes_that_are_not_json_still_fail(tmp_path: Path, text: str) -> None:
+    import flashrec.sid.catalog as cat
+
+    assert cat._written_keys(text) is None
+    path = write(tmp_path / "bad.json", text)
+    with pytest.raises(CatalogError, match="invalid JSON"):
+        load_catalog(path)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{\r\n"1,2,3": {},\r\n"4,5,6": {}\r\n}\r\n',  # other line ends
+        '{\n"1,2,3": {"pid": 4},\n"4,5,6": {}\n}\n',  # values of their own
+        '{\n"1,2,3":{},\n"4,5,6": {}\n}\n',  # other spacing
+        '{\n"\\u0031,2,3": {},\n"4,5,6": {}\n}\n',  # an escape
+        '{"1,2,3": {}, "4,5,6": {}}',  # one line
+    ],
+)
+def test_other_json_layouts_take_the_json_reader(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: str
+) -> None:
+    import flashrec.sid.catalog as cat
+
+    assert cat._written_keys(text) is None
+    path = write(tmp_path / "o.json", text)
+    assert load_catalog(path).codes.tolist() == [[1, 2, 3], [4, 5, 6]]
