@@ -1,4 +1,4 @@
-"""BeamColumns: a request's beams held column by column (session 14), read as the list of
+"""BeamColumns: a request's beams held column by column, read as the list of
 BeamResult they stand for; the engine returns them, the pipe and the answer encoders take the
 columns as they are."""
 

@@ -129,8 +129,8 @@ def test_triton_backend_equals_torch_backend(tiny_model):
 def test_graph_replay_equals_eager(synth_model, preset):
     """The decode graph replays the eager forward: the same batch (widths 1, 4, 11 and 64 per
     prompt, 3 x 80 = 240 beam rows, a captured size, so no padding row changes the GEMMs' M)
-    gives the same beams. Until session 15 this test sent 255 rows to 128-row graphs, and that
-    decode ran eagerly on both sides; ``decode_forwards`` now shows the replays happen."""
+    gives the same beams; ``decode_forwards`` shows the replays happen (a batch wider than the
+    graphs would run eagerly on both sides and compare nothing)."""
     tiny_model = synth_model(preset, catalog_size=2000)
     ns = (1, 4, 11, 64)
     kw = dict(dtype="bfloat16", quantization="fp8", cuda_graph_max_bs=256)
@@ -433,10 +433,8 @@ def test_prefill_graph_equals_eager_prefill(synth_model, quantization):
             out += eng.generate([eng.new_request(eng.build_prompt(messages=p), n=16)])
         runs.append(out)
     # fp8: the padded bucket changes the GEMMs' M (cuBLAS picks other tiles); a last-bit change
-    # before a per-token FP8 quantisation can flip a rounding (the H200 showed 0.06-0.11 nat
-    # with FlashInfer on the eager side; session 9: 0.12 nat for one beam once decode ran its
-    # float16-product launch, which is closer to a float64 reference than the old one), so fp8
-    # gets 0.15 nat. A wrong mask, prefix or padding slot moves every score by far more.
+    # before a per-token FP8 quantisation can flip a rounding (on the H200 up to 0.12 nat for
+    # one beam, commit 75d35ea), so fp8 gets 0.15 nat. A wrong mask, prefix or padding slot moves every score by far more.
     _similar(runs[0], runs[1], tol=5e-2 if quantization == "none" else 0.15, overlap=0.9)
 
 
@@ -569,7 +567,7 @@ def test_gpu_defaults_capture_the_whole_step(synth_model):
     assert eff["prefill_graph_max_tokens"] == 2048
     assert eff["piecewise_prefill_max_tokens"] > 0
     assert eff["kv_reorder_positions"] == 1
-    assert eff["overlap_results"] is True  # on with CUDA (measured on the H200, session 10)
+    assert eff["overlap_results"] is True  # on with CUDA (the A/B in docs/baselines.md)
     # the step graph answers: every request of width 16 at temperature 0 replays it
     calls = []
     orig = eng.runner.graphs.run_step

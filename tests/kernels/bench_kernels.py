@@ -261,7 +261,7 @@ def _attn_sweep(
     qo = torch.arange(0, rows_n + 1, n, dtype=torch.int32)
     kvp = torch.arange(0, reqs * length + 1, length, dtype=torch.int32)
     last = torch.ones(reqs, dtype=torch.int32)
-    for backend in ("fa2",):  # fa3: its paged kernels did not build for these inputs (s9)
+    for backend in ("fa2",):  # fa3: its paged kernels do not build for these inputs
         try:
             w = flashinfer.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD", backend=backend)
 

@@ -152,8 +152,8 @@ def test_fp8_linear_is_graph_capturable() -> None:
 def test_to_fp8_rounds_like_torch_bit_for_bit(triton_backend, hw: bool) -> None:
     """The kernels' shared e4m3 conversion (``to_fp8``) gives PyTorch's codes on every probe
     value: ties, their neighbours, subnormals, saturation, and -0 for negative values that round
-    to zero (the emulated form gave +0 on the H200 until session 14: Triton lowers ``-y`` to
-    ``0 - y``). ``hw`` (GPU only) takes the hardware conversion instead of the emulation."""
+    to zero (an emulation that negates with ``-y`` gives +0: Triton lowers it to ``0 - y``).
+    ``hw`` (GPU only) takes the hardware conversion instead of the emulation."""
     if hw and triton_backend.device == "cpu":
         pytest.skip("the hardware conversion needs a GPU")
     from flashrec.kernels.fp8 import e4m3_probe_values, to_fp8_triton
