@@ -173,6 +173,8 @@ def _written_keys(text: str) -> list[str] | None:
     n = body.count("\n")
     if end < 2 or text[end + 1 :].strip() or n == 0 or not body.endswith("{}\n"):
         return None
+    if not _WRITTEN_ENTRY.match(body, 0, body.find("\n")):  # another layout: no full scan
+        return None
     keys = _WRITTEN_ENTRY.findall(body)
     # every line an entry, and every entry but the last followed by a comma
     if len(keys) != n or body.count("{},\n") != n - 1:
