@@ -85,8 +85,10 @@ def _decode_graph_launches(events: list[dict]) -> int | None:
     return n
 
 
-def _by_class(items, classes: tuple[tuple[str, str], ...] = ()) -> list[dict]:
-    """``(name, us, count)`` items summed by kernel class (see :func:`gpu_time_by_class`)."""
+def gpu_time_by_class(items, classes: tuple[tuple[str, str], ...] = ()) -> list[dict]:
+    """``(kernel name, us, count)`` items summed by class (``KERNEL_CLASSES``, after the
+    ``(name, regex)`` pairs of ``classes``, which are tried first), largest first, with each
+    class's share of the summed operation time."""
     rules = [(n, re.compile(rx)) for n, rx in classes] + list(KERNEL_CLASSES)
     totals: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
     for name, us, count in items:
@@ -94,15 +96,6 @@ def _by_class(items, classes: tuple[tuple[str, str], ...] = ()) -> list[dict]:
         totals[kind][0] += us
         totals[kind][1] += count
     return top_rows(totals, sum(v[0] for v in totals.values()), len(totals))
-
-
-def gpu_time_by_class(
-    spans: list[tuple[float, float, str]], classes: tuple[tuple[str, str], ...] = ()
-) -> list[dict]:
-    """Every GPU operation's time summed by class (``KERNEL_CLASSES``, after the
-    ``(name, regex)`` pairs of ``classes``, which are tried first), largest first, with each
-    class's share of the summed operation time."""
-    return _by_class(((name, end - start, 1) for start, end, name in spans), classes)
 
 
 def gpu_summary(
@@ -175,7 +168,8 @@ def gpu_summary(
         "kernel_launches": launches,
         "decode_graph_replay": replay,
         "top_kernels": top_rows(kernels, busy, top_k),
-        "gpu_time_by_class": gpu_time_by_class(spans, classes),
+        # classified once per kernel name, not per launch
+        "gpu_time_by_class": gpu_time_by_class(((n, *v) for n, v in kernels.items()), classes),
         "gemm": {
             "total_us": round(gemm_us, 1),
             "fp8_us": round(fp8_us, 1),
@@ -288,7 +282,9 @@ def gpu_time_by_span(
                 "ops": count,
                 "spans": occurrences.get(span, 0),  # 0 for NO_SPAN
                 "pct": round(100 * total / busy, 2) if busy else None,
-                "by_class": _by_class(((n, v[0], v[1]) for n, v in kernels.items()), classes),
+                "by_class": gpu_time_by_class(
+                    ((n, v[0], v[1]) for n, v in kernels.items()), classes
+                ),
                 "top": [
                     {
                         "name": n[:160],

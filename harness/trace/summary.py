@@ -2,8 +2,8 @@
 
 :func:`summarize_events` puts together the GPU fields (:mod:`harness.trace.gpu`: busy fraction,
 gaps, graph replays, top kernels, time by kind of kernel, FP8 GEMMs, where the GPU waits and
-where it works) and the
-host fields (:mod:`harness.trace.host`: CPU operator time, steps, host stalls, decode cadence).
+where it works) and the host fields (:mod:`harness.trace.host`: CPU operator time, steps, host
+stalls, decode cadence).
 On a CPU-only trace the GPU fields are ``"n/a"`` and the CPU operator time is what the summary
 reports. ``python -m harness.trace.summary TRACE... [--span NAME]`` prints each trace's summary
 (or one span's inside, :func:`harness.trace.host.span_breakdown`) as JSON.
