@@ -19,12 +19,14 @@ the SDPA path), reading q/k/v from and writing its output into static buffers. T
 padded to its bucket: padding tokens sit after the real ones, write their K/V into the scratch
 slots reserved for the prefill graphs, and are never attended to or read back.
 
-Per layer this is one graph replay and one attention call instead of ~10 launches. The price:
-copies per layer (q/k/v into the static buffer, the residual, and the attention output where
-the backend cannot write it into its buffer; FlashInfer's kernel does) and the padding, a few
-percent of GPU time on large batches, so the largest bucket is a knob: large batches are
-GPU-bound and lose more to the copies than they gain, hence the default of 8,192
-(docs/configuration.md).
+Per layer this is one graph replay and one attention call instead of ~10 launches. The layers
+write their state where the next step reads it: the QKV GEMM into the static q/k/v rows (the
+fused q/k norm + RoPE kernel then works in place there), each norm its new residual over the
+static one. What remains is copied: the embeddings into the residual once per forward, q/k
+where the unfused path rotates them into new tensors, and attention's output where the backend
+cannot write into its buffer (FlashInfer's kernel does). The price is the padding, and the
+copies where they remain; large batches are GPU-bound and gain little, so the largest bucket
+is a knob (default 8,192, docs/configuration.md).
 
 On CPU the same padded pieces run eagerly (the tests compare them with the plain forward).
 """
@@ -71,6 +73,8 @@ class PiecewisePrefill(PaddedInputs):
         self.v = self.qkv[:, q_w + kv_w :].view(t, self.hkv, self.d)
         self.residual = torch.zeros(t, mc.hidden_size, dtype=dtype, device=dev)
         self.attn = torch.zeros(t, q_w, dtype=dtype, device=dev)
+        self._qkv_ptrs = (self.q.data_ptr(), self.k.data_ptr(), self.v.data_ptr())
+        self.copies = 0  # copies into the static buffers made by the pieces (see _keep)
         self.graphs: dict[int, list] = {}
         self.output: dict[int, torch.Tensor] = {}
         self.stored: list[bool] = []  # per layer: the piece wrote the KV (fused kernel)
@@ -81,19 +85,18 @@ class PiecewisePrefill(PaddedInputs):
 
     # ---- the pieces -----------------------------------------------------------------------
     def _keep(self, t: int, q, k, v, residual) -> None:
-        """Copy one layer's q/k/v and residual into the static buffers (one copy for q/k/v
-        when they are the fused QKV row, as the fused kernel returns them)."""
-        base = q._base  # noqa: SLF001 - the QKV GEMM output the views share, if any
-        w = self.qkv.shape[1]
-        row = base is not None and base.shape == (t, w) and base.is_contiguous()
-        if row and q.data_ptr() == base.data_ptr() and k._base is base and v._base is base:  # noqa: SLF001
-            self.qkv[:t].copy_(base)
-        else:
-            self.q[:t].copy_(q)
-            self.k[:t].copy_(k)
-            self.v[:t].copy_(v)
+        """One layer's q/k/v and residual into the static buffers: nothing to do where the
+        layer wrote them there (the QKV GEMM and the fused kernel in ``self.qkv``, the norm's
+        residual in ``self.residual``); else a copy, counted in ``self.copies``."""
         if residual.data_ptr() != self.residual.data_ptr():
             self.residual[:t].copy_(residual)
+            self.copies += 1
+        if (q.data_ptr(), k.data_ptr(), v.data_ptr()) == self._qkv_ptrs:
+            return
+        for got, static in ((q, self.q), (k, self.k), (v, self.v)):
+            if got.data_ptr() != static.data_ptr():
+                static[:t].copy_(got)
+                self.copies += 1
 
     def _piece(self, t: int, i: int):
         run, ctx, meta = self.runner, self.runner.ctx, self.metas[t]
@@ -104,12 +107,16 @@ class PiecewisePrefill(PaddedInputs):
             x, residual = self.layers[i - 1].post(
                 self.attn[self.last], self.residual[self.last], ctx
             )
-        else:
-            x, residual = self.layers[i - 1].post(self.attn[:t], self.residual[:t], ctx)
+        else:  # the new residual over the old, in place
+            x, residual = self.layers[i - 1].post(
+                self.attn[:t], self.residual[:t], ctx, residual_out=self.residual[:t]
+            )
         if last:
             h = run.model.final(x, residual, ctx, None if ctx.last_rows else self.last)
             return run.lm_head.level_logprobs(h, 0)
-        q, k, v, stored, residual = self.layers[i].pre(x, residual, self.pos[:t], meta, ctx)
+        q, k, v, stored, residual = self.layers[i].pre(
+            x, residual, self.pos[:t], meta, ctx, self.qkv[:t], self.residual[:t]
+        )
         if len(self.stored) == i:
             self.stored.append(stored)
         self._keep(t, q, k, v, residual)
@@ -137,11 +144,13 @@ class PiecewisePrefill(PaddedInputs):
                 f"{FIX_KNOBS}."
             ) from exc
         log.info(
-            "captured %d piecewise prefill CUDA graphs (%d pieces x %d token buckets up to %d)",
+            "captured %d piecewise prefill CUDA graphs (%d pieces x %d token buckets up to %d; "
+            "%d copies into the static buffers per forward)",
             n * len(self.sizes),
             n,
             len(self.sizes),
             self.sizes[-1],
+            self.copies // len(self.sizes),
         )
 
     # ---- one forward ----------------------------------------------------------------------

@@ -170,12 +170,14 @@ def fp8_linear_scaled_mm(
     w_scale: torch.Tensor,
     bias: torch.Tensor | None = None,
     out_dtype: torch.dtype = torch.bfloat16,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """:func:`fp8_linear_ref` on CUDA through ``torch._scaled_mm`` with row-wise scales.
 
     Requirements: K and N multiples of 16 (checked), ``w_fp8`` row-major [N, K] (so its
     transpose is column-major), fp32 scales. ``use_fast_accum=True``. Row-wise scaling is
     documented for bf16 output; other ``out_dtype`` values are passed to torch as they are.
+    ``out``: a contiguous [M, N] tensor the GEMM writes (without a bias: no copy).
     """
     m, k = x_fp8.shape
     n = w_fp8.shape[0]
@@ -185,17 +187,19 @@ def fp8_linear_scaled_mm(
         raise ValueError(f"shape mismatch: x {tuple(x_fp8.shape)} vs w {tuple(w_fp8.shape)}")
     if m == 0:
         return torch.empty((0, n), dtype=out_dtype, device=x_fp8.device)
-    out = torch._scaled_mm(
-        x_fp8.contiguous(),
-        w_fp8.contiguous().t(),
-        scale_a=x_scale.float().reshape(m, 1).contiguous(),
-        scale_b=w_scale.float().reshape(1, n).contiguous(),
-        out_dtype=out_dtype,
-        use_fast_accum=True,
-    )
+    args = (x_fp8.contiguous(), w_fp8.contiguous().t())
+    kw = {
+        "scale_a": x_scale.float().reshape(m, 1).contiguous(),
+        "scale_b": w_scale.float().reshape(1, n).contiguous(),
+        "out_dtype": out_dtype,
+        "use_fast_accum": True,
+    }
+    if out is not None and bias is None:
+        return torch._scaled_mm(*args, **kw, out=out)
+    res = torch._scaled_mm(*args, **kw)
     if bias is not None:
-        out = out + bias.to(out_dtype)
-    return out
+        res = res + bias.to(out_dtype)
+    return res if out is None else out.copy_(res)
 
 
 def fp8_linear(
@@ -205,13 +209,16 @@ def fp8_linear(
     w_scale: torch.Tensor,
     bias: torch.Tensor | None = None,
     out_dtype: torch.dtype = torch.bfloat16,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """FP8 linear: ``_scaled_mm`` on FP8-capable GPUs (sm_89+) for bf16 output, else the
-    float32 reference (CPU, older GPUs, other output dtypes)."""
+    float32 reference (CPU, older GPUs, other output dtypes). ``out``: the [M, N] result
+    goes there (written by the GEMM on the fast path, copied otherwise)."""
     fast = out_dtype == torch.bfloat16 and x_fp8.is_cuda
     if fast and _fp8_gemm_supported(x_fp8.device.index):
-        return fp8_linear_scaled_mm(x_fp8, x_scale, w_fp8, w_scale, bias, out_dtype)
-    return fp8_linear_ref(x_fp8, x_scale, w_fp8, w_scale, bias, out_dtype)
+        return fp8_linear_scaled_mm(x_fp8, x_scale, w_fp8, w_scale, bias, out_dtype, out)
+    res = fp8_linear_ref(x_fp8, x_scale, w_fp8, w_scale, bias, out_dtype)
+    return res if out is None else out.copy_(res)
 
 
 @functools.cache

@@ -61,18 +61,31 @@ class Linear(nn.Module):
             return fp8k.dequantize(self.weight, self.weight_scale).to(dtype)
         return self.weight.to(dtype)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """``x @ W.T (+ b)``; ``out``: a contiguous tensor of the result's shape that receives
+        it (the plain GEMM without a bias and the FP8 GEMM write it; other paths copy)."""
         if not self.is_fp8:
             if invariant.active():  # --deterministic decode: a fixed reduction order per row
-                return invariant.linear(x, self.weight, self.bias)
-            return nn.functional.linear(x, self.weight, self.bias)
+                res = invariant.linear(x, self.weight, self.bias)
+            elif out is not None and self.bias is None and x.dim() == 2:
+                return torch.mm(x, self.weight.t(), out=out)
+            else:
+                res = nn.functional.linear(x, self.weight, self.bias)
+            return res if out is None else out.copy_(res)
         x_fp8, scale = fp8k.per_token_quant_fp8(x)
-        return self.forward_fp8(x_fp8, scale, out_dtype=x.dtype)
+        return self.forward_fp8(x_fp8, scale, out_dtype=x.dtype, out=out)
 
     def forward_fp8(
-        self, x_fp8: torch.Tensor, a_scale: torch.Tensor, out_dtype: torch.dtype = torch.bfloat16
+        self,
+        x_fp8: torch.Tensor,
+        a_scale: torch.Tensor,
+        out_dtype: torch.dtype = torch.bfloat16,
+        out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """GEMM on an activation that was already quantized per token upstream."""
         assert self.is_fp8, "forward_fp8 on an unquantized Linear"
-        gemm = invariant.fp8_linear if invariant.active() else fp8k.fp8_linear
-        return gemm(x_fp8, a_scale, self.weight, self.weight_scale, self.bias, out_dtype=out_dtype)
+        w, s, b = self.weight, self.weight_scale, self.bias
+        if invariant.active():
+            res = invariant.fp8_linear(x_fp8, a_scale, w, s, b, out_dtype=out_dtype)
+            return res if out is None else out.copy_(res)
+        return fp8k.fp8_linear(x_fp8, a_scale, w, s, b, out_dtype=out_dtype, out=out)

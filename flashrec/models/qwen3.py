@@ -32,13 +32,14 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(self.d, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(self.d, cfg.rms_norm_eps) if cfg.qk_norm else None
 
-    def project(self, x, positions, meta, ctx, x_fp8=None, a_scale=None):
+    def project(self, x, positions, meta, ctx, x_fp8=None, a_scale=None, qkv_out=None):
         """QKV projection, q/k norm and RoPE (plus the KV write, when the fused kernel does it):
-        ``(q, k, v, stored)``."""
+        ``(q, k, v, stored)``. ``qkv_out``: the [T, (Hq + 2 Hkv) D] rows the GEMM writes (the
+        fused kernel then works in place there, so q/k/v are views of it)."""
         qkv = (
-            self.qkv_proj(x)
+            self.qkv_proj(x, out=qkv_out)
             if x_fp8 is None
-            else self.qkv_proj.forward_fp8(x_fp8, a_scale, x.dtype)
+            else self.qkv_proj.forward_fp8(x_fp8, a_scale, x.dtype, out=qkv_out)
         )
         t = qkv.shape[0]
         # zero-copy per-head views into the fused GEMM output
@@ -97,31 +98,37 @@ class DecoderLayer(nn.Module):
     def _use_fused_quant(self, ctx) -> bool:
         return ctx.fused_rms_fp8 and self.self_attn.qkv_proj.is_fp8
 
-    def pre(self, x, residual, positions, meta, ctx):
+    def pre(self, x, residual, positions, meta, ctx, qkv_out=None, residual_out=None):
         """The layer up to attention: (residual add +) input norm, QKV, q/k norm, RoPE (and KV
         write). Returns ``(q, k, v, stored, residual)``. ``x``: the previous layer's MLP output
-        (the embeddings for layer 0, with ``residual`` None)."""
+        (the embeddings for layer 0, with ``residual`` None). ``qkv_out`` / ``residual_out``:
+        static rows that receive the QKV output and the new residual (the piecewise graphs')."""
         if self._use_fused_quant(ctx):
-            x8, s, residual = self.input_layernorm.quant_fp8(x, residual)
+            x8, s, residual = self.input_layernorm.quant_fp8(x, residual, residual_out)
             # ``residual`` only carries the activation dtype here: the GEMM reads the FP8 input
-            return (*self.self_attn.project(residual, positions, meta, ctx, x8, s), residual)
+            q, k, v, stored = self.self_attn.project(
+                residual, positions, meta, ctx, x8, s, qkv_out=qkv_out
+            )
+            return q, k, v, stored, residual
         f = ctx.fused_rms
         if residual is None:
             residual = x
             x = self.input_layernorm(x, fused=f)
         else:
-            x, residual = self.input_layernorm(x, residual, fused=f)
-        return (*self.self_attn.project(x, positions, meta, ctx), residual)
+            x, residual = self.input_layernorm(x, residual, fused=f, res_out=residual_out)
+        return (*self.self_attn.project(x, positions, meta, ctx, qkv_out=qkv_out), residual)
 
-    def post(self, attn, residual, ctx):
+    def post(self, attn, residual, ctx, residual_out=None):
         """The layer after attention: ``o_proj``, residual add + norm, MLP. Returns
-        ``(mlp_out, residual)``."""
+        ``(mlp_out, residual)`` (the residual in ``residual_out`` when given)."""
         h = self.self_attn.o_proj(attn)
         if self._use_fused_quant(ctx):
             # h only carries the activation dtype below: the GEMMs read the FP8 inputs
-            x8, s, residual = self.post_attention_layernorm.quant_fp8(h, residual)
+            x8, s, residual = self.post_attention_layernorm.quant_fp8(h, residual, residual_out)
             return self.mlp(h, ctx, x8, s), residual
-        h, residual = self.post_attention_layernorm(h, residual, fused=ctx.fused_rms)
+        h, residual = self.post_attention_layernorm(
+            h, residual, fused=ctx.fused_rms, res_out=residual_out
+        )
         return self.mlp(h, ctx), residual
 
     def forward(self, x, residual, positions, meta, ctx, rows: torch.Tensor | None = None):

@@ -55,6 +55,19 @@ def test_batched_padded_pieces_equal_the_plain_prefill(tiny_model):
     assert pieced.runner.kv.tokens.num_used == pieced.scheduler.kv_reserved_tokens == 1024
 
 
+def test_the_layers_write_the_static_buffers_in_place(tiny_model):
+    """The QKV GEMM writes the static q/k/v rows and each norm its residual over the static
+    one: the only copies left on CPU are the embeddings into the residual (once) and the
+    rotated q and k of every layer (the unfused RoPE makes new tensors; v stays in place)."""
+    eng = _engine(tiny_model, enable_prefix_cache=False, piecewise_prefill_max_tokens=1024)
+    pw = eng.runner.piecewise
+    used = _spy(eng)
+    before = pw.copies
+    eng.generate([eng.new_request(p, n=4) for p in _prompts(eng)[:2]])
+    assert len(used) == 1  # one pieced forward
+    assert pw.copies - before == 1 + 2 * len(pw.layers)
+
+
 def test_cached_prefixes_go_through_the_pieces(tiny_model):
     """Radix hits: attention (eager, between the pieces) reads the cached prefix from the
     pool; the beams equal the plain engine's warm run; padding never overwrites cached KV."""

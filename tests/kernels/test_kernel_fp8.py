@@ -165,3 +165,40 @@ def test_to_fp8_rounds_like_torch_bit_for_bit(triton_backend, hw: bool) -> None:
     got = got.view(torch.uint8).cpu()
     assert (want == 0x80).any()  # some values round to -0
     assert torch.equal(got, want)
+
+
+DEVICES = [
+    "cpu",
+    pytest.param(
+        "cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")]
+    ),
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("fp8", [False, True])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_linear_out_receives_the_result(device: str, fp8: bool, with_bias: bool) -> None:
+    """``Linear(x, out=)``: the same values as without ``out``, written into ``out`` (a row
+    slice of a larger buffer, as the piecewise graphs pass their static QKV rows)."""
+    from flashrec.layers.linear import Linear
+
+    torch.manual_seed(4)
+    lin = Linear(128, 64, bias=with_bias)
+    w = torch.randn(64, 128) * 0.05
+    lin.load(w, quantize_fp8=fp8, dtype=torch.bfloat16)
+    if with_bias:
+        lin.bias = torch.nn.Parameter(torch.randn(64).to(torch.bfloat16), requires_grad=False)
+    lin = lin.to(device)
+    x = torch.randn(9, 128, dtype=torch.bfloat16, device=device)
+    want = lin(x)
+    buf = torch.full((16, 64), float("nan"), dtype=torch.bfloat16, device=device)
+    got = lin(x, out=buf[:9])
+    assert got.data_ptr() == buf.data_ptr()
+    assert torch.equal(buf[:9], want)
+    assert torch.isnan(buf[9:].float()).all()  # nothing past the rows asked for
+    if fp8:
+        x8, s = per_token_quant_fp8(x)
+        buf.fill_(float("nan"))
+        lin.forward_fp8(x8, s, torch.bfloat16, out=buf[:9])
+        assert torch.equal(buf[:9], lin.forward_fp8(x8, s, torch.bfloat16))

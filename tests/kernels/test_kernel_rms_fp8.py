@@ -64,6 +64,45 @@ def test_leading_dims() -> None:
     assert y.shape == (2, 3, 32)
 
 
+@pytest.mark.parametrize("alias", [False, True])
+def test_res_out_receives_the_new_residual(alias: bool) -> None:
+    """``res_out``: the new residual lands there, also when it is the residual itself (the
+    piecewise graphs update their static residual in place); y is unchanged."""
+    torch.manual_seed(2)
+    x = torch.randn(6, 64, dtype=torch.bfloat16)
+    res = torch.randn(6, 64, dtype=torch.bfloat16)
+    weight = torch.rand(64, dtype=torch.bfloat16) + 0.5
+    y_ref, res_ref = rms_norm_ref(x, weight, EPS, res.clone())
+    q_ref, s_ref, _ = rms_norm_quant_fp8_ref(x, weight, EPS, res.clone())
+    for quant in (False, True):
+        r = res.clone()
+        dst = r if alias else torch.full_like(r, float("nan"))
+        if quant:
+            q, s, got = rms_norm_quant_fp8(x, weight, EPS, r, dst)
+            assert torch.equal(q.float(), q_ref.float()) and torch.equal(s, s_ref)
+        else:
+            y, got = rms_norm(x, weight, EPS, r, dst)
+            assert torch.equal(y, y_ref)
+        assert got.data_ptr() == dst.data_ptr()
+        assert torch.equal(dst, res_ref)
+    with pytest.raises(ValueError, match="contiguous"):
+        rms_norm(x, weight, EPS, res, torch.empty(6, 128, dtype=torch.bfloat16)[:, :64])
+
+
+def test_layer_norm_res_out_in_place() -> None:
+    """RMSNorm's unfused path (CPU) writes the residual sum in place too."""
+    from flashrec.layers.norm import RMSNorm
+
+    torch.manual_seed(3)
+    norm = RMSNorm(32, EPS)
+    x, res = torch.randn(4, 32), torch.randn(4, 32)
+    y_ref, res_ref = norm(x, res.clone())
+    r = res.clone()
+    y, got = norm(x, r, res_out=r)
+    assert got.data_ptr() == r.data_ptr()
+    assert torch.equal(y, y_ref) and torch.equal(r, res_ref)
+
+
 SHAPES = [(1, 64), (7, 100), (16, 256), (33, 2048), (300, 4096)]
 
 
@@ -93,3 +132,10 @@ def test_triton_matches_ref(
     q_ref, s_ref, _ = rms_norm_quant_fp8_ref(x, weight, EPS, res)
     assert_fp8_close((q, s), (q_ref, s_ref), max_frac=frac)
     assert_act_close(res_out, res_ref, exact=True)
+    if res is not None:  # the new residual written over the old one, in place
+        for quant in (False, True):
+            r = res.clone()
+            launch = rms_norm_quant_fp8_triton if quant else rms_norm_triton
+            got = launch(x, weight, EPS, r, r)[-1]
+            assert got.data_ptr() == r.data_ptr()
+            assert_act_close(r, res_ref, exact=True)
