@@ -74,7 +74,7 @@ class PiecewisePrefill(PaddedInputs):
         self.residual = torch.zeros(t, mc.hidden_size, dtype=dtype, device=dev)
         self.attn = torch.zeros(t, q_w, dtype=dtype, device=dev)
         self._qkv_ptrs = (self.q.data_ptr(), self.k.data_ptr(), self.v.data_ptr())
-        self.copies = 0  # copies into the static buffers made by the pieces (see _keep)
+        self.copies = 0  # copies into the static buffers by the last forward's pieces (_keep)
         self.graphs: dict[int, list] = {}
         self.output: dict[int, torch.Tensor] = {}
         self.stored: list[bool] = []  # per layer: the piece wrote the KV (fused kernel)
@@ -101,7 +101,8 @@ class PiecewisePrefill(PaddedInputs):
     def _piece(self, t: int, i: int):
         run, ctx, meta = self.runner, self.runner.ctx, self.metas[t]
         last = i == len(self.layers)
-        if i == 0:
+        if i == 0:  # a forward begins (capture runs each bucket's twice: warm-up, capture)
+            self.copies = 0
             x, residual = run.model.embed_tokens(self.ids[:t]), None
         elif last and ctx.last_rows:  # the last layer goes on with each prompt's last token
             x, residual = self.layers[i - 1].post(
@@ -150,7 +151,7 @@ class PiecewisePrefill(PaddedInputs):
             n,
             len(self.sizes),
             self.sizes[-1],
-            self.copies // len(self.sizes),
+            self.copies,
         )
 
     # ---- one forward ----------------------------------------------------------------------
