@@ -3,7 +3,7 @@
 A model of the hazard runs on the CPU: a stream of queued operations that run later, a wrapper
 whose ``plan`` writes a host buffer and queues a copy that reads it when it runs (as FlashInfer's
 page-locked plan buffer does), and forwards that read what the copy delivered. The GPU test in
-``tests/gpu/test_gpu_engine.py`` runs the real wrappers behind a delayed stream."""
+``tests/gpu/test_gpu_flashinfer.py`` runs the real wrappers behind a delayed stream."""
 
 from __future__ import annotations
 
