@@ -23,6 +23,25 @@ def load_tokenizer(model_path: str):
     return AutoTokenizer.from_pretrained(model_path)
 
 
+def encode_text(tokenizer: Any, text: str) -> list[int]:
+    """``tokenizer.encode(text, add_special_tokens=False)``. A HF fast tokenizer's Rust
+    backend encodes without offsets (``encode_batch_fast``), about 1.5x faster, and gives the
+    same ids where its state is what such a call sets: no truncation, no padding, special
+    tokens split only if ``split_special_tokens``. Checked per call, since another call on the
+    same tokenizer may leave truncation or padding set; else the HF call."""
+    bt = getattr(tokenizer, "backend_tokenizer", None)
+    fast = getattr(bt, "encode_batch_fast", None)
+    if (
+        fast is not None
+        and bt.truncation is None
+        and bt.padding is None
+        and getattr(bt, "encode_special_tokens", False)
+        == bool(getattr(tokenizer, "split_special_tokens", False))
+    ):
+        return fast([text], add_special_tokens=False)[0].ids
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
 class PromptTooLong(ValueError):
     """A text that provably encodes to more tokens than allowed, refused before encoding."""
 
@@ -154,7 +173,7 @@ def build_prompt_ids(
     elif text is not None:
         if guard is not None:
             guard.check(text)
-        ids = tokenizer.encode(text, add_special_tokens=False)
+        ids = encode_text(tokenizer, text)
     elif messages is not None:
         kwargs = {"enable_thinking": False}
         kwargs.update(chat_template_kwargs or {})
@@ -163,7 +182,7 @@ def build_prompt_ids(
         )
         if guard is not None:
             guard.check(rendered)
-        ids = tokenizer.encode(rendered, add_special_tokens=False)
+        ids = encode_text(tokenizer, rendered)
     else:
         raise ValueError("one of messages, text or input_ids is required")
     if not ids or ids[-1] != layout.sid_begin:

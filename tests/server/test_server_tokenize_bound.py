@@ -4,7 +4,6 @@ before it is encoded, large prompts are built on a lane of their own, /health re
 from __future__ import annotations
 
 import asyncio
-import random
 import threading
 import time
 import unicodedata
@@ -14,7 +13,8 @@ from pathlib import Path
 import pytest
 import requests
 from server_helpers import ServerThread, real_server
-from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from tokenizer_helpers import mixed_texts, qwen_like_tokenizer
+from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from flashrec.prompt import LengthGuard, PromptTooLong, length_guard
@@ -26,23 +26,6 @@ SMALL = {"messages": [{"role": "user", "content": "an ordinary prompt"}], "n": 4
 # the ordinary request's answer bound: the measured stall behind four near-8-MiB prompts
 # was 25-30 s per prompt (101 s behind four); any bound well below that shows the effect
 SMALL_BOUND_S = 10.0
-
-
-def _texts(seed: int) -> list[str]:
-    rng = random.Random(seed)
-    alphabet = "ab \n\t.,é€😀\u0301ᄀ\u1161\u11a8<>|_"
-    specials = ["<|im_start|>", "<|im_end|>", "<|sid_begin|>", "<s_a_1>", "<think>"]
-    out = []
-    for _ in range(200):
-        parts = []
-        for _ in range(rng.randint(1, 40)):
-            if rng.random() < 0.2:
-                parts.append(rng.choice(specials))
-            else:
-                parts.append("".join(rng.choice(alphabet) for _ in range(rng.randint(0, 12))))
-        out.append("".join(parts))
-    out += ["", " " * 500, "x" * 1000, "<|im_start|>" * 50, "e\u0301" * 200]
-    return out
 
 
 def _assert_sound(tok, guard: LengthGuard, texts: list[str]) -> None:
@@ -57,45 +40,24 @@ def _assert_sound(tok, guard: LengthGuard, texts: list[str]) -> None:
         assert n >= least, (text, n, least)
 
 
-def _qwen_like(tmp_path: Path) -> PreTrainedTokenizerFast:
-    """A Qwen2-shaped tokenizer: NFC, regex Split (isolated) + ByteLevel, BPE with merges."""
-    tok = Tokenizer(models.BPE())
-    tok.normalizer = normalizers.NFC()
-    tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Split(r"\s+|\w+|[^\s\w]+", behavior="isolated"),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-        ]
-    )
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=600,
-        special_tokens=["<|im_start|>", "<|im_end|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    )
-    corpus = ["the quick brown fox jumps over the lazy dog " * 20, "aaaa" * 200, "    " * 100]
-    tok.train_from_iterator(corpus, trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=tok)
-
-
 def test_guard_is_sound_for_the_synthetic_tokenizer(tiny_checkpoint: Path) -> None:
     tok = AutoTokenizer.from_pretrained(tiny_checkpoint)
     guard = length_guard(tok, 4096)
     # one byte a token, the longest added token ("<|sid_begin|>") 13 bytes
     assert guard == LengthGuard(4096, 13, nfc=False)
-    _assert_sound(tok, guard, _texts(0))
+    _assert_sound(tok, guard, mixed_texts(0))
     with pytest.raises(PromptTooLong, match="at least"):
         guard.check("y" * (4096 * 13 + 1))
     guard.check("y" * (4096 * 13))  # may fit: left to the tokenizer
 
 
-def test_guard_is_sound_for_a_qwen_shaped_tokenizer(tmp_path: Path) -> None:
-    tok = _qwen_like(tmp_path)
+def test_guard_is_sound_for_a_qwen_shaped_tokenizer() -> None:
+    tok = qwen_like_tokenizer()
     guard = length_guard(tok, 100)
     assert guard is not None and guard.nfc
     longest = max(len(t) for t in tok.backend_tokenizer.get_vocab(with_added_tokens=False))
     assert guard.token_bytes == max(longest, len("<|im_start|>")) > 8  # merges were learned
-    _assert_sound(tok, guard, _texts(1) + ["aaaa" * 300, "    " * 300, "the quick " * 100])
+    _assert_sound(tok, guard, mixed_texts(1) + ["aaaa" * 300, "    " * 300, "the quick " * 100])
     one = LengthGuard(1, guard.token_bytes, nfc=True)
     decomposed = "e\u0301" * guard.token_bytes  # not NFC: NFC shortens it, so it is not judged
     one.check(decomposed)
@@ -103,7 +65,7 @@ def test_guard_is_sound_for_a_qwen_shaped_tokenizer(tmp_path: Path) -> None:
         one.check(unicodedata.normalize("NFC", decomposed))
 
 
-def test_no_guard_where_no_bound_is_provable(tmp_path: Path) -> None:
+def test_no_guard_where_no_bound_is_provable() -> None:
     def fast(tok: Tokenizer) -> PreTrainedTokenizerFast:
         return PreTrainedTokenizerFast(tokenizer_object=tok)
 
