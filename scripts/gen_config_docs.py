@@ -198,15 +198,19 @@ NOTES = [
         "captured per token bucket (steps of 256 / 512 / 1,024 tokens); attention runs eagerly "
         "on the real tokens between them and padding tokens write to reserved scratch slots. "
         "It cuts the ~10 launches per layer of an eager prefill to one replay plus the "
-        "attention call, for three copies per layer and the padding: large batches are "
-        "GPU-bound and lose, hence 8192 (see the tuning table). On CPU a non-zero value runs the "
-        "same padded pieces eagerly.",
+        "attention call. The layers write their state straight into the graphs' static buffers "
+        "(the QKV GEMM into the q/k/v rows, the norms the residual in place), so on the GPU the "
+        "price is the padding and one copy per forward (the embeddings); large batches are "
+        "GPU-bound and gain little, hence 8192 (see the tuning table). On CPU a non-zero value "
+        "runs the same padded pieces eagerly.",
         "任意条 prompt（至多 256 条，含缓存前缀），用于不走整段 prefill graph 的批。每层除 "
         "attention 以外的部分各一张 graph，按 token 桶（步长 256 / 512 / 1,024）捕获，"
         "attention 在两段之间以 eager 方式只在真实 token 上运行，padding token 写入预留的 "
         "scratch 槽位。把 eager prefill 每层约 10 次 launch 降为一次重放加一次 attention "
-        "调用，代价是每层三次拷贝和 padding：大批次受 GPU 限制反而变慢，因此默认 8192"
-        "（见调优表）。CPU 上设非零值时同一组 padding 分段以 eager 运行。",
+        "调用。各层把状态直接写进 graph 的静态缓冲区（QKV GEMM 写入 q/k/v 行，norm 原地更新 "
+        "residual），因此 GPU 上的代价是 padding 加每次 forward 一次拷贝（embedding）；大批次"
+        "受 GPU 限制、收益甚微，因此默认 8192（见调优表）。CPU 上设非零值时同一组 padding "
+        "分段以 eager 运行。",
     ),
     (
         "--attention-backend",
