@@ -34,7 +34,7 @@ from harness.ab.run import (
     resolve_commit,
 )
 from harness.ab.run import worktree as baseline_worktree
-from harness.gate.gates import evaluate_gates, load_cells
+from harness.gate.gates import evaluate_gates, is_metric, load_cells, metric_names, unknown
 from harness.report.build import build_report, write_report
 from harness.report.render_compare import print_regressions, write_compare_markdown
 from harness.run.environment import git_info
@@ -66,6 +66,15 @@ def parser() -> argparse.ArgumentParser:
         "statistics use the sessions as units (default: pairs // 10, between 1 and 6)",
     )
     p.add_argument("--only", action="append", metavar="FILTER", help="run only matching cells")
+    p.add_argument(
+        "--metrics",
+        default="",
+        metavar="NAME[,NAME...]",
+        help="judge these metrics too, pair by pair, e.g. server_tokenize_ms_mean for a change to "
+        "prompt building: informational ones (Server-Timing phases, GC pauses, server CPU) in "
+        "their natural direction; a named metric that regresses fails the gate, and one that "
+        "a cell lacks is an error",
+    )
     p.add_argument(
         "--allow-no-baseline",
         action="store_true",
@@ -155,6 +164,9 @@ def main(argv: list[str]) -> int:
     root = repo_root(Path.cwd())
     pairs = args.pairs or spec.load.rounds
     cells = select(spec, cells, args.only)
+    named = [m.strip() for m in args.metrics.split(",") if m.strip()]
+    ks = list(spec.quality.ks)
+    bad_names = [unknown(m, metric_names(ks), "a metric") for m in named if not is_metric(m, ks)]
     external = sorted({c.engine.name for c in cells if not c.engine.launched})
     sessions = args.sessions or max(1, min(6, pairs // 10))
     problems = [
@@ -163,6 +175,7 @@ def main(argv: list[str]) -> int:
         (not 1 <= sessions <= pairs, f"--sessions must be in 1..pairs (got {sessions})"),
         (not cells, "no cell matches --only"),
         (bool(external), f"engines {external} are external: the gate launches both sides"),
+        (bool(bad_names), f"--metrics: {'; '.join(bad_names)}"),
     ]
     for bad, why in problems:
         if bad:
@@ -222,7 +235,7 @@ def main(argv: list[str]) -> int:
             rep["environment"]["git"] = git_info(str(side.tree))
             rep["_path"] = str(out / side.name / "report.json")
             reports[side.name] = rep
-    return _verdict(args, spec, out, (ref, commit), results, reports, run.session_of)
+    return _verdict(args, spec, out, (ref, commit), results, reports, run.session_of, named)
 
 
 def _verdict(
@@ -233,11 +246,12 @@ def _verdict(
     results: dict,
     reports: dict,
     session_of: dict[int, int],
+    named: list[str],
 ) -> int:
     ref, commit = baseline
     base, cand = reports["baseline"], reports["candidate"]
     failed = {n: [c["id"] for c in r["cells"] if c["status"] != "ok"] for n, r in reports.items()}
-    comparison = compare_paired(base, cand, sessions=session_of)
+    comparison = compare_paired(base, cand, sessions=session_of, also=named)
     comparison["ab"] = {
         "baseline_ref": ref,
         "baseline_commit": commit,
@@ -262,8 +276,23 @@ def _verdict(
     if failed["baseline"]:
         reason = f"baseline {commit[:12]} cannot serve the matrix: {failed['baseline']}"
         return _skip(args, out, reason, EXIT_CELLS, comparison)
+    unjudged = [
+        f"{c['id']}: {m}"
+        for c in comparison["cells"]
+        if c.get("status") == "compared"
+        for m in named
+        if c["metrics"].get(m, {}).get("verdict", "n/a") == "n/a"
+    ]
+    if unjudged:  # a named metric judged in no pair of a cell would pass on nothing
+        reason = f"--metrics with no paired rounds: {'; '.join(unjudged)}"
+        return _finish(out, comparison, "error", reason, EXIT_USAGE)
     regression_gates = [g for g in spec.gates if g.max_regression_pct is not None]
-    bad = gates["status"] == "fail" or (not regression_gates and comparison["regressions"])
+    named_regressed = [r for r in comparison["regressions"] if r["metric"] in named]
+    bad = (
+        gates["status"] == "fail"
+        or (not regression_gates and comparison["regressions"])
+        or bool(named_regressed)
+    )
     reason = (
         f"{len(comparison['regressions'])} regressed, {len(comparison['improvements'])} "
         f"improved metric(s); gates {gates['status']}; {out}/compare.md"

@@ -24,6 +24,7 @@ bad (good) direction, ``p`` Holm-adjusted over the comparison's tests unless
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from functools import cache
 from typing import Any
 
@@ -31,7 +32,7 @@ import numpy as np
 
 from harness.gate.compare import compare_cell_metrics, correct_verdicts, report_side
 from harness.gate.quality import compare_samples, is_sample_metric
-from harness.metrics.rounds import direction
+from harness.metrics.rounds import direction, named_direction
 from harness.metrics.stats import t_two_sided_p
 
 NAN = float("nan")
@@ -119,9 +120,11 @@ def paired_metric(
     test: str,
     band_k: float,
     groups: np.ndarray | None = None,
+    sign: int | None = None,
 ) -> dict:
     """Verdict for one metric from its paired rounds (baseline ``a``, candidate ``b``);
-    ``groups[i]`` is pair i's session (None: every pair is independent)."""
+    ``groups[i]`` is pair i's session (None: every pair is independent); ``sign``: the
+    metric's good direction where not its :func:`direction` (+1 higher, -1 lower, 0 none)."""
     out: dict[str, Any] = {
         "base": float(np.median(a)) if a.size else None,
         "new": float(np.median(b)) if b.size else None,
@@ -148,7 +151,7 @@ def paired_metric(
     if not (significant and abs(delta) > band):
         reason = "not significant" if not significant else "inside the noise band"
         return {**out, "verdict": "within_noise", "reason": reason}
-    d_sign = direction(name)
+    d_sign = direction(name) if sign is None else sign
     if d_sign == 0:
         return {**out, "verdict": "changed"}
     return {**out, "verdict": "improved" if delta * d_sign > 0 else "regressed"}
@@ -162,10 +165,13 @@ def compare_paired(
     test: str | None = None,
     sessions: dict[int, int] | None = None,
     correction: str | None = None,
+    also: Sequence[str] = (),
 ) -> dict:
     """Cell-by-cell paired comparison of two reports of one interleaved A/B run;
     ``sessions`` maps a round (pair) number to its session; ``correction`` (default: the
-    matrix's ``stats.correction``): see :func:`harness.gate.compare.correct_verdicts`."""
+    matrix's ``stats.correction``): see :func:`harness.gate.compare.correct_verdicts`.
+    ``also``: metrics judged besides the directional ones, informational ones in their
+    :data:`harness.metrics.rounds.NAMED_DIRECTIONS` direction."""
     stats = new.get("matrix", {}).get("stats", {})
     alpha = alpha if alpha is not None else stats.get("alpha", 0.05)
     test = test or PAIRED_TESTS.get(stats.get("test", "welch"), "paired_t")
@@ -185,9 +191,10 @@ def compare_paired(
                 return compare_samples(m, bm, nm, alpha)  # type: ignore[arg-type]
             keys, a_vals, b_vals = _aligned(b, n, m)
             groups = np.array([sessions.get(k, -1) for k in keys]) if sessions else None
-            return paired_metric(m, a_vals, b_vals, alpha, test, band_k, groups)
+            sign = named_direction(m) if m in also else None
+            return paired_metric(m, a_vals, b_vals, alpha, test, band_k, groups, sign)
 
-        cells_out.append(compare_cell_metrics(b, n, metrics, one))
+        cells_out.append(compare_cell_metrics(b, n, metrics, one, also))
 
     comparison = {
         "base": report_side(base),

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -93,13 +93,19 @@ def _match(base_cells: list[dict], new_cells: list[dict]) -> list[tuple[dict | N
 
 
 def compare_cell_metrics(
-    b: dict, n: dict, metrics: list[str] | None, compare_one: Callable[[str], dict | None]
+    b: dict,
+    n: dict,
+    metrics: list[str] | None,
+    compare_one: Callable[[str], dict | None],
+    also: Sequence[str] = (),
 ) -> dict:
     """One matched cell pair (both ok): ``compare_one(metric)`` -> result with a ``verdict``
-    (None: not comparable) for the given metrics, else every directional metric of ``n``.
-    Returns the compared cell (shared by the two-report comparison here and the paired A/B
-    comparison of ``harness.ab.paired``; :func:`correct_verdicts` lists the regressions)."""
+    (None: not comparable) for the given metrics, else every directional metric of ``n``,
+    and ``also`` besides. Returns the compared cell (shared by the two-report comparison here
+    and the paired A/B comparison of ``harness.ab.paired``; :func:`correct_verdicts` lists
+    the regressions)."""
     names = metrics or [m for m in n.get("metrics", {}) if direction(m) != 0]
+    names = [*names, *(m for m in also if m not in names)]
     res = {m: r for m in names if (r := compare_one(m)) is not None}
     return {
         "id": n["id"],

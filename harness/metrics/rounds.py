@@ -68,6 +68,24 @@ DIRECTIONS: dict[str, int] = {
     "quality_invalid_rate": -1,
     "quality_duplicate_rate": -1,
 }
+# the informational metrics' good direction, for when a gate is asked to judge one by name
+# (``flashrec-bench gate --metrics``): times and pauses lower, the steady rate higher; the
+# rest (shares, token counts, CPU cores) have none and are only reported as changed or not
+NAMED_DIRECTIONS: dict[str, int] = {
+    "qps_steady": 1,
+    "burst_ms_max": -1,
+    "server_tokenize_ms_mean": -1,
+    "server_queue_ms_mean": -1,
+    "server_engine_ms_mean": -1,
+    "server_ipc_ms_mean": -1,
+    "server_respond_ms_mean": -1,
+    "outside_server_ms_mean": -1,
+    "server_gc_pause_ms": -1,
+    "server_gc_full_collections": -1,
+    "server_gc_slow_pauses": -1,
+    "server_cpu_ms_per_request": -1,
+    "server_main_cpu_ms_per_request": -1,
+}
 SERVER_PHASES = ("tokenize", "queue", "engine")
 OPTIONAL_SERVER_PHASES = ("ipc", "respond")  # counted where every timed request of a round has it
 # hit / recall / NDCG / MRR of a workload with ground truth; pass, position1_pass and recall by
@@ -91,6 +109,12 @@ def direction(name: str) -> int:
     if name.startswith(QUALITY_PREFIXES):
         return 1
     return DIRECTIONS.get(name, 0)
+
+
+def named_direction(name: str) -> int:
+    """:func:`direction`, or for an informational metric judged by name its
+    :data:`NAMED_DIRECTIONS` entry (0 where it has none)."""
+    return direction(name) or NAMED_DIRECTIONS.get(name, 0)
 
 
 def counted(records: list[Record]) -> list[Record]:

@@ -3,7 +3,7 @@
     python tests/harness/fake_server.py --port P [--crash-after N] [--hang-after N]
         [--fail-start] [--latency-ms X] [--slow-trace] [--slow-first N] [--startup-s S]
         [--sid-vocab-file F] [--invalid-every K] [--dup-every K] [--spawn-child]
-        [--ignore-sigterm] [--capacity C] [--crash-once-file F]
+        [--ignore-sigterm] [--capacity C] [--crash-once-file F] [--tokenize-ms X]
 
 Unknown flags (server args such as ``--beam-width``) are accepted and reported by
 ``/get_server_info``. Endpoints: /health, /v1/chat/completions, /generate, /flush_cache,
@@ -37,6 +37,12 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--latency-ms", type=float, default=2.0)
     p.add_argument("--per-beam-us", type=float, default=0.0)
     p.add_argument("--cpu-ms", type=float, default=0.0, help="CPU time burnt per request")
+    p.add_argument(
+        "--tokenize-ms",
+        type=float,
+        default=0.0,
+        help="report this tokenize phase in a Server-Timing header (FlashRec's phases; no wait)",
+    )
     p.add_argument("--crash-after", type=int, default=0)
     p.add_argument("--crash-once-file", help="crash only if this file is absent (then create it)")
     p.add_argument("--hang-after", type=int, default=-1)
@@ -71,6 +77,15 @@ class Fake:
             rows = data if isinstance(data, list) else [k.split(",") for k in data]
             self.catalog = sorted(tuple(int(c) for c in r) for r in rows)
         self.sem = asyncio.Semaphore(args.capacity) if args.capacity else None
+
+    def timing(self) -> dict[str, str] | None:
+        """FlashRec's Server-Timing header with ``--tokenize-ms`` as its tokenize phase."""
+        if not self.args.tokenize_ms:
+            return None
+        engine = self.args.latency_ms
+        return {
+            "Server-Timing": f"tokenize;dur={self.args.tokenize_ms}, queue;dur=0, engine;dur={engine}"
+        }
 
     def beams(self, key: str, n: int) -> list[str]:
         h = int(hashlib.sha256(key.encode()).hexdigest(), 16)
@@ -156,7 +171,8 @@ async def chat(request: web.Request) -> web.Response:
         for i, t in enumerate(texts)
     ]
     return web.json_response(
-        {
+        headers=fake.timing(),
+        data={
             "id": f"chatcmpl-{fake.requests}",
             "object": "chat.completion",
             "model": body.get("model", "fake"),
@@ -167,7 +183,7 @@ async def chat(request: web.Request) -> web.Response:
                 "total_tokens": pt + 4 * n,
                 "prompt_tokens_details": {"cached_tokens": cached},
             },
-        }
+        },
     )
 
 
@@ -199,11 +215,12 @@ async def generate(request: web.Request) -> web.Response:
     request_meta = {"prompt_tokens": pt, "completion_tokens": 4 * n, "cached_tokens": cached}
     results[0]["meta_info"].update(request_meta)
     return web.json_response(
-        {
+        headers=fake.timing(),
+        data={
             "text": texts[0],
             "output_ids": results[0]["output_ids"],
             "meta_info": {**results[0]["meta_info"], "beam_results": results},
-        }
+        },
     )
 
 

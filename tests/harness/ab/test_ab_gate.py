@@ -144,6 +144,27 @@ def test_compare_paired_feeds_the_regression_gates():
     assert compare_paired(base, worse)["cells"][0]["metrics"]["qps"]["pairs"] == 29
 
 
+def test_compare_paired_judges_named_informational_metrics():
+    """``also``: a Server-Timing phase judged lower-is-better, the steady rate higher-is-better,
+    a metric without a direction only ``changed``; none of them without being named."""
+    rng = np.random.default_rng(7)
+    a, b = _pairs(rng, 30, 0.0)
+    _, slow = _pairs(rng, 30, 0.25)
+    base = _report({"qps": list(1000 / a), "server_tokenize_ms_mean": list(a),
+                    "qps_steady": list(1000 / a), "prompt_tokens_mean": list(a)})  # fmt: skip
+    new = _report({"qps": list(1000 / b), "server_tokenize_ms_mean": list(slow),
+                   "qps_steady": list(1000 / slow), "prompt_tokens_mean": list(slow)})  # fmt: skip
+    also = ["server_tokenize_ms_mean", "qps_steady", "prompt_tokens_mean"]
+    got = compare_paired(base, new, also=also)["cells"][0]["metrics"]
+    assert {m: got[m]["verdict"] for m in also} == {
+        "server_tokenize_ms_mean": "regressed",
+        "qps_steady": "regressed",
+        "prompt_tokens_mean": "changed",
+    }
+    assert got["qps"]["verdict"] == "within_noise"
+    assert set(compare_paired(base, new)["cells"][0]["metrics"]) == {"qps"}
+
+
 # --------------------------------------------------------------------------- git plumbing
 
 
@@ -154,15 +175,16 @@ def _git(repo: Path, *args: str) -> str:
 
 
 SERVER = """import runpy, sys
-sys.argv[1:1] = ["--latency-ms", "{latency}"]
+sys.argv[1:1] = ["--latency-ms", "{latency}"] + {extra!r}
 if {broken}:
     sys.exit("this baseline cannot serve")
 runpy.run_path({fake!r}, run_name="__main__")
 """
 
 
-def _write_server(repo: Path, latency: float, broken: bool = False) -> None:
-    (repo / "server.py").write_text(SERVER.format(latency=latency, broken=broken, fake=FAKE))
+def _write_server(repo: Path, latency: float, broken: bool = False, extra: tuple = ()) -> None:
+    text = SERVER.format(latency=latency, broken=broken, fake=FAKE, extra=list(extra))
+    (repo / "server.py").write_text(text)
 
 
 def _repo(tmp_path: Path, latency: float = 4.0, broken: bool = False, commits: int = 2) -> Path:
@@ -311,11 +333,38 @@ def test_gate_without_usable_baseline(tmp_path, monkeypatch, marker):
     assert not processes_with(marker)
 
 
+def test_gate_judges_named_metrics(tmp_path, monkeypatch, marker):
+    """--metrics: a Server-Timing phase that got worse fails the gate though latency and
+    throughput did not move (the fake reports the phase, it does not wait for it); a phase
+    the servers do not report is an error, not a pass on nothing."""
+    repo = _repo(tmp_path)
+    _write_server(repo, 4.0, extra=("--tokenize-ms", "1.0"))
+    _git(repo, "commit", "-q", "-am", "Server-Timing")
+    _commit_matrix(repo, tmp_path, marker, pairs=4)
+    tok = "server_tokenize_ms_mean"
+    code, res = _gate(repo, monkeypatch, "--baseline-ref", "HEAD", "--metrics", tok)
+    assert code == 0 and res["gate"]["status"] == "pass", res["gate"]
+    assert res["cells"][0]["metrics"][tok]["verdict"] == "within_noise"
+    _write_server(repo, 4.0, extra=("--tokenize-ms", "3.0"))  # the candidate's phase, 3x
+    code, res = _gate(repo, monkeypatch, "--baseline-ref", "HEAD", "--metrics", tok)
+    assert code == 1 and res["gate"]["status"] == "fail", res["gate"]
+    assert {(r["metric"], r["verdict"]) for r in res["regressions"]} == {(tok, "regressed")}
+    code, res = _gate(repo, monkeypatch, "--baseline-ref", "HEAD")  # not named: not judged
+    assert code == 0 and tok not in res["cells"][0]["metrics"]
+    code, res = _gate(
+        repo, monkeypatch, "--baseline-ref", "HEAD", "--metrics", "server_ipc_ms_mean"
+    )
+    assert code == 2 and res["gate"]["status"] == "error"
+    assert "no paired rounds" in res["gate"]["reason"]
+    assert not processes_with(marker)
+
+
 def test_gate_usage_errors(tmp_path, monkeypatch, marker):
     repo = _repo(tmp_path)
     _matrix(tmp_path, repo, marker)
     monkeypatch.chdir(repo)
     assert run_cli("gate", "gate.yaml", "--pairs", "2") == 2
+    assert run_cli("gate", "gate.yaml", "--metrics", "tokenize_ms") == 2  # no such metric
     assert run_cli("gate", "gate.yaml", "--sessions", "9") == 2  # 8 pairs
     assert run_cli("gate", "gate.yaml", "--candidate-env", "NOVALUE") == 2
     assert run_cli("gate", "missing.yaml") == 2
