@@ -112,7 +112,7 @@ ZH = {
     "gil_switch_interval_ms": "服务进程的 sys.setswitchinterval（毫秒）：引擎线程等待 GIL 时，HTTP / 分词线程最多可持有 GIL 的时长（Python 默认 5）",
     "engine_process": "引擎（调度器、模型、profiler）运行在独立进程中，使 HTTP、分词和响应文本永远不占用它的 GIL：on、off 或 auto（使用 CUDA 或 --api-server-count > 1 时开启）",
     "api_server_count": "共享同一端口的 HTTP 前端进程数（SO_REUSEPORT 把新连接分给它们），每个有自己的事件循环、GIL 和分词器，全部接到同一个引擎进程：用于短 prompt、高请求率下单个进程的 GIL 成为瓶颈的场景",
-    "event_loop": "server 的事件循环：asyncio（标准库）、uvloop（HTTP 与线程交接的 host 时间更少；pip install 'flashrec[fast]'），或 auto（已安装时用 uvloop）",
+    "event_loop": "server 的事件循环：asyncio（标准库）、uvloop（pip install 'flashrec[fast]'；在此实测与 asyncio 持平），或 auto（已安装时用 uvloop）",
 }
 
 GENERATE_FLAGS = [
@@ -246,14 +246,14 @@ NOTES = [
         "--respond-workers",
         "The answers of requests that retire in one step are otherwise built one after another "
         "on the event loop. 0 by default: the workers pay off only where they have cores of "
-        "their own (the tuning table has both cases).",
+        "their own (see the tuning table).",
         "否则同一步结束的请求的回答只能在事件循环上逐个构建。默认 0：工作进程只有在拥有自己的 "
-        "CPU 核时才划算（两种情况见调优表）。",
+        "CPU 核时才划算（见调优表）。",
     ),
     (
         "--event-loop",
-        "asyncio stays the default until uvloop is measured on a GPU host (see the tuning table).",
-        "在 GPU 机器上测量 uvloop 之前默认仍为 asyncio（见调优表）。",
+        "asyncio is the default: uvloop measured level with it (see the tuning table).",
+        "默认 asyncio：uvloop 实测与之持平（见调优表）。",
     ),
 ]
 
@@ -269,49 +269,49 @@ def _default(f) -> str:
     return "-" if d is None else f"`{d}`"
 
 
-# Knobs by situation, each with the measurement behind its default. Every figure is in
-# docs/baselines.md with its command, commit and machine (H200 unless marked CPU).
+# Knobs by situation and why each default is what it is. The figures behind them, each with
+# its command, commit, machine and date, are in docs/baselines.md ("A/B decisions").
 TUNING_EN = [
-    "Measured on the lent H200 with the synthetic onerec-1.7b preset; every figure, with its "
-    "command and commit, is in `docs/baselines.md`. CPU figures come from the 2-core CI "
-    "machine and are marked so.",
+    "Why each default is what it is. The measurements behind them (the lent H200 with the "
+    "synthetic onerec-1.7b preset unless marked CPU), each with its command, commit, machine "
+    "and date, are in `docs/baselines.md`, section \"A/B decisions\".",
     "",
-    "| situation | knob | measured |",
+    "| situation | knob | why |",
     "| --- | --- | --- |",
-    "| one request at a time, prompt <= 2,048 tokens | `--prefill-graph-max-tokens` (2048 on GPU by default; replays only while nothing else runs) | p=1,000, n=256, c=1, BF16: 35.3 -> 17.5 ms offline |",
-    "| prefill batches under load of a few prompts | `--piecewise-prefill-max-tokens` (8192 on GPU by default) | served: n=512, c=8, FP8: 31.2 -> 37.7 QPS, and 32.0 -> 34.6 at 16384; p=5,000, c=8, BF16: 22.6 -> 23.2; n=50, c=32: no change at 8192 (its ~14.8k-token batches stay eager), -2.9% at 16384 |",
-    "| many concurrent requests | `--gil-switch-interval-ms` (0.2 by default; Python's is 5) | n=50, c=32, FP8: 75.3 -> 78.9 QPS served, one pair; p=1,000, c=1: no difference (42.7 vs 43.2 QPS) |",
-    "| wide answers that retire together (n >= 64) | `--respond-workers` (0 by default) | CPU, 2 cores: 8 answers of 512 beams built in 24-26 ms by 1-2 worker processes against 18 ms on the event loop (`scripts/probes/respond_probe.py`): slower where the workers have no cores of their own. H200, served, same run (`matrices/experiments/h200_overlap_ab2.yaml`): n=512, c=8, FP8: 48.67 -> 52.46 QPS with 4 workers; another run (`matrices/experiments/h200_host_ab2.yaml`): p=5,000, n=256, c=8, BF16: p50 312.3 -> 305.6 ms (`matrices/h200_targets.yaml` sets 4 for both cells) |",
-    "| bursts of long prompts | `--tokenizer-workers` (4 by default) | CPU: mean tokenize 6.9-7.3 -> 4.8-5.4 ms at c=8, 2,000-token prompts, 2 workers; not yet on the H200 |",
-    "| long-running servers | `--gc-freeze` (on by default) | CPU: a full garbage collection 164 -> 1.7 ms; GC pauses are in `/metrics` (`flashrec_gc_*`) |",
-    "| whole decode step as one graph | `--enable-step-graph` (on by default where decode CUDA graphs are captured; `--no-enable-step-graph` turns it off) | served, same run: n=50, c=32, FP8: 86.3 -> 88.0 QPS (+1.9%); p=1,000, c=1: same engine span (15.5 ms); full `pytest -m gpu` passed with it on |",
+    "| one request at a time, prompt <= 2,048 tokens | `--prefill-graph-max-tokens` (2048 on GPU by default; replays only while nothing else runs) | an eager prefill of one prompt is launch-bound: the captured forward halves the p=1,000 latency |",
+    "| prefill batches under load of a few prompts | `--piecewise-prefill-max-tokens` (8192 on GPU by default) | the per-layer graphs lift the wide and long-prompt cells; above 8,192 tokens the padding costs more than the graphs save, so larger batches stay eager |",
+    "| many concurrent requests | `--gil-switch-interval-ms` (0.2 by default; Python's is 5) | the HTTP and tokenizer threads hand the GIL back to the engine thread sooner: more QPS under load, no change at c=1 |",
+    "| wide answers that retire together (n >= 64) | `--respond-workers` (0 by default) | worker processes pay off only where they have cores of their own: faster on the H200 host at n=512 and p=5,000 (`matrices/h200_targets.yaml` sets 4 there), slower on a 2-core machine |",
+    "| bursts of long prompts | `--tokenizer-workers` (4 by default) | prompts are built in parallel (the Rust encoder releases the GIL): shorter tokenize waits at c=8 |",
+    "| long-running servers | `--gc-freeze` (on by default) | the objects alive after the warm-up leave the collector's generations, so a full collection pauses the server far more briefly; GC pauses are in `/metrics` (`flashrec_gc_*`) |",
+    "| whole decode step as one graph | `--enable-step-graph` (on by default where decode CUDA graphs are captured; `--no-enable-step-graph` turns it off) | the LM head, trie, top-n, expansion and KV reorder replay with the model: fewer launches per step, same beams |",
     "| every beam of every request in flight | `--batch-slots` = `--cuda-graph-max-bs` >= n x concurrency | the H200 target matrices use max(512, n x c) |",
-    "| more slots than graph rows | `--batch-slots` > `--cuda-graph-max-bs`: wider decode batches run as several graph replays of whole requests | n=512, c=8, FP8, 4,096 slots, same run: 54.60 QPS with graphs up to 2,048 rows against 54.92 up to 4,096; a request with n above the largest graph decodes eagerly (`flashrec_decode_eager_forwards_total`) |",
-    "| one request at a time (latency) | `--engine-process off` (on by default on CUDA) | p=1,000, n=256, c=1, BF16, same run: p50 19.5 -> 18.6 ms: the pipe costs more than the shared GIL at c=1; the wide cells keep it on |",
-    "| the GPU idle while the host answers | `--overlap-results` (on with CUDA) | served, same run (`matrices/experiments/h200_overlap_ab.yaml`): n=50, c=32, FP8: 90.29 -> 98.52 QPS (1.09x), GPU busy 79% -> 97% |",
-    "| the fused q/k norm + RoPE + KV write kernel | `--qk-rope-rounding hardware` (the default) | `bench_kernels.py --qk-sweep`: 1.36-1.37x at 15k-35k tokens; served, same run: n=50, c=32, FP8: 99.12 -> 100.57 QPS (1.015x) |",
-    "| host time of HTTP and hand-offs | `--event-loop uvloop` (asyncio by default) | CPU, paired A/B of 24 rounds, n=256, c=1, engine process on: p50 -1.7%, within the noise band; not yet on a GPU host |",
+    "| more slots than graph rows | `--batch-slots` > `--cuda-graph-max-bs`: wider decode batches run as several graph replays of whole requests | as fast as graphs of every row, in less graph memory; a request with n above the largest graph decodes eagerly (`flashrec_decode_eager_forwards_total`) |",
+    "| one request at a time (latency) | `--engine-process off` (on by default on CUDA) | at c=1 the pipe to an engine process costs more than the GIL it saves; under load the engine process wins, so the wide cells keep it on |",
+    "| the GPU idle while the host answers | `--overlap-results` (on with CUDA) | the results' copy to the host overlaps the next step: the GPU stays busy while answers are built |",
+    "| the fused q/k norm + RoPE + KV write kernel | `--qk-rope-rounding hardware` (the default) | the hardware conversion is faster than the emulated rounding and rounds where HF does |",
+    "| host time of HTTP and hand-offs | `--event-loop uvloop` (asyncio by default) | uvloop measured level with asyncio on the H200 and within the noise on the CPU gate |",
     "| wide beams (n >= 512) | `--lpm-aging-ms 150`, 4,096 slots and graph rows | the deploy notes' settings (`matrices/wide_beam.yaml`) |",
 ]
 TUNING_ZH = [
-    "在借用的 H200 上用合成 onerec-1.7b 预设测得；每个数字及其命令和提交都在 "
-    "`docs/baselines.md`。CPU 数字来自 2 核 CI 机器，已标明。",
+    "每个默认值为何如此。其背后的测量（除标明 CPU 外均为借用的 H200、合成 onerec-1.7b 预设）及其命令、"
+    "提交、机器和日期，见 `docs/baselines.md` 的“A/B 决定”一节。",
     "",
-    "| 场景 | 参数 | 实测 |",
+    "| 场景 | 参数 | 原因 |",
     "| --- | --- | --- |",
-    "| 一次一个请求，prompt <= 2,048 token | `--prefill-graph-max-tokens`（GPU 上默认 2048；仅在没有其他请求运行时重放） | p=1,000、n=256、c=1、BF16：离线 35.3 -> 17.5 ms |",
-    "| 负载下只含少数 prompt 的 prefill 批 | `--piecewise-prefill-max-tokens`（GPU 上默认 8192） | 服务端：n=512、c=8、FP8：31.2 -> 37.7 QPS，16384 时 32.0 -> 34.6；p=5,000、c=8、BF16：22.6 -> 23.2；n=50、c=32：8192 时无变化（约 14.8k token 的批仍走 eager），16384 时 -2.9% |",
-    "| 大量并发请求 | `--gil-switch-interval-ms`（默认 0.2；Python 默认 5） | n=50、c=32、FP8：服务端 75.3 -> 78.9 QPS，一组对照；p=1,000、c=1：无差别（42.7 对 43.2 QPS） |",
-    "| 同一步结束的宽回答（n >= 64） | `--respond-workers`（默认 0） | CPU，2 核：8 个 512 beam 的回答由 1-2 个工作进程构建需 24-26 ms，在事件循环上为 18 ms（`scripts/probes/respond_probe.py`）：工作进程没有自己的核时更慢。H200 服务级、同一次运行（`matrices/experiments/h200_overlap_ab2.yaml`）：n=512、c=8、FP8 下 4 个工作进程使 QPS 48.67 -> 52.46；另一次运行（`matrices/experiments/h200_host_ab2.yaml`）：p=5,000、n=256、c=8、BF16 下 p50 312.3 -> 305.6 ms（`matrices/h200_targets.yaml` 为这两个 cell 设为 4） |",
-    "| 长 prompt 突发 | `--tokenizer-workers`（默认 4） | CPU：c=8、2,000 token prompt、2 个线程时平均分词 6.9-7.3 -> 4.8-5.4 ms；尚未在 H200 上测 |",
-    "| 长时间运行的服务 | `--gc-freeze`（默认开） | CPU：一次完整垃圾回收 164 -> 1.7 ms；GC 停顿见 `/metrics`（`flashrec_gc_*`） |",
-    "| 整个解码步作为一个 graph | `--enable-step-graph`（捕获 decode CUDA graph 时默认开；`--no-enable-step-graph` 关闭） | 服务端同一次运行对照：n=50、c=32、FP8：86.3 -> 88.0 QPS（+1.9%）；p=1,000、c=1：engine 时段相同（15.5 ms）；开启时完整 `pytest -m gpu` 通过 |",
+    "| 一次一个请求，prompt <= 2,048 token | `--prefill-graph-max-tokens`（GPU 上默认 2048；仅在没有其他请求运行时重放） | 单个 prompt 的 eager prefill 受 launch 限制：捕获的前向让 p=1,000 的延迟减半 |",
+    "| 负载下只含少数 prompt 的 prefill 批 | `--piecewise-prefill-max-tokens`（GPU 上默认 8192） | 逐层 graph 提升宽 beam 与长 prompt 的 cell；超过 8,192 token 时 padding 的代价超过 graph 的收益，更大的批保持 eager |",
+    "| 大量并发请求 | `--gil-switch-interval-ms`（默认 0.2；Python 默认 5） | HTTP 与分词线程更快把 GIL 交还引擎线程：负载下 QPS 更高，c=1 时无变化 |",
+    "| 同一步结束的宽回答（n >= 64） | `--respond-workers`（默认 0） | 工作进程只有在拥有自己的 CPU 核时才划算：在 H200 主机上 n=512 与 p=5,000 更快（`matrices/h200_targets.yaml` 在这两处设为 4），在 2 核机器上更慢 |",
+    "| 长 prompt 突发 | `--tokenizer-workers`（默认 4） | 并行构建 prompt（Rust 编码器释放 GIL）：c=8 时分词等待更短 |",
+    "| 长时间运行的服务 | `--gc-freeze`（默认开） | 预热后仍存活的对象移出回收器的各代，一次完整回收的停顿短得多；GC 停顿见 `/metrics`（`flashrec_gc_*`） |",
+    "| 整个解码步作为一个 graph | `--enable-step-graph`（捕获 decode CUDA graph 时默认开；`--no-enable-step-graph` 关闭） | LM head、trie、top-n、扩展与 KV 重排随模型一起重放：每步 launch 更少，beam 相同 |",
     "| 所有请求的所有 beam 同时在飞 | `--batch-slots` = `--cuda-graph-max-bs` >= n x 并发 | H200 目标矩阵用 max(512, n x c) |",
-    "| slot 多于 graph 行数 | `--batch-slots` > `--cuda-graph-max-bs`：更宽的 decode 批拆成若干次整请求的 graph replay | n=512、c=8、FP8、4,096 个 slot、同一次运行：graph 到 2,048 行 54.60 QPS，到 4,096 行 54.92；n 超过最大 graph 的请求 eager decode（`flashrec_decode_eager_forwards_total`） |",
-    "| 一次一个请求（延迟） | `--engine-process off`（CUDA 上默认开） | p=1,000、n=256、c=1、BF16、同一次运行：p50 19.5 -> 18.6 ms：c=1 时管道比共享 GIL 更贵；宽 cell 保持开启 |",
-    "| host 构建回答时 GPU 空闲 | `--overlap-results`（CUDA 上默认开） | 服务端同一次运行（`matrices/experiments/h200_overlap_ab.yaml`）：n=50、c=32、FP8：90.29 -> 98.52 QPS（1.09x），GPU 忙碌 79% -> 97% |",
-    "| 融合 q/k norm + RoPE + KV 写入 kernel | `--qk-rope-rounding hardware`（默认） | `bench_kernels.py --qk-sweep`：15k-35k token 时 1.36-1.37x；服务端同一次运行：n=50、c=32、FP8：99.12 -> 100.57 QPS（1.015x） |",
-    "| HTTP 与线程交接的 host 时间 | `--event-loop uvloop`（默认 asyncio） | CPU，24 轮配对 A/B，n=256、c=1、独立引擎进程：p50 -1.7%，在噪声带内；尚未在 GPU 机器上测 |",
+    "| slot 多于 graph 行数 | `--batch-slots` > `--cuda-graph-max-bs`：更宽的 decode 批拆成若干次整请求的 graph replay | 与覆盖全部行数的 graph 一样快，graph 内存更少；n 超过最大 graph 的请求 eager decode（`flashrec_decode_eager_forwards_total`） |",
+    "| 一次一个请求（延迟） | `--engine-process off`（CUDA 上默认开） | c=1 时到引擎进程的管道比它省下的 GIL 更贵；负载下引擎进程更优，宽 cell 保持开启 |",
+    "| host 构建回答时 GPU 空闲 | `--overlap-results`（CUDA 上默认开） | 结果拷回 host 与下一步重叠：构建回答时 GPU 不空闲 |",
+    "| 融合 q/k norm + RoPE + KV 写入 kernel | `--qk-rope-rounding hardware`（默认） | 硬件转换比模拟舍入快，且在 HF 舍入之处舍入 |",
+    "| HTTP 与线程交接的 host 时间 | `--event-loop uvloop`（默认 asyncio） | uvloop 在 H200 上与 asyncio 持平，在 CPU gate 上处于噪声内 |",
     "| 宽 beam（n >= 512） | `--lpm-aging-ms 150`，4,096 个 slot 和 graph 行 | 部署笔记的设置（`matrices/wide_beam.yaml`） |",
 ]
 

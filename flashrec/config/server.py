@@ -71,8 +71,8 @@ class ServerConfig(EngineConfig):
     )
     event_loop: str = opt(
         "asyncio",
-        "the server's event loop: asyncio (the standard library's), uvloop (less host time for "
-        "HTTP and hand-offs; pip install 'flashrec[fast]'), or auto (uvloop where installed)",
+        "the server's event loop: asyncio (the standard library's), uvloop (pip install "
+        "'flashrec[fast]'; measured level with asyncio here), or auto (uvloop where installed)",
         ("auto", "uvloop", "asyncio"),
     )
 
