@@ -134,7 +134,8 @@ case $STAGES in *" ab "*)
 case $STAGES in *" gate "*)  # flashrec-bench gate MATRIX: this tree against a baseline commit,
   # both served here, rounds interleaved. The lent machine's .git is older than the checkout, so
   # the two trees come in .gate/repo.bundle (scripts/gate_bundle.sh BASE; carry .gate), cloned
-  # to /tmp; GATE_ARGS adds flags (--pairs, --sessions), ONLY narrows the cells.
+  # to /tmp; GATE_ARGS adds flags (--pairs, --sessions, --metrics; --max-wall-s to stay inside a
+  # call's limit and still compare the pairs done), ONLY narrows the cells.
   rm -rf /tmp/gate-repo && git clone -q .gate/repo.bundle /tmp/gate-repo && git -C /tmp/gate-repo checkout -q candidate
   only=(); for f in ${ONLY:-}; do only+=(--only "$f"); done
   (cd /tmp/gate-repo && PYTHONPATH=/tmp/gate-repo:/tmp/flashrec-site MODEL_PATH=$MODEL SID_VOCAB_FILE=$MODEL/catalog.json \

@@ -8,7 +8,8 @@ Outcomes (exit codes as for a matrix run):
     1  fail     a gate failed: e.g. a regression significant, beyond the noise band and past
                 ``max_regression_pct``; without regression gates in the matrix, any regression
     2  usage    bad matrix or arguments, not a git checkout, a missing baseline (no flag)
-    3  cells    candidate cells failed (or baseline cells, without --allow-no-baseline)
+    3  cells    candidate cells failed (or baseline cells, without --allow-no-baseline), or
+                --max-wall-s cut the run before a cell had 3 pairs
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import datetime as dt
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 from harness.ab.paired import compare_paired
@@ -74,6 +76,14 @@ def parser() -> argparse.ArgumentParser:
         "prompt building: informational ones (Server-Timing phases, GC pauses, server CPU) in "
         "their natural direction; a named metric that regresses fails the gate, and one that "
         "a cell lacks is an error",
+    )
+    p.add_argument(
+        "--max-wall-s",
+        type=float,
+        metavar="S",
+        help="the gate's time budget: no server start or pair begins that would end past it "
+        "(judged by the last ones); the pairs done are compared if every cell has 3, else "
+        "the gate is an error (exit 3) that says how far it got",
     )
     p.add_argument(
         "--allow-no-baseline",
@@ -155,6 +165,7 @@ def _absolute(model: ResolvedModel | None) -> ResolvedModel | None:
 def main(argv: list[str]) -> int:
     """Entry point of ``flashrec-bench gate``."""
     args = parser().parse_args(argv)
+    deadline = None if args.max_wall_s is None else time.monotonic() + args.max_wall_s
     try:
         extra = {"candidate": _env(args.candidate_env), "baseline": _env(args.baseline_env)}
         spec, cells = load_cells(args.matrix)
@@ -176,6 +187,7 @@ def main(argv: list[str]) -> int:
         (not cells, "no cell matches --only"),
         (bool(external), f"engines {external} are external: the gate launches both sides"),
         (bool(bad_names), f"--metrics: {'; '.join(bad_names)}"),
+        (args.max_wall_s is not None and args.max_wall_s <= 0, "--max-wall-s must be > 0"),
     ]
     for bad, why in problems:
         if bad:
@@ -225,8 +237,9 @@ def main(argv: list[str]) -> int:
             log(f"gate: servers pinned to CPU {sorted(split[0])}, client to {sorted(split[1])}")
         try:
             cpus = split[0] if split else None
-            run = ABRun(spec, cells, sides, pairs, out, model, log, cpus, sessions)
+            run = ABRun(spec, cells, sides, pairs, out, model, log, cpus, sessions, deadline)
             results = asyncio.run(run.run())
+            short = _cut_short(run, results)
         finally:
             os.sched_setaffinity(0, before)
         reports = {}
@@ -235,7 +248,22 @@ def main(argv: list[str]) -> int:
             rep["environment"]["git"] = git_info(str(side.tree))
             rep["_path"] = str(out / side.name / "report.json")
             reports[side.name] = rep
-    return _verdict(args, spec, out, (ref, commit), results, reports, run.session_of, named)
+    ab = {"cut": run.cut, "short": short}
+    return _verdict(args, spec, out, (ref, commit), results, reports, run.session_of, named, ab)
+
+
+def _cut_short(run: ABRun, results: dict) -> list[str]:
+    """After a run cut by --max-wall-s: the cells with fewer than 3 pairs on either side,
+    marked skipped (they cannot be judged); none when the run was whole."""
+    if not run.cut:
+        return []
+    short = []
+    for name, cells in results.items():
+        for c in cells:
+            if c.status == "ok" and c.rounds_done < 3:
+                c.status, c.error = "skipped", f"{run.cut}: {c.rounds_done} pair(s) done"
+                short.append(f"{name} {c.id} ({c.rounds_done} pairs)")
+    return short
 
 
 def _verdict(
@@ -247,15 +275,19 @@ def _verdict(
     reports: dict,
     session_of: dict[int, int],
     named: list[str],
+    cut: dict,
 ) -> int:
     ref, commit = baseline
     base, cand = reports["baseline"], reports["candidate"]
     failed = {n: [c["id"] for c in r["cells"] if c["status"] != "ok"] for n, r in reports.items()}
     comparison = compare_paired(base, cand, sessions=session_of, also=named)
+    done = max((c.get("rounds", 0) for c in cand["cells"]), default=0)
     comparison["ab"] = {
         "baseline_ref": ref,
         "baseline_commit": commit,
-        "pairs": len(session_of),
+        "pairs": done if cut["cut"] else len(session_of),
+        "pairs_planned": len(session_of),
+        "cut": cut["cut"],
         "sessions": max(session_of.values()) + 1,
         "order": "A/B on even pairs, B/A on odd pairs",
         "candidate_env": args.candidate_env,
@@ -270,6 +302,9 @@ def _verdict(
     (out / "compare.json").write_text(json.dumps(comparison, indent=1, default=str))
     write_compare_markdown(comparison, out / "compare.md")
     print_regressions(comparison)
+    if cut["short"]:  # a cell cut before 3 pairs cannot be judged: no pass on what did not run
+        reason = f"{cut['cut']}; too few pairs to judge: {', '.join(cut['short'])}"
+        return _finish(out, comparison, "error", reason, EXIT_CELLS)
     if failed["candidate"]:
         reason = f"candidate cells failed: {failed['candidate']}"
         return _finish(out, comparison, "error", reason, EXIT_CELLS)
@@ -297,6 +332,8 @@ def _verdict(
         f"{len(comparison['regressions'])} regressed, {len(comparison['improvements'])} "
         f"improved metric(s); gates {gates['status']}; {out}/compare.md"
     )
+    if cut["cut"]:
+        reason += f" (cut after {done} of {len(session_of)} pairs: {cut['cut']})"
     return _finish(
         out, comparison, "fail" if bad else "pass", reason, EXIT_GATE if bad else EXIT_OK
     )

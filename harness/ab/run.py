@@ -25,6 +25,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -194,8 +195,14 @@ class ABRun:
         log: Callable[[str], None] = print,
         server_cpus: set[int] | None = None,
         sessions: int = 1,
+        deadline: float | None = None,
     ) -> None:
         self.spec, self.sides, self.pairs, self.log = spec, sides, pairs, log
+        # --max-wall-s: no server start or pair begins that would end past ``deadline``
+        # (time.monotonic), judged by the last ones' durations; ``cut`` says where it stopped
+        self.deadline = deadline
+        self.cut = ""
+        self._last_s = {"start": 0.0, "pair": 0.0}
         self.server_cpus = server_cpus
         self.session_of = {p: p * sessions // pairs for p in range(pairs)}  # consecutive, even
         self.cells = {s.name: s.cells(cells) for s in sides}
@@ -239,14 +246,35 @@ class ABRun:
             return {}
         return round_metrics([r for r in visit.records if r.phase == "measure"])
 
+    def _out_of_time(self, *steps: str) -> bool:
+        """Whether ``steps`` (a server start, a pair), timed like the last ones, would end past
+        the deadline."""
+        if self.deadline is None:
+            return False
+        need = sum(self._last_s[s] for s in steps)
+        left = self.deadline - time.monotonic()
+        if need <= left:
+            return False
+        self.cut = (
+            f"--max-wall-s: {max(0.0, left):.0f} s left, the next {' + '.join(steps)} takes "
+            f"~{need:.0f} s"
+        )
+        self.log(f"gate: stopping: {self.cut}")
+        return True
+
     async def _group(self, session, index: int, pairs: list[int]) -> None:
         """One session of one server group: fresh servers for both sides, then ``pairs``."""
         names = [s.name for s in self.sides]
         groups = {n: group_by_server(self.cells[n])[index] for n in names}
+        t0 = time.monotonic()
         started = await asyncio.gather(*(self._start(session, n, groups[n]) for n in names))
+        self._last_s["start"] = time.monotonic() - t0
         servers = dict(zip(names, started))
         try:
             for pair in pairs:
+                if self._out_of_time("pair"):
+                    break
+                t0 = time.monotonic()
                 order = names if pair % 2 == 0 else names[::-1]
                 line = []
                 for j, cell in enumerate(groups[names[0]]):
@@ -259,6 +287,7 @@ class ABRun:
                         qps[n] = m.get("qps", float("nan"))
                     line.append(f"{cell.id}: " + " / ".join(f"{n} {q:.1f}" for n, q in qps.items()))
                 self.log(f"pair {pair + 1}/{self.pairs} qps  " + "; ".join(line))
+                self._last_s["pair"] = time.monotonic() - t0
         finally:
             for server in servers.values():
                 if server is not None:
@@ -272,6 +301,8 @@ class ABRun:
             for i in range(len(group_by_server(self.cells[first]))):
                 last = max(self.session_of.values())
                 for s in range(last + 1):
+                    if self.cut or self._out_of_time("start", "pair"):
+                        break
                     if last:
                         self.log(f"session {s + 1}/{last + 1}: fresh servers")
                     pairs = [p for p, of in self.session_of.items() if of == s]

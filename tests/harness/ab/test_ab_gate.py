@@ -359,12 +359,31 @@ def test_gate_judges_named_metrics(tmp_path, monkeypatch, marker):
     assert not processes_with(marker)
 
 
+def test_gate_within_a_time_budget(tmp_path, monkeypatch, marker):
+    """--max-wall-s: the pairs that fit are compared (each cell has >= 3), and the verdict
+    says the run was cut; a budget that leaves a cell under 3 pairs is an error, never a
+    pass on rounds that did not run."""
+    repo = _repo(tmp_path)
+    _commit_matrix(repo, tmp_path, marker, pairs=1000)
+    base = ("--baseline-ref", "HEAD", "--sessions", "1")
+    code, res = _gate(repo, monkeypatch, *base, "--max-wall-s", "20")
+    assert code == 0 and res["gate"]["status"] == "pass", res["gate"]
+    assert 3 <= res["ab"]["pairs"] < res["ab"]["pairs_planned"] == 1000
+    assert res["ab"]["cut"] and "cut after" in res["gate"]["reason"]
+    assert all(c["metrics"]["qps"]["pairs"] >= 3 for c in res["cells"])
+    code, res = _gate(repo, monkeypatch, *base, "--max-wall-s", "0.001")
+    assert code == 3 and res["gate"]["status"] == "error"
+    assert "too few pairs to judge" in res["gate"]["reason"]
+    assert not processes_with(marker)
+
+
 def test_gate_usage_errors(tmp_path, monkeypatch, marker):
     repo = _repo(tmp_path)
     _matrix(tmp_path, repo, marker)
     monkeypatch.chdir(repo)
     assert run_cli("gate", "gate.yaml", "--pairs", "2") == 2
     assert run_cli("gate", "gate.yaml", "--metrics", "tokenize_ms") == 2  # no such metric
+    assert run_cli("gate", "gate.yaml", "--max-wall-s", "0") == 2
     assert run_cli("gate", "gate.yaml", "--sessions", "9") == 2  # 8 pairs
     assert run_cli("gate", "gate.yaml", "--candidate-env", "NOVALUE") == 2
     assert run_cli("gate", "missing.yaml") == 2
