@@ -256,8 +256,8 @@ class ABRun:
         if need <= left:
             return False
         self.cut = (
-            f"--max-wall-s: {max(0.0, left):.0f} s left, the next {' + '.join(steps)} takes "
-            f"~{need:.0f} s"
+            f"--max-wall-s: {max(0.0, left):.1f} s left, the next {' + '.join(steps)} takes "
+            f"~{need:.1f} s"
         )
         self.log(f"gate: stopping: {self.cut}")
         return True
