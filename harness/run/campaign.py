@@ -85,6 +85,8 @@ def load_result(out_dir: Path, cell_id: str) -> CellResult | None:
     if not (d / "cell.json").is_file():
         return None
     meta = json.loads((d / "cell.json").read_text())
+    # JSON writes the round numbers as text; the records (and round_extra) key them as ints
+    meta["server_rounds"] = {int(k): v for k, v in meta.get("server_rounds", {}).items()}
     records = []
     if (d / "records.jsonl").is_file():
         for line in (d / "records.jsonl").read_text().splitlines():

@@ -125,6 +125,12 @@ def test_crash_hang_and_bad_flag_fail_only_their_cells(tmp_path, marker):
     assert "## Failed: hang,crash_after=0,concurrency=1" in (out / "REPORT.md").read_text()
 
 
+def _server_round_metrics(cell: dict) -> dict:
+    """A report cell's metrics that come from the server's per-round deltas."""
+    keys = ("server_cpu_ms_per_request", "server_gc_pause_ms", "harness_cpu_cores")
+    return {k: v["median"] for k, v in cell["metrics"].items() if k in keys}
+
+
 def test_only_resume_dry_run(tmp_path, marker, capsys):
     m = base_matrix(
         fake_engine("--marker", marker),
@@ -139,6 +145,9 @@ def test_only_resume_dry_run(tmp_path, marker, capsys):
     assert run_cli(str(path), "--out", str(out), "--only", "concurrency=1") == 0
     first = load(out)
     assert len(first["cells"]) == 2 and first["measurement"]["resumed_cells"] == 0
+    # the server's per-round figures (its CPU, GC pauses: cell.json's server_rounds) by cell
+    per_round = {c["id"]: _server_round_metrics(c) for c in first["cells"]}
+    assert all(per_round.values()), per_round
     assert not any(c["resumed"] for c in first["cells"])
     assert first["measurement"]["rules"][0].startswith("every server was started fresh by this run")
     done = out / "cells" / "fake,beam_width=4,concurrency=1" / "cell.json"
@@ -158,6 +167,9 @@ def test_only_resume_dry_run(tmp_path, marker, capsys):
     assert rep["measurement"]["resumed_cells"] == 2
     assert "2 of 4 cells were measured by an earlier run" in rep["measurement"]["rules"][0]
     assert [c["resumed"] for c in rep["cells"]] == [True, False, True, False]
+    # a resumed cell keeps them: cell.json's round keys come back as text, the records' as ints
+    for cid, metrics in per_round.items():
+        assert _server_round_metrics(cells[cid]) == metrics, cid
     assert cells["fake,beam_width=4,concurrency=1"]["notes"][0] == (
         f"resumed: measured {stamp['at']} on {stamp['host']}, git {stamp['git'][:7]}"
         + (f" (dirty, tree {stamp['tree'][:7]})" if stamp["dirty"] else "")
