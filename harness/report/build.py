@@ -131,6 +131,8 @@ def resumed_note(measured: dict | None, here: dict) -> str:
     if not measured:
         return "resumed from an earlier run (which machine and commit is not recorded)"
     git = (measured.get("git") or "?")[:7]
+    if not measured.get("git") and measured.get("declared"):  # a tree copied without its .git
+        git = f"? (declared source commit {measured['declared']})"
     if measured.get("dirty"):
         tree = measured.get("tree")
         git += f" (dirty, tree {tree[:7]})" if tree else " (dirty)"
@@ -141,7 +143,11 @@ def resumed_note(measured: dict | None, here: dict) -> str:
     other = []
     if any(measured.get(k) != here[k] for k in ("host", "gpu")):
         other.append("machine")
-    if measured.get("git") != here["git"] or measured.get("tree") != here.get("tree"):
+    if (
+        measured.get("git") != here["git"]
+        or measured.get("tree") != here.get("tree")
+        or measured.get("declared") != here.get("declared")
+    ):
         other.append("commit")
     if other:
         note += f" (not this report's {' or '.join(other)})"

@@ -67,6 +67,17 @@ def test_resumed_note_flags_another_tree_on_the_same_commit():
     assert "(not this report's commit)" in resumed_note(other, here)
 
 
+def test_resumed_note_names_the_declared_commit_of_a_tree_without_git():
+    """A tree copied to the GPU machine without its .git (FLASHREC_SOURCE_COMMIT set): the
+    note names the declared commit, and a cell declared at another commit is flagged."""
+    here = {"host": "h", "gpu": "G", "git": None, "tree": None, "declared": "9d46e08"}
+    cell = dict(here, at="t", declared="01742c3")
+    note = resumed_note(cell, here)
+    assert "git ? (declared source commit 01742c3)" in note
+    assert note.endswith("(not this report's commit)")
+    assert "not this report" not in resumed_note(dict(cell, declared="9d46e08"), here)
+
+
 def test_host_probe_times_the_answer_body_and_reaches_the_header_and_stamps(monkeypatch):
     """The run records how fast its host encodes a 256-beam answer (host phases differ by
     machine), in the environment, in each cell's ``measured`` stamp and in the report header."""
