@@ -39,7 +39,7 @@ from harness.ab.run import worktree as baseline_worktree
 from harness.gate.gates import evaluate_gates, is_metric, load_cells, metric_names, unknown
 from harness.report.build import build_report, write_report
 from harness.report.render_compare import print_regressions, write_compare_markdown
-from harness.run.environment import git_info
+from harness.run.environment import git_info, take_host_probe
 from harness.servers.launch import install_signal_handlers
 from harness.spec.cells import select
 from harness.spec.matrix import SpecError
@@ -235,6 +235,7 @@ def main(argv: list[str]) -> int:
         if split:
             os.sched_setaffinity(0, split[1])
             log(f"gate: servers pinned to CPU {sorted(split[0])}, client to {sorted(split[1])}")
+        take_host_probe()  # before any server runs beside it
         try:
             cpus = split[0] if split else None
             run = ABRun(spec, cells, sides, pairs, out, model, log, cpus, sessions, deadline)

@@ -24,7 +24,7 @@ from harness.load.workload import PromptRenderer, PromptSet, build_prompts, load
 from harness.metrics.flops import ceiling_for, mfu_info
 from harness.metrics.host import BUSY_NOTE
 from harness.run.cell import CellContext, CellResult, run_cell, safe_name
-from harness.run.environment import content_hash, measured_stamp
+from harness.run.environment import content_hash, measured_stamp, take_host_probe
 from harness.run.outdir import set_aside_old_report
 from harness.run.progress import Progress
 from harness.servers.launch import LaunchedServer, Server, ServerError, make_server
@@ -455,6 +455,7 @@ def run_matrix(
     spec: MatrixSpec, cells: list[Cell], opts: RunOptions, progress: Progress
 ) -> tuple[list[CellResult], dict, ResolvedModel | None]:
     """Run the selected cells (resuming finished ones); returns results, stages and model."""
+    take_host_probe()  # before a model is built or any server runs beside it
     chosen = select(spec, cells, opts.only)
     model = resolve_model(spec, log=progress.message)
     campaign = _Campaign(spec, opts, progress, model)
