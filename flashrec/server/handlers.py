@@ -196,15 +196,17 @@ async def _chat(request: web.Request) -> web.StreamResponse:
         seed=p.seed,
     )
     (result,) = await st.backend.generate([gen])
+    back = time.monotonic()  # the result is the handler's, on the event loop
     st.metrics.completion_tokens += result.completion_tokens
     st.metrics.cached_tokens += result.cached_tokens
     model = req.model or st.model_name
     if not req.stream:
         text = await st.backend.chat_json(result, model)
-        timing = {"Server-Timing": server_timing(t_tok, [result])}
+        timing = {"Server-Timing": server_timing(t_tok, [result], back)}
         return web.json_response(text=text, headers=timing)
     events = list(responses.chat_stream(result, model))
-    return await _send_sse(request, iter(events), {"Server-Timing": server_timing(t_tok, [result])})
+    timing = {"Server-Timing": server_timing(t_tok, [result], back)}
+    return await _send_sse(request, iter(events), timing)
 
 
 async def _generate(request: web.Request) -> web.StreamResponse:
@@ -236,6 +238,7 @@ async def _generate(request: web.Request) -> web.StreamResponse:
         )
     t_tok = time.perf_counter() - t_tok  # prompt building (the requests are created at once)
     results = await st.backend.generate(gens)
+    back = time.monotonic()  # the results are the handler's, on the event loop
     results = [responses.returned(r, req.params.num_return) for r in results]  # best n of k
     latency = time.perf_counter() - t0
     for r in results:
@@ -244,22 +247,25 @@ async def _generate(request: web.Request) -> web.StreamResponse:
     if not req.stream:
         texts = list(await asyncio.gather(*(st.backend.generate_json(r, latency) for r in results)))
         text = f"[{', '.join(texts)}]" if req.batched else texts[0]
-        timing = {"Server-Timing": server_timing(t_tok, results)}
+        timing = {"Server-Timing": server_timing(t_tok, results, back)}
         return web.json_response(text=text, headers=timing)
     outs = [responses.generate_result(r, latency) for r in results]
     out: Any = outs if req.batched else outs[0]
     events = [responses.sse(out), b"data: [DONE]\n\n"]
-    return await _send_sse(request, iter(events), {"Server-Timing": server_timing(t_tok, results)})
+    timing = {"Server-Timing": server_timing(t_tok, results, back)}
+    return await _send_sse(request, iter(events), timing)
 
 
-def server_timing(tokenize_s: float, results: list) -> str:
+def server_timing(tokenize_s: float, results: list, back: float | None = None) -> str:
     """The ``Server-Timing`` header (W3C) of a generation response, in ms: ``tokenize`` (the
     prompt built from messages / text), ``queue`` (submitted -> admitted for prefill),
     ``engine`` (admitted -> ranked beams on the host), ``ipc`` (with ``--engine-process``: from
     there to the result's arrival in the server process) and ``respond`` (from there to the
     answer's text: the beams' host objects, the hand-off to the event loop, JSON); for a
-    batch, the slowest request's. Call it once the answer is built. What the client measures
-    beyond their sum is HTTP and the client's own event loop."""
+    batch, the slowest request's. ``handoff``, the part of ``respond`` up to ``back`` (when
+    the handler held the results on the event loop: host objects and the loop's wake-up), is
+    a detail of ``respond``, not a phase of its own. Call it once the answer is built. What
+    the client measures beyond the phases' sum is HTTP and the client's own event loop."""
     queue = max((r.queue_s or 0.0) for r in results) if results else 0.0
     engine = max((r.engine_s or 0.0) for r in results) if results else 0.0
     parts = [("tokenize", tokenize_s), ("queue", queue), ("engine", engine)]
@@ -269,7 +275,10 @@ def server_timing(tokenize_s: float, results: list) -> str:
         parts.append(("ipc", max(0.0, max(b - a for a, b in zip(done, received)))))
         done = received
     if done:
-        parts.append(("respond", max(0.0, time.monotonic() - min(done))))
+        now = time.monotonic()
+        parts.append(("respond", max(0.0, now - min(done))))
+        if back is not None:
+            parts.append(("handoff", min(max(0.0, back - min(done)), parts[-1][1])))
     return ", ".join(f"{name};dur={sec * 1000.0:.3f}" for name, sec in parts)
 
 

@@ -51,6 +51,7 @@ DIRECTIONS: dict[str, int] = {
     "server_engine_ms_mean": 0,
     "server_ipc_ms_mean": 0,  # FlashRec --engine-process: engine process -> server process
     "server_respond_ms_mean": 0,  # FlashRec: beams on the host -> answer text
+    "server_handoff_ms_mean": 0,  # FlashRec: respond's part up to the handler (not summed)
     "outside_server_ms_mean": 0,  # client latency - the phases above: HTTP, event loops
     # the server's own counters over the round (harness.metrics.server), informational
     "server_gc_pause_ms": 0,
@@ -79,6 +80,7 @@ NAMED_DIRECTIONS: dict[str, int] = {
     "server_engine_ms_mean": -1,
     "server_ipc_ms_mean": -1,
     "server_respond_ms_mean": -1,
+    "server_handoff_ms_mean": -1,
     "outside_server_ms_mean": -1,
     "server_gc_pause_ms": -1,
     "server_gc_full_collections": -1,
@@ -88,6 +90,8 @@ NAMED_DIRECTIONS: dict[str, int] = {
 }
 SERVER_PHASES = ("tokenize", "queue", "engine")
 OPTIONAL_SERVER_PHASES = ("ipc", "respond")  # counted where every timed request of a round has it
+# details of a phase (the part of it named), reported beside it, never summed with the phases
+DETAIL_SERVER_PHASES = {"handoff": "respond"}
 # hit / recall / NDCG / MRR of a workload with ground truth; pass, position1_pass and recall by
 # SID and PID of the quality: section's eval (harness.quality): higher is better for all
 QUALITY_PREFIXES = (
@@ -208,6 +212,9 @@ def round_metrics(records: list[Record], extra: Extra | None = None) -> dict[str
         )
         for p in phases:
             out[f"server_{p}_ms_mean"] = float(np.mean([r.server_ms[p] for r in timed]))
+        for p, of in DETAIL_SERVER_PHASES.items():
+            if of in phases and all(p in r.server_ms for r in timed):
+                out[f"server_{p}_ms_mean"] = float(np.mean([r.server_ms[p] for r in timed]))
         out["outside_server_ms_mean"] = float(
             np.mean([r.latency * 1000.0 - sum(r.server_ms[p] for p in phases) for r in timed])
         )

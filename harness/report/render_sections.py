@@ -108,6 +108,7 @@ def server_timing_table(report: dict) -> Table | None:
     if not cells:
         return None
     respond = any("server_respond_ms_mean" in c["metrics"] for c in cells)
+    handoff = any("server_handoff_ms_mean" in c["metrics"] for c in cells)
     ipc = any("server_ipc_ms_mean" in c["metrics"] for c in cells)
     gc = any("server_gc_pause_ms" in c["metrics"] for c in cells)
     other = any("host_other_cpu_cores" in c["metrics"] for c in cells)
@@ -116,6 +117,7 @@ def server_timing_table(report: dict) -> Table | None:
     keys = ["latency_mean_ms", "server_tokenize_ms_mean", "server_queue_ms_mean"]
     keys += ["server_engine_ms_mean"] + (["server_ipc_ms_mean"] if ipc else [])
     keys += ["server_respond_ms_mean"] if respond else []
+    keys += ["server_handoff_ms_mean"] if handoff else []
     keys += ["outside_server_ms_mean"] + (["server_gc_pause_ms"] if gc else [])
     fmt = dict.fromkeys(("host_other_cpu_cores", "harness_cpu_cores", *host.SERVER_METRICS), ".2f")
     keys += cpu
@@ -130,7 +132,8 @@ def server_timing_table(report: dict) -> Table | None:
         for c in cells
     ]
     head = ["cell", "client latency ms", "tokenize", "queue", "engine"]
-    head += (["ipc"] if ipc else []) + (["respond"] if respond else []) + ["outside the server"]
+    head += (["ipc"] if ipc else []) + (["respond"] if respond else [])
+    head += (["of respond: hand-off"] if handoff else []) + ["outside the server"]
     head += ["server GC pauses ms / round"] if gc else []
     head += [CPU_HEADS[k] for k in cpu]
     head += ["other processes' CPU cores"] if other else []
@@ -255,8 +258,10 @@ SERVER_TIMING_NOTE = (
     "with its engine in a process of its own: beams on the engine's host -> the server "
     "process), respond (where the server reports it: from there -> answer text built, i.e. "
     "result objects, the "
-    "hand-off to the event loop and JSON encoding). Outside the server = client latency - "
-    "their sum: HTTP and event-loop time on both sides (and, for servers without respond, "
+    "hand-off to the event loop and JSON encoding); of respond, hand-off (where the server "
+    "reports it): the part up to the request's handler holding the result on the event loop, "
+    "the rest being the answer's encoding. Outside the server = client latency - "
+    "their sum (hand-off not counted again): HTTP and event-loop time on both sides (and, for servers without respond, "
     "the answer's encoding). Server GC pauses: the server's garbage-collector time during "
     "the round (its /metrics before and after), which stops every server thread. Server "
     "CPU: its process group's CPU time during the round per request sent; the server "

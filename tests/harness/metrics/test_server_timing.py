@@ -85,3 +85,28 @@ def test_ipc_phase_is_its_own_column():
         and head.index("respond") == head.index("ipc") + 1
     )
     assert len(rows[0]) == len(head)
+
+
+def test_handoff_is_a_detail_of_respond_never_summed():
+    """FlashRec's ``handoff`` (respond's part up to the handler) is reported beside respond,
+    leaves "outside" as it was, and needs respond counted and on every timed request."""
+    from harness.report.render_sections import server_timing_table
+
+    phases = {"tokenize": 1.0, "queue": 2.0, "engine": 30.0, "respond": 3.0}
+    recs = [
+        _rec(0, 0.040, {**phases, "handoff": 1.0}),
+        _rec(1, 0.050, {**phases, "engine": 40.0, "respond": 1.0, "handoff": 0.5}),
+    ]
+    m = round_metrics(recs)
+    assert math.isclose(m["server_handoff_ms_mean"], 0.75)
+    assert math.isclose(m["outside_server_ms_mean"], ((40 - 36) + (50 - 44)) / 2)
+    assert "server_handoff_ms_mean" not in round_metrics([recs[0], _rec(1, 0.05, phases)])
+    no_respond = {k: v for k, v in recs[0].server_ms.items() if k != "respond"}
+    assert "server_handoff_ms_mean" not in round_metrics([_rec(0, 0.04, no_respond)])
+    cell = {
+        "id": "a",
+        "metrics": {k: dict.fromkeys(("median", "ci95_low", "ci95_high"), v) for k, v in m.items()},
+    }
+    head, rows = server_timing_table({"cells": [cell]})
+    assert head.index("of respond: hand-off") == head.index("respond") + 1
+    assert rows[0][head.index("of respond: hand-off")].startswith("0.8")
