@@ -261,7 +261,7 @@ def _attn_sweep(
     qo = torch.arange(0, rows_n + 1, n, dtype=torch.int32)
     kvp = torch.arange(0, reqs * length + 1, length, dtype=torch.int32)
     last = torch.ones(reqs, dtype=torch.int32)
-    for backend in ("fa2",):  # fa3: its paged kernels do not build for these inputs
+    for backend in os.environ.get("ATTN_PAGED", "fa2").split():  # fa3: does not build for these
         try:
             w = flashinfer.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD", backend=backend)
 
@@ -284,6 +284,39 @@ def _attn_sweep(
                   f"lse={tuple(lse.shape)}", flush=True)  # fmt: skip
         except Exception as exc:  # noqa: BLE001 - a backend / dtype pair it does not take
             print(f"flashinfer paged prefill {backend} {tag}: {type(exc).__name__}: "
+                  f"{str(exc).splitlines()[0][:160] if str(exc) else ''}", flush=True)  # fmt: skip
+    # the prompt part through FlashInfer's ragged prefill (the kernels the engine's prefill runs,
+    # fa3 on Hopper) over a dense BF16 copy of each request's prompt KV, as a decode path that
+    # kept one such copy per request from its prefill would (ATTN_RAGGED="fa3 fa2"; "" skips)
+    kd = kp[slots.long()].to(BF16)  # request-major: request r's prompt at [r * length, ...)
+    vd = vp[slots.long()].to(BF16)
+    check = None
+    if reqs * n * length <= 8 * 512 * 2465:  # request 0's prompt part in float32, for maxdiff
+        q0 = q[:n].float().view(n, hkv, hq // hkv, d)
+        p0 = (torch.einsum("nhgd,lhd->nhgl", q0, kd[:length].float()) * scale).softmax(-1)
+        check = torch.einsum("nhgl,lhd->nhgd", p0, vd[:length].float()).reshape(n, hq, d)
+    for backend in os.environ.get("ATTN_RAGGED", "fa3").split():
+        try:
+            w = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(ws, "NHD", backend=backend)
+
+            def plan_r(w=w):
+                w.plan(qo, kvp, hq, hkv, d, causal=False, sm_scale=scale, q_data_type=BF16,
+                       kv_data_type=BF16, o_data_type=BF16)  # fmt: skip
+
+            plan_r()
+            o, lse = w.run(q, kd, vd, return_lse=True)
+            torch.cuda.synchronize()
+            diff = (o[:n].float() - check).abs().max().item() if check is not None else float("nan")
+            ms = tt.do_bench(lambda w=w: w.run(q, kd, vd, return_lse=True), warmup=10, rep=50)
+            t0 = time.perf_counter()
+            for _ in range(20):
+                plan_r()
+            plan_us = (time.perf_counter() - t0) / 20 * 1e6
+            print(f"flashinfer ragged prefill {backend} {tag} (prompt part over a dense bf16 copy, "
+                  f"+lse): {ms * 1e3:8.1f} us {flops / ms / 1e9:6.0f} TFLOP/s plan {plan_us:.0f} us "
+                  f"maxdiff(request 0, fp32)={diff:.2e}", flush=True)  # fmt: skip
+        except Exception as exc:  # noqa: BLE001 - a backend / dtype pair it does not take
+            print(f"flashinfer ragged prefill {backend} {tag}: {type(exc).__name__}: "
                   f"{str(exc).splitlines()[0][:160] if str(exc) else ''}", flush=True)  # fmt: skip
     if kv_dtype == BF16 and reqs * length * n <= 8 * 5000 * 512:
         from torch.nn.attention import SDPBackend, sdpa_kernel
