@@ -13,6 +13,7 @@ shapes (hidden 2048, intermediate 6144, 16 q / 8 kv heads of 128); warm-up exclu
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Callable
@@ -166,8 +167,10 @@ def _attn_sweep(
     """One decode step's attention (one layer, 16 q / 8 kv heads of 128, 3 SID levels, at the
     last level) for ``reqs`` requests of ``n`` beams over ``length``-token prompts: every tile
     of the Triton kernel (max |diff| against the engine's tile), then the prompt part alone
-    through FlashInfer's paged prefill (page size 1, the pool's own slots) and through dense
-    cuDNN SDPA (KV repeated to 16 heads, equal lengths): the rates a kernel could reach."""
+    through FlashInfer's paged prefill (page size 1, the pool's own slots), its ragged prefill
+    over a dense BF16 copy, and dense cuDNN SDPA (KV repeated to 16 heads, equal lengths): the
+    rates a kernel could reach; and the whole layer composed from the ragged prefill, the
+    per-beam suffix and a log-sum-exp merge (:func:`_attn_composed`)."""
     from flashrec.kernels import beam_attention as ba
 
     hq, hkv, d, depth = 16, 8, 128, 3
@@ -318,6 +321,8 @@ def _attn_sweep(
         except Exception as exc:  # noqa: BLE001 - a backend / dtype pair it does not take
             print(f"flashinfer ragged prefill {backend} {tag}: {type(exc).__name__}: "
                   f"{str(exc).splitlines()[0][:160] if str(exc) else ''}", flush=True)  # fmt: skip
+    if ref is not None and os.environ.get("ATTN_COMPOSE", "1") != "0":
+        _attn_composed(flashinfer, ws, q, kd, vd, dk, dv, rows, ref, reqs, n, length, tag)
     if kv_dtype == BF16 and reqs * length * n <= 8 * 5000 * 512:
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -335,6 +340,66 @@ def _attn_sweep(
                   f"{flops / ms / 1e9:6.0f} TFLOP/s", flush=True)  # fmt: skip
         except Exception as exc:  # noqa: BLE001
             print(f"dense cudnn sdpa {tag}: {type(exc).__name__}: {exc}")
+
+
+def _attn_composed(fi, ws, q, kd, vd, dk, dv, rows, ref, reqs, n, length, tag) -> None:
+    """A decode layer's attention composed the way a dense-copy path would run it, against the
+    engine kernel's output ``ref`` (every beam at its last decode step): the prompt part
+    through FlashInfer's fa3 ragged prefill over an arena that holds each request's prompt KV
+    at its own offset, with free gaps between them (a gap is a segment with no query rows),
+    each beam's own decode keys in torch, and the two merged by their log-sum-exps
+    (``flashinfer.merge_state``). Prints the max |diff| to the engine kernel, which base the
+    returned LSE is in, and the time of each part."""
+    hq, hkv, d = q.shape[1], kd.shape[1], q.shape[2]
+    depth = dk.shape[0] // q.shape[0]
+    scale = d**-0.5
+    gaps = [64 * (1 + r % 3) for r in range(reqs)]  # free space after each request
+    arena_k = torch.zeros(reqs * length + sum(gaps), hkv, d, dtype=BF16, device=DEV)
+    arena_v = torch.zeros_like(arena_k)
+    qo, kvp, off = [0], [0], 0
+    for r in range(reqs):
+        arena_k[off : off + length] = kd[r * length : (r + 1) * length]
+        arena_v[off : off + length] = vd[r * length : (r + 1) * length]
+        off += length + gaps[r]
+        qo += [qo[-1] + n, qo[-1] + n]  # the request's rows, then its gap's none
+        kvp += [kvp[-1] + length, kvp[-1] + length + gaps[r]]
+    qo_t, kvp_t = torch.tensor(qo, dtype=torch.int32), torch.tensor(kvp, dtype=torch.int32)
+    try:
+        w = fi.BatchPrefillWithRaggedKVCacheWrapper(ws, "NHD", backend="fa3")
+        w.plan(qo_t, kvp_t, hq, hkv, d, causal=False, sm_scale=scale, q_data_type=BF16,
+               kv_data_type=BF16, o_data_type=BF16)  # fmt: skip
+        o_p, lse_p = w.run(q, arena_k, arena_v, return_lse=True)
+        torch.cuda.synchronize()
+    except Exception as exc:  # noqa: BLE001 - empty query segments it may not take
+        print(f"composed {tag}: ragged fa3 with gap segments: {type(exc).__name__}: "
+              f"{str(exc).splitlines()[0][:160] if str(exc) else ''}", flush=True)  # fmt: skip
+        return
+    # the LSE's base, from request 0's first rows in float32 (natural log or log2)
+    s0 = torch.einsum("nhd,lhd->nhl", q[:4].float(), kd[:length].float().repeat_interleave(
+        hq // hkv, 1)) * scale  # fmt: skip
+    lse0 = torch.logsumexp(s0, -1)
+    base2 = (lse_p[:4].float() - lse0 / math.log(2)).abs().max().item()
+    natural = (lse_p[:4].float() - lse0).abs().max().item()
+    to_lse_base = (1 / math.log(2)) if base2 < natural else 1.0
+    ks = dk.view(-1, depth, hkv, d)[rows.long()].repeat_interleave(hq // hkv, 2)  # [R, t, hq, d]
+    vs = dv.view(-1, depth, hkv, d)[rows.long()].repeat_interleave(hq // hkv, 2)
+
+    def suffix():
+        sc = torch.einsum("rhd,rthd->rht", q.float(), ks.float()) * scale
+        return torch.einsum("rht,rthd->rhd", sc.softmax(-1), vs.float()).to(BF16), (
+            torch.logsumexp(sc, -1) * to_lse_base
+        )
+
+    o_s, lse_s = suffix()
+    o, _ = fi.merge_state(o_p, lse_p, o_s, lse_s)
+    diff = (o.float() - ref.float()).abs().max().item()
+    t_p = tt.do_bench(lambda: w.run(q, arena_k, arena_v, return_lse=True), warmup=10, rep=50)
+    t_s = tt.do_bench(suffix, warmup=10, rep=50)
+    t_m = tt.do_bench(lambda: fi.merge_state(o_p, lse_p, o_s, lse_s), warmup=10, rep=50)
+    print(f"composed {tag}: fa3 ragged over an arena with gaps {t_p * 1e3:8.1f} us + suffix "
+          f"(torch) {t_s * 1e3:6.1f} us + merge_state {t_m * 1e3:6.1f} us; LSE base "
+          f"{'2' if to_lse_base != 1.0 else 'e'} (|diff| {min(base2, natural):.1e}); max |diff| "
+          f"to the engine kernel {diff:.2e}", flush=True)  # fmt: skip
 
 
 def main() -> None:
