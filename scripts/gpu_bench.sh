@@ -24,6 +24,8 @@
 # processes), the qk_norm_rope_store and silu_mul launch-settings sweeps
 # (tests/kernels/bench_kernels.py --qk-sweep, --silu-sweep) and the beam-decode attention tile
 # sweep beside FlashInfer's paged prefill and cuDNN (--attn-sweep).
+# STAGES=attn times the beam-decode attention's candidates (FlashInfer paged / ragged, the layer
+# composed from ragged + suffix + merge) beside the engine's kernel, FP8 and BF16 KV.
 # STAGES=qk runs only the qk_norm_rope_store sweep of the probes (rounding forms + launch
 # settings), e.g. with the kernel's GPU tests and the served A/B:
 #   STAGES="tests qk matrix" PYTEST_ARGS="tests/kernels/test_kernel_qk_rope_kv.py -k hardware" \
@@ -100,6 +102,11 @@ case $STAGES in *" probes "*)  # kernel-level A/Bs, both forms side by side in o
   python tests/kernels/bench_kernels.py --qk-sweep | tee "$OUT/qk_sweep.txt"
   python tests/kernels/bench_kernels.py --silu-sweep | tee "$OUT/silu_sweep.txt"
   python tests/kernels/bench_kernels.py --attn-sweep | tee "$OUT/attn_sweep.txt";; esac
+case $STAGES in *" attn "*)  # the beam-decode attention's candidates beside the engine's kernel
+  # (launches of FP8 and BF16 KV): FlashInfer's paged prefill over the pool (fa2, fa3), its
+  # ragged fa3 over a dense BF16 copy, and the whole layer composed from it (docs/baselines.md)
+  ATTN_TILES="64x128x4x2x1 64x64x4x3" ATTN_PAGED="fa2 fa3" ATTN_RAGGED="fa3" \
+    python tests/kernels/bench_kernels.py --attn-sweep | tee "$OUT/attn_candidates.txt";; esac
 case $STAGES in *" determinism "*)  # 120 requests x DET_PROCESSES (3) fresh processes, sequential
   # and at concurrency 16, widths 1-32, FP8 W8A8 + FP8 KV; DET_ON=1: with --deterministic, where
   # any drift (across processes, or concurrent against sequential) fails; DET_ARGS adds flags
