@@ -105,7 +105,7 @@ case $STAGES in *" probes "*)  # kernel-level A/Bs, both forms side by side in o
 case $STAGES in *" attn "*)  # the beam-decode attention's candidates beside the engine's kernel
   # (launches of FP8 and BF16 KV): FlashInfer's paged prefill over the pool (fa2, fa3), its
   # ragged fa3 over a dense BF16 copy, and the whole layer composed from it (docs/baselines.md)
-  ATTN_TILES="64x128x4x2x1 64x64x4x3" ATTN_PAGED="fa2 fa3" ATTN_RAGGED="fa3" \
+  ATTN_TILES="64x128x4x2x1 64x64x4x3" ATTN_PAGED="fa2 fa3" ATTN_RAGGED="fa3" ATTN_GRAPH=1 \
     python tests/kernels/bench_kernels.py --attn-sweep | tee "$OUT/attn_candidates.txt";; esac
 case $STAGES in *" determinism "*)  # 120 requests x DET_PROCESSES (3) fresh processes, sequential
   # and at concurrency 16, widths 1-32, FP8 W8A8 + FP8 KV; DET_ON=1: with --deterministic, where

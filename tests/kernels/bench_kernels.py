@@ -232,6 +232,11 @@ def _attn_sweep(
         print(f"beam_attn {tag} tile={bm}x{bn}x{warps}w{stages}s f16={f16} splits={splits}: "
               f"{ms * 1e3:8.1f} us {flops / ms / 1e9:6.0f} TFLOP/s maxdiff={diff:.2e}",
               flush=True)  # fmt: skip
+        if os.environ.get("ATTN_GRAPH", "0") == "1":  # launches replayed from a CUDA graph, as
+            # the engine's decode step runs them: steadier for launch-bound shapes (one request)
+            ms = tt.do_bench_cudagraph(run, rep=50)
+            print(f"beam_attn {tag} tile={bm}x{bn}x{warps}w{stages}s f16={f16} splits={splits} "
+                  f"(CUDA graph): {ms * 1e3:8.1f} us {flops / ms / 1e9:6.0f} TFLOP/s", flush=True)  # fmt: skip
         if tile == ATTN_TILES[0] and forced_splits is None:  # engine tile: branched vs masked
             for step in range(depth):  # the engine's 3-level decode runs steps 0 and 1
                 st = (meta[0], meta[1], meta[2], i32([step] * reqs))
