@@ -327,7 +327,9 @@ def _attn_sweep(
             print(f"flashinfer ragged prefill {backend} {tag}: {type(exc).__name__}: "
                   f"{str(exc).splitlines()[0][:160] if str(exc) else ''}", flush=True)  # fmt: skip
     if ref is not None and os.environ.get("ATTN_COMPOSE", "1") != "0":
-        _attn_composed(flashinfer, ws, q, kd, vd, dk, dv, rows, ref, reqs, n, length, tag)
+        _attn_composed(
+            flashinfer, ws, q, kp, vp, slots, kd, vd, dk, dv, rows, ref, reqs, n, length, tag
+        )
     if kv_dtype == BF16 and reqs * length * n <= 8 * 5000 * 512:
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -347,17 +349,20 @@ def _attn_sweep(
             print(f"dense cudnn sdpa {tag}: {type(exc).__name__}: {exc}")
 
 
-def _attn_composed(fi, ws, q, kd, vd, dk, dv, rows, ref, reqs, n, length, tag) -> None:
-    """A decode layer's attention composed the way a dense-copy path would run it, against the
-    engine kernel's output ``ref`` (every beam at its last decode step): the prompt part
-    through FlashInfer's fa3 ragged prefill over an arena that holds each request's prompt KV
-    at its own offset, with free gaps between them (a gap is a segment with no query rows),
-    each beam's own decode keys in torch, and the two merged by their log-sum-exps
-    (``flashinfer.merge_state``). Prints the max |diff| to the engine kernel, which base the
-    returned LSE is in, and the time of each part."""
+def _attn_composed(fi, ws, q, kp, vp, slots, kd, vd, dk, dv, rows, ref, reqs, n, length, tag):
+    """A decode layer's attention composed the way a path over FlashInfer would run it, against
+    the engine kernel's output ``ref`` (every beam at its last decode step): the prompt part
+    through FlashInfer, each beam's own decode keys in torch, and the two merged by their
+    log-sum-exps (``flashinfer.merge_state``). Two prompt parts: fa3 ragged prefill over an
+    arena that holds each request's prompt KV at its own offset with free gaps between them (a
+    gap is a segment with no query rows), and fa3 paged prefill (page size 1) over a BF16 pool
+    in the pool's own slots (the pool itself where the KV is BF16, else a BF16 twin of it).
+    Prints the max |diff| to the engine kernel, which base the returned LSE is in, and the time
+    of each part."""
     hq, hkv, d = q.shape[1], kd.shape[1], q.shape[2]
     depth = dk.shape[0] // q.shape[0]
     scale = d**-0.5
+    i32 = lambda xs: torch.tensor(xs, dtype=torch.int32)  # noqa: E731
     gaps = [64 * (1 + r % 3) for r in range(reqs)]  # free space after each request
     arena_k = torch.zeros(reqs * length + sum(gaps), hkv, d, dtype=BF16, device=DEV)
     arena_v = torch.zeros_like(arena_k)
@@ -368,43 +373,57 @@ def _attn_composed(fi, ws, q, kd, vd, dk, dv, rows, ref, reqs, n, length, tag) -
         off += length + gaps[r]
         qo += [qo[-1] + n, qo[-1] + n]  # the request's rows, then its gap's none
         kvp += [kvp[-1] + length, kvp[-1] + length + gaps[r]]
-    qo_t, kvp_t = torch.tensor(qo, dtype=torch.int32), torch.tensor(kvp, dtype=torch.int32)
-    try:
+    pool_kv = (kp.to(BF16).unsqueeze(1), vp.to(BF16).unsqueeze(1))  # [slots, page 1, hkv, d]
+    plain = dict(causal=False, sm_scale=scale, q_data_type=BF16, kv_data_type=BF16,
+                 o_data_type=BF16)  # fmt: skip
+
+    def ragged():
         w = fi.BatchPrefillWithRaggedKVCacheWrapper(ws, "NHD", backend="fa3")
-        w.plan(qo_t, kvp_t, hq, hkv, d, causal=False, sm_scale=scale, q_data_type=BF16,
-               kv_data_type=BF16, o_data_type=BF16)  # fmt: skip
-        o_p, lse_p = w.run(q, arena_k, arena_v, return_lse=True)
-        torch.cuda.synchronize()
-    except Exception as exc:  # noqa: BLE001 - empty query segments it may not take
-        print(f"composed {tag}: ragged fa3 with gap segments: {type(exc).__name__}: "
-              f"{str(exc).splitlines()[0][:160] if str(exc) else ''}", flush=True)  # fmt: skip
-        return
-    # the LSE's base, from request 0's first rows in float32 (natural log or log2)
+        w.plan(i32(qo), i32(kvp), hq, hkv, d, **plain)
+        return lambda: w.run(q, arena_k, arena_v, return_lse=True)
+
+    def paged():
+        w = fi.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD", backend="fa3")
+        w.plan(i32([r * n for r in range(reqs + 1)]), i32([r * length for r in range(reqs + 1)]),
+               slots, i32([1] * reqs), hq, hkv, d, 1, **plain)  # fmt: skip
+        return lambda: w.run(q, pool_kv, return_lse=True)
+
+    # request 0's first rows in float32: which base the returned LSE is in (e or 2)
     s0 = torch.einsum("nhd,lhd->nhl", q[:4].float(), kd[:length].float().repeat_interleave(
         hq // hkv, 1)) * scale  # fmt: skip
     lse0 = torch.logsumexp(s0, -1)
-    base2 = (lse_p[:4].float() - lse0 / math.log(2)).abs().max().item()
-    natural = (lse_p[:4].float() - lse0).abs().max().item()
-    to_lse_base = (1 / math.log(2)) if base2 < natural else 1.0
     ks = dk.view(-1, depth, hkv, d)[rows.long()].repeat_interleave(hq // hkv, 2)  # [R, t, hq, d]
     vs = dv.view(-1, depth, hkv, d)[rows.long()].repeat_interleave(hq // hkv, 2)
+    for name, make in (("fa3 ragged over an arena with gaps", ragged),
+                       ("fa3 paged over a bf16 pool, page size 1", paged)):  # fmt: skip
+        try:
+            prompt = make()
+            o_p, lse_p = prompt()
+            torch.cuda.synchronize()
+        except Exception as exc:  # noqa: BLE001 - a layout or dtype it does not take
+            print(f"composed {tag}: {name}: {type(exc).__name__}: "
+                  f"{str(exc).splitlines()[0][:160] if str(exc) else ''}", flush=True)  # fmt: skip
+            continue
+        base2 = (lse_p[:4].float() - lse0 / math.log(2)).abs().max().item()
+        natural = (lse_p[:4].float() - lse0).abs().max().item()
+        to_base = (1 / math.log(2)) if base2 < natural else 1.0
 
-    def suffix():
-        sc = torch.einsum("rhd,rthd->rht", q.float(), ks.float()) * scale
-        return torch.einsum("rht,rthd->rhd", sc.softmax(-1), vs.float()).to(BF16), (
-            torch.logsumexp(sc, -1) * to_lse_base
-        )
+        def suffix(to_base=to_base):
+            sc = torch.einsum("rhd,rthd->rht", q.float(), ks.float()) * scale
+            o_s = torch.einsum("rht,rthd->rhd", sc.softmax(-1), vs.float()).to(BF16)
+            return o_s, torch.logsumexp(sc, -1) * to_base
 
-    o_s, lse_s = suffix()
-    o, _ = fi.merge_state(o_p, lse_p, o_s, lse_s)
-    diff = (o.float() - ref.float()).abs().max().item()
-    t_p = tt.do_bench(lambda: w.run(q, arena_k, arena_v, return_lse=True), warmup=10, rep=50)
-    t_s = tt.do_bench(suffix, warmup=10, rep=50)
-    t_m = tt.do_bench(lambda: fi.merge_state(o_p, lse_p, o_s, lse_s), warmup=10, rep=50)
-    print(f"composed {tag}: fa3 ragged over an arena with gaps {t_p * 1e3:8.1f} us + suffix "
-          f"(torch) {t_s * 1e3:6.1f} us + merge_state {t_m * 1e3:6.1f} us; LSE base "
-          f"{'2' if to_lse_base != 1.0 else 'e'} (|diff| {min(base2, natural):.1e}); max |diff| "
-          f"to the engine kernel {diff:.2e}", flush=True)  # fmt: skip
+        o_s, lse_s = suffix()
+        o, _ = fi.merge_state(o_p, lse_p, o_s, lse_s)
+        diff = (o.float() - ref.float()).abs().max().item()
+        t_p = tt.do_bench(prompt, warmup=10, rep=50)
+        t_s = tt.do_bench(suffix, warmup=10, rep=50)
+        t_m = tt.do_bench(lambda o_p=o_p, lse_p=lse_p, o_s=o_s, lse_s=lse_s: fi.merge_state(
+            o_p, lse_p, o_s, lse_s), warmup=10, rep=50)  # fmt: skip
+        print(f"composed {tag}: {name} {t_p * 1e3:8.1f} us + suffix (torch) {t_s * 1e3:6.1f} us "
+              f"+ merge_state {t_m * 1e3:6.1f} us; LSE base {'2' if to_base != 1.0 else 'e'} "
+              f"(|diff| {min(base2, natural):.1e}); max |diff| to the engine kernel {diff:.2e}",
+              flush=True)  # fmt: skip
 
 
 def main() -> None:
