@@ -186,8 +186,8 @@ _PROBE_BODY = {
 def host_probe() -> dict[str, Any]:
     """How fast this host runs single-threaded Python, measured once per process: the fastest
     of 15 samples of 10 JSON encodings of a 256-beam answer body (~40 ms in all). Runs take
-    it at their start, before any server or baseline process runs beside it (:func:`take_host_probe`);
-    the fastest sample is the one other work on the host disturbed least.
+    it at their start, before any server or baseline process runs beside it
+    (:func:`take_host_probe`); the fastest sample is the one other work disturbed least.
 
     The served cells' host phases (tokenize, ipc, respond) move with the machine: two lent
     machines of the same kind can differ there by tens of percent with the same code. A
