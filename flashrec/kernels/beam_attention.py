@@ -25,6 +25,8 @@ The reference (``beam_decode_attention_ref``) is the math the torch backend impl
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from flashrec.kernels.backend import next_pow2
@@ -105,6 +107,49 @@ def beam_decode_attention_ref(
         )
         out[a : a + n] = o.reshape(n, hq, d).to(q.dtype)
     return out
+
+
+# The same attention as two attention states merged by their log-sum-exps: the prompt part
+# (any kernel that returns an LSE: FlashInfer's prefill over each request's prompt) and each
+# beam's own decode keys. LSEs are base 2 (FlashInfer's) unless ``base2`` is False.
+
+
+def attention_state_ref(q, k, v, scale, base2=True):
+    """softmax(q k^T * scale) v and its LSE over one key set: q [N, Hq, D], k/v [L, Hkv, D]
+    -> (o [N, Hq, D] in q.dtype, lse [N, Hq] float32)."""
+    n, hq, d = q.shape
+    g = hq // k.shape[1]
+    s = torch.einsum("nhd,lhd->nhl", q.float(), k.float().repeat_interleave(g, 1)) * scale
+    lse = torch.logsumexp(s, -1)
+    o = torch.einsum("nhl,lhd->nhd", s.softmax(-1), v.float().repeat_interleave(g, 1))
+    return o.to(q.dtype), lse / math.log(2) if base2 else lse
+
+
+def beam_suffix_state(q, dk, dv, rows, row_steps, depth, scale, base2=True):
+    """Each beam's own decode keys as an attention state: row i attends to its decode-buffer
+    row ``rows[i]``'s keys at steps 0..``row_steps[i]`` (q [R, Hq, D]; dk/dv [S*depth, Hkv,
+    D]). Returns (o [R, Hq, D] in q.dtype, lse [R, Hq] float32). Graph-safe: no host sync."""
+    r, hq, d = q.shape
+    hkv = dk.shape[1]
+    g = hq // hkv
+    ks = dk.view(-1, depth, hkv, d)[rows.long()].float()  # [R, depth, Hkv, D]
+    vs = dv.view(-1, depth, hkv, d)[rows.long()].float()
+    s = torch.einsum("rkgd,rtkd->rkgt", q.float().view(r, hkv, g, d), ks) * scale
+    live = torch.arange(depth, device=q.device)[None, :] <= row_steps.view(-1, 1)  # [R, depth]
+    s = s.masked_fill(~live[:, None, None, :], float("-inf"))
+    lse = torch.logsumexp(s, -1).reshape(r, hq)
+    o = torch.einsum("rkgt,rtkd->rkgd", s.softmax(-1), vs).reshape(r, hq, d)
+    return o.to(q.dtype), lse / math.log(2) if base2 else lse
+
+
+def merge_attention_states(o_a, lse_a, o_b, lse_b, base2=True):
+    """Attention over key sets A and B from each one's (o, lse) (what ``flashinfer.merge_state``
+    computes, in float32): (o [N, Hq, D] in o_a.dtype, lse [N, Hq] float32)."""
+    ln = math.log(2) if base2 else 1.0
+    m = torch.maximum(lse_a, lse_b)
+    wa, wb = torch.exp((lse_a - m) * ln), torch.exp((lse_b - m) * ln)
+    o = (o_a.float() * wa[..., None] + o_b.float() * wb[..., None]) / (wa + wb)[..., None]
+    return o.to(o_a.dtype), m + torch.log(wa + wb) / ln
 
 
 _KERNEL = None

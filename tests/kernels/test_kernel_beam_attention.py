@@ -110,3 +110,57 @@ def test_strided_q_equals_contiguous_q():
         dense = beam_decode_attention_triton(q.contiguous(), kp, vp, slots, work, *args, *rest)
         assert strided.is_contiguous()
         assert torch.equal(strided, dense)
+
+
+@pytest.mark.parametrize("base2", [True, False])
+def test_prompt_and_suffix_states_merge_to_the_reference(base2):
+    """The decode attention as two attention states (each request's prompt part, each beam's
+    own decode keys up to its request's step) merged by their log-sum-exps equals the
+    reference; a row's keys past its step are left out, and a merge over any split of one key
+    set equals attention over the whole."""
+    from flashrec.kernels.beam_attention import (
+        attention_state_ref,
+        beam_suffix_state,
+        merge_attention_states,
+    )
+
+    torch.manual_seed(3)
+    hq, hkv, d, depth, pool, nrows = 4, 2, 16, 3, 400, 30
+    kp, vp = torch.randn(pool, hkv, d), torch.randn(pool, hkv, d)
+    dk, dv = torch.randn(nrows * depth, hkv, d), torch.randn(nrows * depth, hkv, d)
+    req_n, lens, steps = [5, 12, 3], [17, 200, 6], [0, 2, 1]
+    q = torch.randn(sum(req_n), hq, d)
+    slots = torch.randperm(pool)[: sum(lens)].int()
+    rows = torch.randperm(nrows)[: sum(req_n)]
+    i32 = lambda xs: torch.tensor(xs, dtype=torch.int32)  # noqa: E731
+    starts, sstart = [0, 5, 17], [0, 17, 217]
+    args = (i32(req_n), i32(sstart), i32(lens), i32(steps))
+    scale = d**-0.5
+    ref = beam_decode_attention_ref(
+        q, kp, vp, slots, i32(starts), *args, dk, dv, rows, depth, scale
+    )
+    o_p, lse_p = torch.empty_like(q), torch.empty(q.shape[:2])
+    for a, n, s0, length in zip(starts, req_n, sstart, lens):
+        sl = slots[s0 : s0 + length].long()
+        o_p[a : a + n], lse_p[a : a + n] = attention_state_ref(
+            q[a : a + n], kp[sl], vp[sl], scale, base2
+        )
+    row_steps = torch.repeat_interleave(torch.tensor(steps), torch.tensor(req_n))
+    o_s, lse_s = beam_suffix_state(q, dk, dv, rows, row_steps, depth, scale, base2)
+    o, _ = merge_attention_states(o_p, lse_p, o_s, lse_s, base2)
+    torch.testing.assert_close(o, ref, atol=1e-5, rtol=1e-5)
+    # every key live (step depth - 1 for all) is another answer: the step mask is read
+    o_all, _ = beam_suffix_state(
+        q, dk, dv, rows, torch.full_like(row_steps, depth - 1), depth, scale
+    )
+    assert (o_all - o_s)[:5].abs().max() > 1e-3  # request 0 is at step 0
+    # merging two halves of one key set is attention over all of it
+    k, v = kp[:50], vp[:50]
+    whole, lse_w = attention_state_ref(q, k, v, scale, base2)
+    a, b = (
+        attention_state_ref(q, k[:20], v[:20], scale, base2),
+        attention_state_ref(q, k[20:], v[20:], scale, base2),
+    )
+    merged, lse_m = merge_attention_states(*a, *b, base2)
+    torch.testing.assert_close(merged, whole, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(lse_m, lse_w, atol=1e-5, rtol=1e-5)
