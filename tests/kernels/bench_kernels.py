@@ -392,8 +392,9 @@ def _attn_composed(fi, ws, q, kp, vp, slots, kd, vd, dk, dv, rows, ref, reqs, n,
     s0 = torch.einsum("nhd,lhd->nhl", q[:4].float(), kd[:length].float().repeat_interleave(
         hq // hkv, 1)) * scale  # fmt: skip
     lse0 = torch.logsumexp(s0, -1)
-    ks = dk.view(-1, depth, hkv, d)[rows.long()].repeat_interleave(hq // hkv, 2)  # [R, t, hq, d]
-    vs = dv.view(-1, depth, hkv, d)[rows.long()].repeat_interleave(hq // hkv, 2)
+    from flashrec.kernels.beam_attention import beam_suffix_state
+
+    last = torch.full((q.shape[0],), depth - 1, dtype=torch.int32, device=q.device)
     for name, make in (("fa3 ragged over an arena with gaps", ragged),
                        ("fa3 paged over a bf16 pool, page size 1", paged)):  # fmt: skip
         try:
@@ -406,12 +407,10 @@ def _attn_composed(fi, ws, q, kp, vp, slots, kd, vd, dk, dv, rows, ref, reqs, n,
             continue
         base2 = (lse_p[:4].float() - lse0 / math.log(2)).abs().max().item()
         natural = (lse_p[:4].float() - lse0).abs().max().item()
-        to_base = (1 / math.log(2)) if base2 < natural else 1.0
+        in_base2 = base2 < natural
 
-        def suffix(to_base=to_base):
-            sc = torch.einsum("rhd,rthd->rht", q.float(), ks.float()) * scale
-            o_s = torch.einsum("rht,rthd->rhd", sc.softmax(-1), vs.float()).to(BF16)
-            return o_s, torch.logsumexp(sc, -1) * to_base
+        def suffix(in_base2=in_base2):  # every beam at the last step, as ``ref``
+            return beam_suffix_state(q, dk, dv, rows, last, depth, scale, in_base2)
 
         o_s, lse_s = suffix()
         o, _ = fi.merge_state(o_p, lse_p, o_s, lse_s)
@@ -421,7 +420,7 @@ def _attn_composed(fi, ws, q, kp, vp, slots, kd, vd, dk, dv, rows, ref, reqs, n,
         t_m = tt.do_bench(lambda o_p=o_p, lse_p=lse_p, o_s=o_s, lse_s=lse_s: fi.merge_state(
             o_p, lse_p, o_s, lse_s), warmup=10, rep=50)  # fmt: skip
         print(f"composed {tag}: {name} {t_p * 1e3:8.1f} us + suffix (torch) {t_s * 1e3:6.1f} us "
-              f"+ merge_state {t_m * 1e3:6.1f} us; LSE base {'2' if to_base != 1.0 else 'e'} "
+              f"+ merge_state {t_m * 1e3:6.1f} us; LSE base {'2' if in_base2 else 'e'} "
               f"(|diff| {min(base2, natural):.1e}); max |diff| to the engine kernel {diff:.2e}",
               flush=True)  # fmt: skip
 
