@@ -269,30 +269,19 @@ def _attn_sweep(
     qo = torch.arange(0, rows_n + 1, n, dtype=torch.int32)
     kvp = torch.arange(0, reqs * length + 1, length, dtype=torch.int32)
     last = torch.ones(reqs, dtype=torch.int32)
+    cache = (kp.view(pool, 1, hkv, d), vp.view(pool, 1, hkv, d))
+
+    def paged(backend):
+        w = flashinfer.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD", backend=backend)
+        kw = dict(causal=False, sm_scale=scale, q_data_type=BF16, kv_data_type=kv_dtype,
+                  o_data_type=BF16)  # fmt: skip
+        return (lambda: w.plan(qo, kvp, slots, last, hq, hkv, d, 1, **kw),
+                lambda: w.run(q, cache, return_lse=True))  # fmt: skip
+
     for backend in os.environ.get("ATTN_PAGED", "fa2").split():  # fa3: does not build for these
-        try:
-            w = flashinfer.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD", backend=backend)
-
-            def plan(w=w):
-                w.plan(qo, kvp, slots, last, hq, hkv, d, 1, causal=False, sm_scale=scale,
-                       q_data_type=BF16, kv_data_type=kv_dtype, o_data_type=BF16)  # fmt: skip
-
-            plan()
-            cache = (kp.view(pool, 1, hkv, d), vp.view(pool, 1, hkv, d))
-            o, lse = w.run(q, cache, return_lse=True)
-            torch.cuda.synchronize()
-            ms = tt.do_bench(lambda w=w, cache=cache: w.run(q, cache, return_lse=True),
-                             warmup=10, rep=50)  # fmt: skip
-            t0 = time.perf_counter()
-            for _ in range(20):
-                plan()
-            plan_us = (time.perf_counter() - t0) / 20 * 1e6
-            print(f"flashinfer paged prefill {backend} {tag} (prompt part, +lse): "
-                  f"{ms * 1e3:8.1f} us {flops / ms / 1e9:6.0f} TFLOP/s plan {plan_us:.0f} us "
-                  f"lse={tuple(lse.shape)}", flush=True)  # fmt: skip
-        except Exception as exc:  # noqa: BLE001 - a backend / dtype pair it does not take
-            print(f"flashinfer paged prefill {backend} {tag}: {type(exc).__name__}: "
-                  f"{str(exc).splitlines()[0][:160] if str(exc) else ''}", flush=True)  # fmt: skip
+        _time_prompt_part(f"flashinfer paged prefill {backend} {tag}", "prompt part, +lse",
+                          lambda b=backend: paged(b), flops,
+                          lambda o, lse: f"lse={tuple(lse.shape)}")  # fmt: skip
     # the prompt part through FlashInfer's ragged prefill (the kernels the engine's prefill runs,
     # fa3 on Hopper) over a dense BF16 copy of each request's prompt KV, as a decode path that
     # kept one such copy per request from its prefill would (ATTN_RAGGED="fa3 fa2"; "" skips)
@@ -300,32 +289,23 @@ def _attn_sweep(
     vd = vp[slots.long()].to(BF16)
     check = None
     if reqs * n * length <= 8 * 512 * 2465:  # request 0's prompt part in float32, for maxdiff
-        q0 = q[:n].float().view(n, hkv, hq // hkv, d)
-        p0 = (torch.einsum("nhgd,lhd->nhgl", q0, kd[:length].float()) * scale).softmax(-1)
-        check = torch.einsum("nhgl,lhd->nhgd", p0, vd[:length].float()).reshape(n, hq, d)
+        check = ba.attention_state_ref(q[:n].float(), kd[:length], vd[:length], scale)[0]
+
+    def vs_check(o, lse):
+        diff = (o[:n].float() - check).abs().max().item() if check is not None else float("nan")
+        return f"maxdiff(request 0, fp32)={diff:.2e}"
+
+    def ragged(backend):
+        w = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(ws, "NHD", backend=backend)
+        kw = dict(causal=False, sm_scale=scale, q_data_type=BF16, kv_data_type=BF16,
+                  o_data_type=BF16)  # fmt: skip
+        return (lambda: w.plan(qo, kvp, hq, hkv, d, **kw),
+                lambda: w.run(q, kd, vd, return_lse=True))  # fmt: skip
+
     for backend in os.environ.get("ATTN_RAGGED", "fa3").split():
-        try:
-            w = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(ws, "NHD", backend=backend)
-
-            def plan_r(w=w):
-                w.plan(qo, kvp, hq, hkv, d, causal=False, sm_scale=scale, q_data_type=BF16,
-                       kv_data_type=BF16, o_data_type=BF16)  # fmt: skip
-
-            plan_r()
-            o, lse = w.run(q, kd, vd, return_lse=True)
-            torch.cuda.synchronize()
-            diff = (o[:n].float() - check).abs().max().item() if check is not None else float("nan")
-            ms = tt.do_bench(lambda w=w: w.run(q, kd, vd, return_lse=True), warmup=10, rep=50)
-            t0 = time.perf_counter()
-            for _ in range(20):
-                plan_r()
-            plan_us = (time.perf_counter() - t0) / 20 * 1e6
-            print(f"flashinfer ragged prefill {backend} {tag} (prompt part over a dense bf16 copy, "
-                  f"+lse): {ms * 1e3:8.1f} us {flops / ms / 1e9:6.0f} TFLOP/s plan {plan_us:.0f} us "
-                  f"maxdiff(request 0, fp32)={diff:.2e}", flush=True)  # fmt: skip
-        except Exception as exc:  # noqa: BLE001 - a backend / dtype pair it does not take
-            print(f"flashinfer ragged prefill {backend} {tag}: {type(exc).__name__}: "
-                  f"{str(exc).splitlines()[0][:160] if str(exc) else ''}", flush=True)  # fmt: skip
+        _time_prompt_part(f"flashinfer ragged prefill {backend} {tag}",
+                          "prompt part over a dense bf16 copy, +lse",
+                          lambda b=backend: ragged(b), flops, vs_check)  # fmt: skip
     if ref is not None and os.environ.get("ATTN_COMPOSE", "1") != "0":
         _attn_composed(
             flashinfer, ws, q, kp, vp, slots, kd, vd, dk, dv, rows, ref, reqs, n, length, tag
@@ -347,6 +327,27 @@ def _attn_sweep(
                   f"{flops / ms / 1e9:6.0f} TFLOP/s", flush=True)  # fmt: skip
         except Exception as exc:  # noqa: BLE001
             print(f"dense cudnn sdpa {tag}: {type(exc).__name__}: {exc}")
+
+
+def _time_prompt_part(name, what, make, flops, describe) -> None:
+    """One FlashInfer launch of the prompt part (``make()`` -> its plan and run callables):
+    prints its time, its host plan() time and ``describe(o, lse)``; a backend / dtype pair it
+    does not take prints why."""
+    try:
+        plan, run = make()
+        plan()
+        o, lse = run()
+        torch.cuda.synchronize()
+        ms = tt.do_bench(run, warmup=10, rep=50)
+        t0 = time.perf_counter()
+        for _ in range(20):
+            plan()
+        plan_us = (time.perf_counter() - t0) / 20 * 1e6
+        print(f"{name} ({what}): {ms * 1e3:8.1f} us {flops / ms / 1e9:6.0f} TFLOP/s "
+              f"plan {plan_us:.0f} us {describe(o, lse)}", flush=True)  # fmt: skip
+    except Exception as exc:  # noqa: BLE001
+        print(f"{name}: {type(exc).__name__}: "
+              f"{str(exc).splitlines()[0][:160] if str(exc) else ''}", flush=True)  # fmt: skip
 
 
 def _attn_composed(fi, ws, q, kp, vp, slots, kd, vd, dk, dv, rows, ref, reqs, n, length, tag):
@@ -388,11 +389,10 @@ def _attn_composed(fi, ws, q, kp, vp, slots, kd, vd, dk, dv, rows, ref, reqs, n,
                slots, i32([1] * reqs), hq, hkv, d, 1, **plain)  # fmt: skip
         return lambda: w.run(q, pool_kv, return_lse=True)
 
+    from flashrec.kernels.beam_attention import attention_state_ref, beam_suffix_state
+
     # request 0's first rows in float32: which base the returned LSE is in (e or 2)
-    s0 = torch.einsum("nhd,lhd->nhl", q[:4].float(), kd[:length].float().repeat_interleave(
-        hq // hkv, 1)) * scale  # fmt: skip
-    lse0 = torch.logsumexp(s0, -1)
-    from flashrec.kernels.beam_attention import beam_suffix_state
+    lse0 = attention_state_ref(q[:4].float(), kd[:length], vd[:length], scale, base2=False)[1]
 
     last = torch.full((q.shape[0],), depth - 1, dtype=torch.int32, device=q.device)
     for name, make in (("fa3 ragged over an arena with gaps", ragged),
