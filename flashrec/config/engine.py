@@ -59,6 +59,13 @@ class EngineConfig:
         8,
         "most prompt splits (split-K) of the GPU beam-decode attention on narrow batches (1-8; 1 = never split)",
     )
+    decode_prompt_attention: str = opt(
+        "triton",
+        "the prompt part of the GPU beam-decode attention: triton (one kernel with each beam's own "
+        "keys) or flashinfer (on batches of >= 512 rows, FlashInfer's paged prefill over the pool, "
+        "then one kernel for the beams' own keys; needs --attention-backend flashinfer)",
+        ("triton", "flashinfer"),
+    )
     disable_cuda_graph: bool = opt(False, "run decode eagerly (never a silent fallback)", flag=True)
     enable_step_graph: bool | None = opt(
         None,
@@ -143,6 +150,7 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         check_choice(self, "qk_rope_rounding")
+        check_choice(self, "decode_prompt_attention")
         if self.prefix_cache_min_match < 1:
             raise ValueError(
                 f"--prefix-cache-min-match must be >= 1, got {self.prefix_cache_min_match}"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import gc
 import logging
 
+import numpy as np
 import torch
 
 from flashrec.beam.step import StaticStepOut, reorder_rows
@@ -113,9 +114,12 @@ class DecodeGraphRunner:
 
     def capture(self) -> None:
         run = self.runner
+        run.attn.setup_decode_graph(self.sizes[-1], self.slots.numel(), run.dtype)
         try:
-            for r in reversed(self.sizes):
+            for r in reversed(self.sizes):  # the largest first (a host-planned backend's max)
                 meta = self._meta(r)
+                meta.host = (np.array([r]), np.array([1]), None)  # one request over one slot
+                run.attn.plan_decode_graph(meta, r)
                 g, self.outputs[r] = capture_graph(
                     lambda r=r, meta=meta: run.model(
                         self.input_ids[:r], self.positions[:r], meta, run.ctx
@@ -219,3 +223,4 @@ class DecodeGraphRunner:
                 raise RuntimeError(f"decode work list ({w} items) does not fit bucket {size}")
             self.work[:w].copy_(pk.work)  # the kernel walks ctrl[1] items: no -1 fill
             self.ctrl.copy_(pk.ctrl)
+            self.runner.attn.plan_decode_graph(meta, size)

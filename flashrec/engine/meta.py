@@ -103,8 +103,10 @@ def make_decode_meta(
         rows_total = split_rows if split_rows is not None else int(sum(ns))
         splits = choose_splits(sum(blocks), num_kv_heads, rows_total, min(lens), sms, max_splits)
         work = [(i, b, sp) for i, k in enumerate(blocks) for b in range(k) for sp in range(splits)]
+        slots = np.concatenate([g[1] for g in groups_in])
+        meta.host = (np.asarray(ns), np.asarray(lens), slots)
         pk = host_to_device(
-            [np.concatenate([g[1] for g in groups_in]), starts, ns, slot_start, lens,
+            [slots, starts, ns, slot_start, lens,
              [g[3] for g in groups_in], np.asarray(work).reshape(-1), [splits, len(work)]],
             device, np.int32,
         )  # fmt: skip

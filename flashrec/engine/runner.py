@@ -86,12 +86,21 @@ class ModelRunner:
             model_config, pool, config.resolved_batch_slots, max(depth, 1), kv_dtype, self.device
         )
         self.attention_backend = self._pick_backend()
+        extra = {}
+        if config.decode_prompt_attention != "triton":
+            if self.attention_backend != "flashinfer":
+                raise ValueError(
+                    f"--decode-prompt-attention {config.decode_prompt_attention} needs "
+                    f"--attention-backend flashinfer (this engine runs {self.attention_backend})"
+                )
+            extra["decode_prompt"] = config.decode_prompt_attention
         self.attn = create_backend(
             self.attention_backend,
             self.kv,
             model_config.num_attention_heads,
             model_config.num_key_value_heads,
             model_config.head_dim,
+            **extra,
         )
         self.ctx = self._forward_context(kv_dtype)
         self.lm_head = RestrictedLMHead(self.model.lm_head(), layout, config.logprob_scope)

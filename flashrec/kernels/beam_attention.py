@@ -152,6 +152,95 @@ def merge_attention_states(o_a, lse_a, o_b, lse_b, base2=True):
     return o.to(o_a.dtype), m + torch.log(wa + wb) / ln
 
 
+def beam_suffix_merge_ref(q, o_p, lse_p, dk, dv, rows, out_loc, depth, scale):
+    """What :func:`beam_suffix_merge_triton` computes, in float32 torch: each row's prompt
+    state (``o_p``, base-2 ``lse_p``) merged with its own decode keys at steps 0..``out_loc -
+    rows * depth``."""
+    steps = out_loc.long() - rows.long() * depth
+    o_s, lse_s = beam_suffix_state(q, dk, dv, rows, steps, depth, scale)
+    return merge_attention_states(o_p.to(q.dtype), lse_p, o_s, lse_s)[0]
+
+
+_MERGE = None
+
+
+def _merge_kernel():
+    global _MERGE
+    if _MERGE is not None:
+        return _MERGE
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def beam_suffix_merge_kernel(
+        q_ptr, po_ptr, plse_ptr, dk_ptr, dv_ptr, rows_ptr, out_loc_ptr, out_ptr,
+        scale_log2, lse_scale, s_qr, s_qh, s_pr, s_ph, s_lr, s_lh, s_dk, s_dh, s_or, s_oh,
+        G: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr, DEPTH: tl.constexpr,
+    ):  # fmt: skip
+        """One program per (row, kv head): the row's G q heads, their prompt state and the
+        row's own decode keys up to its step, merged in base 2 (``lse_scale`` converts the
+        prompt's LSE to it)."""
+        row = tl.program_id(0).to(tl.int64)
+        kvh = tl.program_id(1)
+        g = tl.arange(0, BLOCK_G)
+        gm = g < G
+        head = kvh * G + g
+        offs_d = tl.arange(0, D)
+        q = tl.load(q_ptr + row * s_qr + head[:, None] * s_qh + offs_d[None, :], mask=gm[:, None],
+                    other=0.0).to(tl.float32)  # fmt: skip
+        m = tl.load(plse_ptr + row * s_lr + head * s_lh, mask=gm, other=0.0) * lse_scale
+        acc = tl.load(po_ptr + row * s_pr + head[:, None] * s_ph + offs_d[None, :],
+                      mask=gm[:, None], other=0.0).to(tl.float32)  # fmt: skip
+        l_i = tl.full([BLOCK_G], 1.0, tl.float32)  # the prompt state's weight, 2^(lse - m)
+        drow = tl.load(rows_ptr + row)
+        step = tl.load(out_loc_ptr + row) - drow * DEPTH
+        for j in tl.static_range(DEPTH):
+            if j <= step:
+                d_off = (drow * DEPTH + j) * s_dk + kvh * s_dh + offs_d
+                k = tl.load(dk_ptr + d_off).to(tl.float32)
+                s = tl.sum(q * k[None, :], 1) * scale_log2
+                m_new = tl.maximum(m, s)
+                alpha = tl.exp2(m - m_new)
+                p = tl.exp2(s - m_new)
+                v = tl.load(dv_ptr + d_off).to(tl.float32)
+                acc = acc * alpha[:, None] + p[:, None] * v[None, :]
+                l_i = l_i * alpha + p
+                m = m_new
+        o = acc / l_i[:, None]
+        tl.store(out_ptr + row * s_or + head[:, None] * s_oh + offs_d[None, :],
+                 o.to(out_ptr.dtype.element_ty), mask=gm[:, None])  # fmt: skip
+
+    _MERGE = beam_suffix_merge_kernel
+    return _MERGE
+
+
+def beam_suffix_merge_triton(
+    q, o_p, lse_p, dk, dv, rows, out_loc, depth, scale, lse_base2=True, out=None
+):
+    """Beam-decode attention from its prompt part computed elsewhere (``o_p [R, Hq, D]``,
+    ``lse_p [R, Hq]`` base 2: FlashInfer's prefill with ``return_lse``): each row's own
+    decode keys (decode-buffer row ``rows``, steps 0..``out_loc - rows * depth``) folded in
+    with a log-sum-exp merge, in one launch; graph-safe (the steps are read on the device).
+    ``lse_base2`` False: ``lse_p`` is a natural logarithm. Returns ``out`` [R, Hq, D] in q's
+    dtype."""
+    r, hq, d = q.shape
+    hkv = dk.shape[1]
+    g = hq // hkv
+    assert d == next_pow2(d), "head_dim must be a power of two"
+    if out is None:
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    if r == 0:
+        return out
+    _merge_kernel()[(r, hkv)](
+        q, o_p, lse_p, dk, dv, rows, out_loc, out, scale * math.log2(math.e),
+        1.0 if lse_base2 else math.log2(math.e),
+        q.stride(0), q.stride(1), o_p.stride(0), o_p.stride(1), lse_p.stride(0),
+        lse_p.stride(1), dk.stride(0), dk.stride(1), out.stride(0), out.stride(1),
+        G=g, BLOCK_G=next_pow2(g), D=d, DEPTH=depth, num_warps=1 if d <= 64 else 2,
+    )  # fmt: skip
+    return out
+
+
 _KERNEL = None
 
 

@@ -71,6 +71,9 @@ class DecodeMeta:
     out_loc: torch.Tensor  # [R] rows * depth + step
     groups: list[DecodeGroup]
     packed: PackedDecode | None = None
+    # host copies (numpy) of each request's beam count, prompt length and the prompt slots
+    # concatenated: what a backend that plans on the host (FlashInfer) takes
+    host: tuple | None = None
 
     mode: str = field(default="decode", init=False)
 
@@ -82,6 +85,14 @@ class AttentionBackend:
         self.kv = kv
         self.hq, self.hkv, self.d = num_q_heads, num_kv_heads, head_dim
         self.scale = head_dim**-0.5
+
+    def setup_decode_graph(self, max_rows: int, max_slots: int, dtype: torch.dtype) -> None:
+        """Called once before the decode graphs are captured (buckets up to ``max_rows`` rows,
+        up to ``max_slots`` prompt slots): a backend that plans on the host sets up here."""
+
+    def plan_decode_graph(self, meta, size: int) -> None:
+        """Called before a decode graph of ``size`` rows is captured or replayed with
+        ``meta``'s batch (its ``host`` arrays): a backend that plans on the host plans here."""
 
     def store(self, k, v, layer_id: int, meta) -> None:
         if meta.mode == "prefill":

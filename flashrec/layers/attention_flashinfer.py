@@ -37,6 +37,9 @@ SUPPORTED_HEAD_DIMS = (64, 128, 256)
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16)
 WORKSPACE_BYTES = 256 << 20
 PLAN_RING = 3  # wrappers planned in turn, one per prefill forward (see PlanRing)
+# --decode-prompt-attention flashinfer: narrower decode batches keep the Triton kernel, which
+# is faster there (one request of 256 beams over 1,000 tokens: docs/baselines.md)
+PAGED_DECODE_MIN_ROWS = 512
 
 
 class PlanRing:
@@ -101,7 +104,12 @@ def unsupported_reason(device: torch.device, dtype: torch.dtype, head_dim: int) 
 
 
 class FlashInferAttention(TritonAttention):
-    def __init__(self, kv, num_q_heads: int, num_kv_heads: int, head_dim: int) -> None:
+    _dec_graph = None  # (PlanRing of one graph-mode wrapper, its batch size) once set up
+    paged_plans = 0  # decode forwards planned for the paged prompt part (tests read it)
+
+    def __init__(
+        self, kv, num_q_heads: int, num_kv_heads: int, head_dim: int, decode_prompt: str = "triton"
+    ) -> None:
         super().__init__(kv, num_q_heads, num_kv_heads, head_dim)
         import flashinfer
 
@@ -118,7 +126,16 @@ class FlashInferAttention(TritonAttention):
         )
         self._planned: PrefillMeta | None = None  # the forward the wrapper is planned for
         self._gather: torch.Tensor | None = None
-        log.info("flashinfer attention: ragged prefill (%s), Triton beam decode", self.kernel)
+        self.decode_prompt = decode_prompt
+        if decode_prompt == "flashinfer":
+            self._init_paged_decode()
+            how = (
+                f"paged {self.dec_kernel} prompt part (batches of >= {PAGED_DECODE_MIN_ROWS} "
+                "rows) + Triton suffix merge"
+            )
+        else:
+            how = "Triton"
+        log.info("flashinfer attention: ragged prefill (%s), %s beam decode", self.kernel, how)
 
     def _plan(self, meta: PrefillMeta, dtype: torch.dtype) -> None:
         """Once per forward (not per layer): indptr arrays on the host, as the wrapper wants."""
@@ -169,3 +186,121 @@ class FlashInferAttention(TritonAttention):
         dst = None if out is None else out.view(q.shape[0], self.hq, self.d)
         o = self._ring.current.run(q, k, v, out=dst)
         return o.view(q.shape[0], self.hq * self.d)
+
+    # --decode-prompt-attention flashinfer: the prompt part of beam decode through FlashInfer's
+    # paged prefill over the pool itself (pages of one token: a request's prompt slots are its
+    # page list; each request's beams are its query rows, non-causal), returning (o, LSE); then
+    # one Triton kernel folds in each beam's own decode keys (beam_suffix_merge_triton).
+
+    def _init_paged_decode(self) -> None:
+        import flashinfer
+
+        dev = self._workspace.device
+        self._paged = flashinfer
+        # fa3 takes the pool's BF16 KV; an FP8 pool with BF16 queries builds only as fa2
+        self.dec_kernel = self.kernel if self.kv.dtype == torch.bfloat16 else "fa2"
+        self._dec_ring = PlanRing(
+            lambda: flashinfer.BatchPrefillWithPagedKVCacheWrapper(
+                self._workspace, "NHD", backend=self.dec_kernel
+            ),
+            torch.cuda.Event,
+        )
+        self._dec_planned = None  # the DecodeMeta the eager wrapper holds
+        self._dec_graph_meta = None  # the one the graph wrapper holds
+        # the pool as pages of one token: [P, 1, Hkv, D] views, no copy
+        self._pages = [(k.unsqueeze(1), v.unsqueeze(1)) for k, v in zip(self.kv.k, self.kv.v)]
+        self._dev = dev
+
+    def _plan_args(self, meta, pad_rows: int = 0, batch: int | None = None):
+        """(qo_indptr, kv_indptr, last_page_len, seq_lens) pinned host int32 arrays and the
+        device page list of a decode batch. ``pad_rows``: rows past the batch's own (a graph
+        bucket's padding) go to one extra request over a single slot, so every row of the
+        bucket has a prompt state; ``batch``: the fixed request count of a graph-mode wrapper
+        (requests past the real ones have no rows)."""
+        ns, lens, _ = meta.host
+        nreq = len(ns)
+        b = batch if batch is not None else nreq + (1 if pad_rows else 0)
+        if b < nreq + (1 if pad_rows else 0):
+            raise RuntimeError(f"decode batch of {nreq} requests exceeds the planned {b}")
+        qo = torch.empty(b + 1, dtype=torch.int32, pin_memory=True)
+        kvp = torch.empty(b + 1, dtype=torch.int32, pin_memory=True)
+        last = torch.ones(b, dtype=torch.int32, pin_memory=True)
+        seq = torch.ones(b, dtype=torch.int32, pin_memory=True)
+        qn, kn, sn = qo.numpy(), kvp.numpy(), seq.numpy()
+        qn[0] = kn[0] = 0
+        np.cumsum(ns, out=qn[1 : nreq + 1])
+        np.cumsum(lens, out=kn[1 : nreq + 1])
+        sn[:nreq] = lens
+        qn[nreq + 1 :] = qn[nreq] + pad_rows
+        # the padding request reads the batch's first prompt slot again (one page)
+        kn[nreq + 1 :] = kn[nreq] + (1 if pad_rows else 0)
+        pages = meta.packed.slots[: int(kn[nreq])]
+        if pad_rows:
+            pages = torch.cat([pages, pages[:1]])
+        return qo, kvp, last, seq, pages
+
+    def _plan_paged(self, ring, meta, dtype, pad_rows=0, batch=None) -> None:
+        qo, kvp, last, seq, pages = self._plan_args(meta, pad_rows, batch)
+        self.paged_plans += 1
+        ring.plan(
+            qo, kvp, pages, last, self.hq, self.hkv, self.d, 1,
+            causal=False, sm_scale=self.scale, q_data_type=dtype, kv_data_type=self.kv.dtype,
+            o_data_type=dtype, seq_lens=seq,
+        )  # fmt: skip
+
+    def setup_decode_graph(self, max_rows: int, max_slots: int, dtype: torch.dtype) -> None:
+        """Before the decode graphs are captured: one CUDA-graph-mode wrapper for every bucket
+        (FlashInfer fixes its request count and the most rows at the first plan: the largest
+        bucket's), static (o, LSE) outputs, and the page list's capacity."""
+        if self.decode_prompt != "flashinfer":
+            return
+        flashinfer = self._paged
+        dev, b = self._dev, max_rows + 1  # <= one request per row, + the padding request
+        bufs = (
+            torch.zeros(b + 1, dtype=torch.int32, device=dev),
+            torch.zeros(b + 1, dtype=torch.int32, device=dev),
+            torch.zeros(max_slots + 1, dtype=torch.int32, device=dev),
+            torch.ones(b, dtype=torch.int32, device=dev),
+        )
+        ring = PlanRing(
+            lambda: flashinfer.BatchPrefillWithPagedKVCacheWrapper(
+                self._workspace, "NHD", use_cuda_graph=True, qo_indptr_buf=bufs[0],
+                paged_kv_indptr_buf=bufs[1], paged_kv_indices_buf=bufs[2],
+                paged_kv_last_page_len_buf=bufs[3], backend=self.dec_kernel,
+            ),
+            torch.cuda.Event,
+            size=1,  # a captured graph holds one wrapper's workspace
+        )  # fmt: skip
+        self._dec_graph = (ring, b)
+        self._po = torch.zeros(max_rows, self.hq, self.d, dtype=dtype, device=dev)
+        self._plse = torch.zeros(max_rows, self.hq, dtype=torch.float32, device=dev)
+
+    def plan_decode_graph(self, meta, size: int) -> None:
+        """Before a decode graph of ``size`` rows replays (or is captured) with ``meta``."""
+        if self._dec_graph is None or size < PAGED_DECODE_MIN_ROWS:
+            return
+        ring, b = self._dec_graph
+        rows = int(meta.host[0].sum())
+        self._plan_paged(ring, meta, self._po.dtype, pad_rows=size - rows, batch=b)
+        self._dec_graph_meta = meta
+
+    def decode(self, q, layer_id, meta):
+        if self.decode_prompt != "flashinfer" or q.shape[0] < PAGED_DECODE_MIN_ROWS:
+            return super().decode(q, layer_id, meta)
+        from flashrec.kernels.beam_attention import beam_suffix_merge_triton
+
+        r = q.shape[0]
+        if self._dec_graph is not None and meta is self._dec_graph_meta:  # a graph bucket
+            ring, out, lse = self._dec_graph[0], self._po[:r], self._plse[:r]
+        else:  # eager: planned once per forward, here at its first layer
+            if self._dec_planned is not meta:
+                self._plan_paged(self._dec_ring, meta, q.dtype)
+                self._dec_planned = meta
+            ring, out, lse = self._dec_ring, None, None
+        q = q if q.stride(-1) == 1 else q.contiguous()
+        o_p, lse_p = ring.current.run(q, self._pages[layer_id], out=out, lse=lse, return_lse=True)
+        o = beam_suffix_merge_triton(
+            q, o_p, lse_p, self.kv.dk[layer_id], self.kv.dv[layer_id], meta.rows, meta.out_loc,
+            self.kv.depth, self.scale,
+        )  # fmt: skip
+        return o.view(r, self.hq * self.d)

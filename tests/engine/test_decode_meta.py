@@ -35,6 +35,10 @@ def test_decode_meta_layout_and_packed_kernel_metadata():
     blocks = [(2 * n + BLOCK_M - 1) // BLOCK_M for n in (3, 1, 40)]
     assert pk.work.tolist() == [[i, b, 0] for i, k in enumerate(blocks) for b in range(k)]
     assert pk.splits == 1 and pk.ctrl.tolist() == [1, len(blocks) + 1]
+    # the host copies a backend that plans on the host (FlashInfer) reads
+    ns, lens, slots = meta.host
+    assert ns.tolist() == [3, 1, 40] and lens.tolist() == [4, 2, 7]
+    assert slots.tolist() == pk.slots.tolist()
 
 
 def test_decode_meta_splits_the_prompt_when_the_batch_is_narrow():
@@ -81,6 +85,22 @@ def test_decode_max_splits_caps_the_split_count():
         assert meta.packed.splits == want
     with pytest.raises(ValueError, match="decode-max-splits"):
         EngineConfig(model_path="x", decode_max_splits=9)
+
+
+def test_flashinfer_decode_prompt_needs_the_flashinfer_backend(tiny_model):
+    """--decode-prompt-attention flashinfer on an engine whose attention backend is not
+    FlashInfer (here the CPU's torch backend) is refused at start, naming both flags."""
+    from flashrec.config import EngineConfig
+    from flashrec.engine.engine import Engine
+
+    cfg = EngineConfig(
+        model_path=str(tiny_model), sid_vocab_file=str(tiny_model / "catalog.json"),
+        device="cpu", decode_prompt_attention="flashinfer",
+    )  # fmt: skip
+    with pytest.raises(ValueError, match="needs --attention-backend flashinfer.*runs torch"):
+        Engine(cfg)
+    with pytest.raises(ValueError, match="decode-prompt-attention"):
+        EngineConfig(model_path="x", decode_prompt_attention="cudnn")
 
 
 @settings(max_examples=80, deadline=None)

@@ -155,3 +155,126 @@ def test_flashinfer_fp8_kv_cold_prefill_equals_warm_hit(synth_model):
         runs.append(eng.generate(reqs))
     assert eng.scheduler.stats.prefix_hit_tokens_total > 0
     similar_results(runs[0], runs[1], tol=2e-2, overlap=0.9)
+
+
+def _decode_batch(kv, spec, hq, seed):
+    """A decode batch over ``kv``'s pool: per request (beams, prompt tokens, step); returns
+    (meta, q as a strided view of a QKV row, the reference output)."""
+    import numpy as np
+
+    from flashrec.engine.meta import make_decode_meta
+    from flashrec.kernels.beam_attention import beam_decode_attention_ref
+
+    g = torch.Generator().manual_seed(seed)
+    hkv, d = kv.k[0].shape[1:]
+    perm = torch.randperm(kv.k[0].shape[0], generator=g).numpy()
+    rows = torch.randperm(kv.dk[0].shape[0] // kv.depth, generator=g).numpy()
+    groups, used, ru = [], 0, 0
+    for n, length, step in spec:
+        groups.append((rows[ru : ru + n], perm[used : used + length], None, step, length + step))
+        used, ru = used + length, ru + n
+    meta = make_decode_meta(groups, kv.depth, "cuda", packed=True, group_size=hq // hkv,
+                            num_kv_heads=hkv, sms=132)  # fmt: skip
+    r = sum(n for n, _, _ in spec)
+    qkv = torch.randn(r, (hq + 2 * hkv) * d, device="cuda", dtype=torch.bfloat16)
+    q = qkv[:, : hq * d].view(r, hq, d)
+    pk = meta.packed
+    ref = beam_decode_attention_ref(
+        q, kv.k[0], kv.v[0], pk.slots, pk.row_start, pk.n, pk.slot_start, pk.length, pk.step,
+        kv.dk[0], kv.dv[0], meta.rows, kv.depth, d**-0.5,
+    )  # fmt: skip
+    assert isinstance(meta.host[0], np.ndarray)
+    return meta, q, ref
+
+
+@pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.float8_e4m3fn])
+def test_flashinfer_paged_decode_prompt_matches_reference_eager_and_graph(kv_dtype):
+    """--decode-prompt-attention flashinfer at the layer: FlashInfer's paged prefill over the
+    pool (pages of one slot; fa3 over BF16 KV, fa2 over FP8) + the suffix merge kernel equals
+    the reference beam-decode attention, eagerly (two forwards queued back to back) and
+    replayed from one CUDA graph captured at its bucket size, then replanned for batches of
+    other shapes (other request counts and rows: the bucket's padding rows go to one extra
+    request). A batch under PAGED_DECODE_MIN_ROWS keeps the Triton kernel (no plan)."""
+    flashinfer_or_skip()
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from flashrec.layers.attention_flashinfer import FlashInferAttention
+
+    torch.manual_seed(4)
+    hq, hkv, d, depth, pool, srows = 16, 8, 128, 3, 30000, 1200
+    bf = torch.bfloat16
+
+    def randn(n):
+        return torch.randn(n, hkv, d, device="cuda").to(kv_dtype)
+
+    kv = SimpleNamespace(k=[randn(pool)], v=[randn(pool)], dk=[randn(srows * depth)],
+                         dv=[randn(srows * depth)], dtype=kv_dtype, depth=depth)  # fmt: skip
+    fi = FlashInferAttention(kv, hq, hkv, d, decode_prompt="flashinfer")
+    assert fi.dec_kernel == ("fa2" if kv_dtype != bf else fi.kernel)
+    specs = [[(264, 2465, 1), (7, 129, 0), (330, 1000, 2)], [(512, 5000, 0)],
+             [(1, 17, 2), (300, 3000, 1), (250, 2465, 0), (50, 300, 2)]]  # fmt: skip
+    batches = [_decode_batch(kv, s, hq, i) for i, s in enumerate(specs)]
+    # two forwards queued back to back: the plan ring keeps their plans apart
+    outs = [fi.decode(q, 0, meta) for meta, q, _ in batches[:2]]
+    for out, (_, _q, ref) in zip(outs, batches):
+        torch.testing.assert_close(out.view(ref.shape).float(), ref.float(), atol=2e-2, rtol=2e-2)
+    assert fi.paged_plans == 2
+    meta, q, ref = _decode_batch(kv, [(200, 1000, 1)], hq, 9)  # narrow: the Triton kernel
+    torch.testing.assert_close(fi.decode(q, 0, meta).view(ref.shape).float(), ref.float(),
+                               atol=2e-2, rtol=2e-2)  # fmt: skip
+    assert fi.paged_plans == 2
+
+    size = 704  # one graph bucket for every batch
+    fi.setup_decode_graph(size, 20000, bf)
+    q_s = torch.zeros(size, hq, d, device="cuda", dtype=bf)
+    static = SimpleNamespace(
+        rows=torch.zeros(size, dtype=torch.long, device="cuda"),
+        out_loc=torch.zeros(size, dtype=torch.long, device="cuda"),
+        packed=SimpleNamespace(slots=torch.zeros(20000, dtype=torch.int32, device="cuda")),
+        host=(np.array([size]), np.array([1]), None),
+    )
+    fi.plan_decode_graph(static, size)
+    fi.decode(q_s, 0, static)  # warm-up, as capture_graph does
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out_s = fi.decode(q_s, 0, static)
+    for meta, q, ref in batches:
+        r = q.shape[0]
+        q_s[:r].copy_(q)
+        static.rows[:r].copy_(meta.rows)
+        static.out_loc[:r].copy_(meta.out_loc)
+        static.rows[r:].fill_(srows - 1)  # padding rows: a decode row of their own, step 0
+        static.out_loc[r:].fill_((srows - 1) * depth)
+        fi.plan_decode_graph(meta, size)
+        graph.replay()
+        got = out_s[:r].view(ref.shape)
+        torch.testing.assert_close(got.float(), ref.float(), atol=2e-2, rtol=2e-2)
+        assert bool(torch.isfinite(out_s.float()).all())
+
+
+@pytest.mark.parametrize("quantization", ["none", "fp8"])
+def test_flashinfer_paged_decode_prompt_engine_equals_triton_decode(synth_model, quantization):
+    """Whole engine, 256 beams, three requests decoding together (768 rows): with
+    --decode-prompt-attention flashinfer (graphs with the whole-step graph, then eagerly) the
+    beams equal those of the Triton decode kernel on the same engine settings, cold and on
+    radix hits; the paged prompt part was planned for those forwards (BF16 KV: fa3, FP8: fa2)."""
+    flashinfer_or_skip()
+    path = synth_model("tiny", catalog_size=2000, **HD128)
+    shape = dict(beam_width=256, cuda_graph_max_bs=1024, batch_slots=1024)
+    knobs = dict(bf16_knobs(quantization, "flashinfer"), **shape)
+    base = run_all(path, ns=(256,), **knobs)
+    for graphs in (True, False):
+        eng = make_engine(path, **knobs, decode_prompt_attention="flashinfer",
+                          disable_cuda_graph=not graphs)  # fmt: skip
+        attn = eng.runner.attn
+        assert attn.decode_prompt == "flashinfer"
+        before = attn.paged_plans
+        for _ in range(2):  # second pass: every prompt hits the radix cache
+            reqs = [eng.new_request(eng.build_prompt(messages=p), n=256) for p in PROMPTS]
+            similar_results(base, eng.generate(reqs))
+        assert attn.paged_plans > before
+        forwards = eng.runner.decode_forwards
+        assert forwards["graph" if graphs else "eager"] > 0, forwards

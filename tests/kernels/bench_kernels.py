@@ -423,6 +423,34 @@ def _attn_composed(fi, ws, q, kp, vp, slots, kd, vd, dk, dv, rows, ref, reqs, n,
               f"+ merge_state {t_m * 1e3:6.1f} us; LSE base {'2' if in_base2 else 'e'} "
               f"(|diff| {min(base2, natural):.1e}); max |diff| to the engine kernel {diff:.2e}",
               flush=True)  # fmt: skip
+    # --decode-prompt-attention flashinfer as the engine runs it: paged over the pool as stored
+    # (fa3 over BF16 KV, fa2 over FP8) + the Triton suffix merge kernel, both timed together
+    from flashrec.kernels.beam_attention import beam_suffix_merge_triton
+
+    kernel = "fa3" if kp.dtype == BF16 else "fa2"
+    out_loc = rows.long() * depth + depth - 1
+    try:
+        w = fi.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD", backend=kernel)
+        w.plan(i32([r * n for r in range(reqs + 1)]), i32([r * length for r in range(reqs + 1)]),
+               slots, i32([1] * reqs), hq, hkv, d, 1, **dict(plain, kv_data_type=kp.dtype))  # fmt: skip
+        cache = (kp.unsqueeze(1), vp.unsqueeze(1))
+
+        def layer():
+            o_p, lse_p = w.run(q, cache, return_lse=True)
+            return beam_suffix_merge_triton(q, o_p, lse_p, dk, dv, rows, out_loc, depth, scale)
+
+        diff = (layer().float() - ref.float()).abs().max().item()
+        t_l = tt.do_bench(layer, warmup=10, rep=50)
+        o_p, lse_p = w.run(q, cache, return_lse=True)
+        t_m = tt.do_bench(lambda: beam_suffix_merge_triton(
+            q, o_p, lse_p, dk, dv, rows, out_loc, depth, scale), warmup=10, rep=50)  # fmt: skip
+        t_g = tt.do_bench_cudagraph(layer, rep=50)
+        print(f"engine path {tag}: paged {kernel} + suffix merge kernel {t_l * 1e3:8.1f} us "
+              f"(CUDA graph {t_g * 1e3:8.1f} us; the merge kernel alone {t_m * 1e3:6.1f} us); "
+              f"max |diff| to the engine kernel {diff:.2e}", flush=True)  # fmt: skip
+    except Exception as exc:  # noqa: BLE001
+        print(f"engine path {tag}: {type(exc).__name__}: "
+              f"{str(exc).splitlines()[0][:160] if str(exc) else ''}", flush=True)  # fmt: skip
 
 
 def main() -> None:

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -164,3 +166,54 @@ def test_prompt_and_suffix_states_merge_to_the_reference(base2):
     merged, lse_m = merge_attention_states(*a, *b, base2)
     torch.testing.assert_close(merged, whole, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(lse_m, lse_w, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("kv", ["bf16", "fp8"])
+def test_suffix_merge_kernel_completes_a_prompt_state(triton_backend, kv):
+    """The suffix + merge kernel, given each request's prompt state (o, base-2 LSE) as
+    FlashInfer's prefill returns it, gives the whole beam-decode attention (the reference),
+    with q a strided view into the QKV row and FP8 or BF16 decode KV; a natural-log LSE
+    converts when told."""
+    from flashrec.kernels.beam_attention import (
+        attention_state_ref,
+        beam_suffix_merge_ref,
+        beam_suffix_merge_triton,
+    )
+
+    dev = triton_backend.device
+    torch.manual_seed(5)
+    dt = torch.float8_e4m3fn if kv == "fp8" else torch.bfloat16
+    hq, hkv, d, depth, pool, nrows = 4, 2, 16, 3, 300, 40
+    kp = torch.randn(pool, hkv, d).to(dt)
+    vp = torch.randn(pool, hkv, d).to(dt)
+    dk = torch.randn(nrows * depth, hkv, d).to(dt)
+    dv = torch.randn(nrows * depth, hkv, d).to(dt)
+    req_n, lens, steps = [5, 12, 3], [17, 200, 6], [0, 2, 1]
+    qkv = torch.randn(sum(req_n), (hq + 2 * hkv) * d).to(torch.bfloat16)
+    q = qkv[:, : hq * d].view(-1, hq, d)
+    slots = torch.randperm(pool)[: sum(lens)].int()
+    rows = torch.randperm(nrows)[: sum(req_n)]
+    i32 = lambda xs: torch.tensor(xs, dtype=torch.int32)  # noqa: E731
+    starts, sstart = [0, 5, 17], [0, 17, 217]
+    scale = d**-0.5
+    row_steps = torch.repeat_interleave(torch.tensor(steps), torch.tensor(req_n))
+    out_loc = rows * depth + row_steps
+    o_p, lse_p = torch.empty(q.shape), torch.empty(q.shape[:2])
+    for a, n, s0, length in zip(starts, req_n, sstart, lens):
+        sl = slots[s0 : s0 + length].long()
+        o_p[a : a + n], lse_p[a : a + n] = attention_state_ref(q[a : a + n], kp[sl], vp[sl], scale)
+    o_p = o_p.to(torch.bfloat16)
+    ref = beam_decode_attention_ref(
+        q, kp, vp, slots, i32(starts), i32(req_n), i32(sstart), i32(lens), i32(steps),
+        dk, dv, rows, depth, scale,
+    )  # fmt: skip
+    want = beam_suffix_merge_ref(q, o_p, lse_p, dk, dv, rows, out_loc, depth, scale)
+    torch.testing.assert_close(want.float(), ref.float(), atol=2e-2, rtol=2e-2)
+    to = lambda x: x.to(dev)  # noqa: E731
+    args = (to(dk), to(dv), to(rows), to(out_loc), depth, scale)
+    got = beam_suffix_merge_triton(to(q), to(o_p), to(lse_p), *args)
+    assert got.is_contiguous()
+    torch.testing.assert_close(got.cpu().float(), want.float(), atol=1e-2, rtol=1e-2)
+    torch.testing.assert_close(got.cpu().float(), ref.float(), atol=2e-2, rtol=2e-2)
+    ln = beam_suffix_merge_triton(to(q), to(o_p), to(lse_p * math.log(2)), *args, lse_base2=False)
+    torch.testing.assert_close(ln.cpu().float(), got.cpu().float(), atol=1e-2, rtol=1e-2)
