@@ -176,6 +176,12 @@ class EngineConfig:
             )
         if not 1 <= self.decode_max_splits <= 8:
             raise ValueError(f"--decode-max-splits must be in 1..8, got {self.decode_max_splits}")
+        if self.deterministic and self.decode_prompt_attention != "triton":
+            raise ValueError(
+                "--deterministic decodes a request the same way whatever else runs; "
+                "--decode-prompt-attention flashinfer picks its kernel by the batch's width: "
+                "leave it at triton"
+            )
 
     @property
     def resolved_device(self) -> str:

@@ -101,6 +101,9 @@ def test_flashinfer_decode_prompt_needs_the_flashinfer_backend(tiny_model):
         Engine(cfg)
     with pytest.raises(ValueError, match="decode-prompt-attention"):
         EngineConfig(model_path="x", decode_prompt_attention="cudnn")
+    # the kernel depends on the batch's width: not under --deterministic
+    with pytest.raises(ValueError, match="--deterministic.*leave it at triton"):
+        EngineConfig(model_path="x", decode_prompt_attention="flashinfer", deterministic=True)
 
 
 @settings(max_examples=80, deadline=None)
