@@ -274,7 +274,9 @@ def test_flashinfer_paged_decode_prompt_engine_equals_triton_decode(synth_model,
         before = attn.paged_plans
         for _ in range(2):  # second pass: every prompt hits the radix cache
             reqs = [eng.new_request(eng.build_prompt(messages=p), n=256) for p in PROMPTS]
-            similar_results(base, eng.generate(reqs))
+            # FP8: the activations' e4m3 rounding amplifies the kernels' bf16 rounding (the
+            # FP8 tolerance of tests/gpu/test_gpu_prefill.py; 0.10 nat was seen here)
+            similar_results(base, eng.generate(reqs), tol=0.1 if quantization == "none" else 0.15)
         assert attn.paged_plans > before
         forwards = eng.runner.decode_forwards
         assert forwards["graph" if graphs else "eager"] > 0, forwards
