@@ -63,7 +63,8 @@ class EngineConfig:
         "triton",
         "the prompt part of the GPU beam-decode attention: triton (one kernel with each beam's own "
         "keys) or flashinfer (on batches of >= 512 rows, FlashInfer's paged prefill over the pool, "
-        "then one kernel for the beams' own keys; needs --attention-backend flashinfer)",
+        "then one kernel for the beams' own keys; needs --attention-backend flashinfer and a "
+        "bfloat16 KV cache)",
         ("triton", "flashinfer"),
     )
     disable_cuda_graph: bool = opt(False, "run decode eagerly (never a silent fallback)", flag=True)
