@@ -60,12 +60,13 @@ class EngineConfig:
         "most prompt splits (split-K) of the GPU beam-decode attention on narrow batches (1-8; 1 = never split)",
     )
     decode_prompt_attention: str = opt(
-        "triton",
+        "auto",
         "the prompt part of the GPU beam-decode attention: triton (one kernel with each beam's own "
-        "keys) or flashinfer (on batches of >= 512 rows, FlashInfer's paged prefill over the pool, "
+        "keys), flashinfer (on batches of >= 512 rows, FlashInfer's paged prefill over the pool, "
         "then one kernel for the beams' own keys; needs --attention-backend flashinfer and a "
-        "bfloat16 KV cache)",
-        ("triton", "flashinfer"),
+        "bfloat16 KV cache) or auto: flashinfer where it applies (not under --deterministic), "
+        "else triton",
+        ("auto", "triton", "flashinfer"),
     )
     disable_cuda_graph: bool = opt(False, "run decode eagerly (never a silent fallback)", flag=True)
     enable_step_graph: bool | None = opt(
@@ -177,11 +178,11 @@ class EngineConfig:
             )
         if not 1 <= self.decode_max_splits <= 8:
             raise ValueError(f"--decode-max-splits must be in 1..8, got {self.decode_max_splits}")
-        if self.deterministic and self.decode_prompt_attention != "triton":
+        if self.deterministic and self.decode_prompt_attention == "flashinfer":
             raise ValueError(
                 "--deterministic decodes a request the same way whatever else runs; "
                 "--decode-prompt-attention flashinfer picks its kernel by the batch's width: "
-                "leave it at triton"
+                "leave it at auto or triton"
             )
 
     @property

@@ -198,6 +198,7 @@ class Engine:
             "kv_pool_tokens": self.runner.kv.pool_tokens,
             "batch_slots": self.max_beam_rows,
             "attention_backend": self.runner.attention_backend,
+            "decode_prompt_attention": self.runner.decode_prompt_attention,
             "effective": self._effective(),
             "versions": {"torch": torch.__version__, "python": platform.python_version()},
         }

@@ -86,14 +86,10 @@ class ModelRunner:
             model_config, pool, config.resolved_batch_slots, max(depth, 1), kv_dtype, self.device
         )
         self.attention_backend = self._pick_backend()
+        self.decode_prompt_attention = self._pick_decode_prompt(kv_dtype)
         extra = {}
-        if config.decode_prompt_attention != "triton":
-            if self.attention_backend != "flashinfer":
-                raise ValueError(
-                    f"--decode-prompt-attention {config.decode_prompt_attention} needs "
-                    f"--attention-backend flashinfer (this engine runs {self.attention_backend})"
-                )
-            extra["decode_prompt"] = config.decode_prompt_attention
+        if self.decode_prompt_attention != "triton":
+            extra["decode_prompt"] = self.decode_prompt_attention
         self.attn = create_backend(
             self.attention_backend,
             self.kv,
@@ -264,6 +260,21 @@ class ModelRunner:
             self.kv.pool_tokens,
         )
         return fit
+
+    def _pick_decode_prompt(self, kv_dtype: torch.dtype) -> str:
+        """``--decode-prompt-attention``: auto takes FlashInfer's paged prefill where it
+        applies (the flashinfer backend, a bfloat16 KV cache, not --deterministic: the
+        served A/B in docs/baselines.md); asked for explicitly where it cannot run: refused."""
+        mode = self.config.decode_prompt_attention
+        if mode == "auto":
+            fits = self.attention_backend == "flashinfer" and kv_dtype == torch.bfloat16
+            return "flashinfer" if fits and not self.config.deterministic else "triton"
+        if mode == "flashinfer" and self.attention_backend != "flashinfer":
+            raise ValueError(
+                "--decode-prompt-attention flashinfer needs --attention-backend flashinfer "
+                f"(this engine runs {self.attention_backend})"
+            )
+        return mode
 
     def _pick_backend(self) -> str:
         name = self.config.resolved_attention_backend

@@ -181,6 +181,14 @@ def _sizes(sizes: list) -> str:
     )
 
 
+def _attention(eng: dict) -> str:
+    """The attention backend, and where the decode's prompt part left the Triton kernel
+    (``--decode-prompt-attention``), what it runs instead."""
+    name = str(eng.get("attention_backend", "-"))
+    prompt = eng.get("decode_prompt_attention")
+    return f"{name} (decode prompt: {prompt})" if prompt and prompt != "triton" else name
+
+
 def engine_settings_table(report: dict) -> Table | None:
     """What each FlashRec server ran with, as its ``/get_server_info`` reports it after the
     auto knobs resolved on the device (cells whose server says nothing of it are left out)."""
@@ -200,7 +208,7 @@ def engine_settings_table(report: dict) -> Table | None:
                 f"{eng.get('device', '-')}, {eng.get('dtype', '-')}".replace("torch.", ""),
                 "yes" if eng.get("fp8") else "no",
                 str(eng.get("kv_cache_dtype", "-")).replace("torch.", ""),
-                str(eng.get("attention_backend", "-")),
+                _attention(eng),
                 _sizes(eff.get("decode_graph_sizes") or []),
                 step,
                 str(eff.get("prefill_graph_max_tokens", "-")),

@@ -89,7 +89,10 @@ def test_decode_max_splits_caps_the_split_count():
 
 def test_flashinfer_decode_prompt_needs_the_flashinfer_backend(tiny_model):
     """--decode-prompt-attention flashinfer on an engine whose attention backend is not
-    FlashInfer (here the CPU's torch backend) is refused at start, naming both flags."""
+    FlashInfer (here the CPU's torch backend) is refused at start, naming both flags; auto
+    resolves to triton there and says so in the server info."""
+    import dataclasses
+
     from flashrec.config import EngineConfig
     from flashrec.engine.engine import Engine
 
@@ -99,10 +102,15 @@ def test_flashinfer_decode_prompt_needs_the_flashinfer_backend(tiny_model):
     )  # fmt: skip
     with pytest.raises(ValueError, match="needs --attention-backend flashinfer.*runs torch"):
         Engine(cfg)
+    # auto (the default) takes the Triton kernel's place only where FlashInfer runs
+    auto = Engine(dataclasses.replace(cfg, decode_prompt_attention="auto"))
+    assert auto.runner.decode_prompt_attention == "triton"
+    assert not hasattr(auto.runner.attn, "decode_prompt")
+    assert auto.server_info()["decode_prompt_attention"] == "triton"
     with pytest.raises(ValueError, match="decode-prompt-attention"):
         EngineConfig(model_path="x", decode_prompt_attention="cudnn")
     # the kernel depends on the batch's width: not under --deterministic
-    with pytest.raises(ValueError, match="--deterministic.*leave it at triton"):
+    with pytest.raises(ValueError, match="--deterministic.*leave it at auto or triton"):
         EngineConfig(model_path="x", decode_prompt_attention="flashinfer", deterministic=True)
 
 

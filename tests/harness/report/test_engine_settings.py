@@ -67,6 +67,11 @@ def test_rows_say_what_each_server_ran_with():
     ]  # fmt: skip
     titles = [t for t, _, _ in extra_tables({**report, "targets": {}})]
     assert "Engine settings (from /get_server_info)" in titles
+    # the decode's prompt part through FlashInfer (--decode-prompt-attention) is named
+    bf16 = {**GPU, "kv_cache_dtype": "torch.bfloat16", "decode_prompt_attention": "flashinfer"}
+    tri = {**GPU, "decode_prompt_attention": "triton"}
+    _, rows = engine_settings_table({"cells": [_cell("bf16", bf16), _cell("fp8", tri)]})
+    assert [r[4] for r in rows] == ["flashinfer (decode prompt: flashinfer)", "flashinfer"]
 
 
 def test_no_flashrec_server_no_table():
