@@ -263,7 +263,7 @@ def test_flashinfer_paged_decode_prompt_engine_equals_triton_decode(synth_model)
     path = synth_model("tiny", catalog_size=2000, **HD128)
     shape = dict(beam_width=256, cuda_graph_max_bs=1024, batch_slots=1024)
     knobs = dict(bf16_knobs("none", "flashinfer"), **shape)
-    base = run_all(path, ns=(256,), **knobs)
+    base = run_all(path, ns=(256,), **knobs, decode_prompt_attention="triton")
     for graphs in (True, False):
         eng = make_engine(path, **knobs, decode_prompt_attention="flashinfer",
                           disable_cuda_graph=not graphs)  # fmt: skip
