@@ -62,10 +62,10 @@ class EngineConfig:
     decode_prompt_attention: str = opt(
         "auto",
         "the prompt part of the GPU beam-decode attention: triton (one kernel with each beam's own "
-        "keys), flashinfer (on batches of >= 512 rows, FlashInfer's paged prefill over the pool, "
-        "then one kernel for the beams' own keys; needs --attention-backend flashinfer and a "
-        "bfloat16 KV cache) or auto: flashinfer where it applies (not under --deterministic), "
-        "else triton",
+        "keys), flashinfer (on batches of >= 512 rows, FlashInfer's prefill: paged over a "
+        "bfloat16 pool, or ragged over the prompts staged as bfloat16 from an FP8 pool; then one "
+        "kernel for the beams' own keys; needs --attention-backend flashinfer) or auto: "
+        "flashinfer with a bfloat16 KV cache (not under --deterministic), else triton",
         ("auto", "triton", "flashinfer"),
     )
     disable_cuda_graph: bool = opt(False, "run decode eagerly (never a silent fallback)", flag=True)

@@ -262,9 +262,10 @@ class ModelRunner:
         return fit
 
     def _pick_decode_prompt(self, kv_dtype: torch.dtype) -> str:
-        """``--decode-prompt-attention``: auto takes FlashInfer's paged prefill where it
-        applies (the flashinfer backend, a bfloat16 KV cache, not --deterministic: the
-        served A/B in docs/baselines.md); asked for explicitly where it cannot run: refused."""
+        """``--decode-prompt-attention``: auto takes FlashInfer's paged prefill with the
+        flashinfer backend and a bfloat16 KV cache, not under --deterministic (the served A/B
+        in docs/baselines.md; the FP8 staging path is taken only when asked for); asked for
+        explicitly without the flashinfer backend: refused."""
         mode = self.config.decode_prompt_attention
         if mode == "auto":
             fits = self.attention_backend == "flashinfer" and kv_dtype == torch.bfloat16
@@ -406,11 +407,18 @@ class ModelRunner:
         """The model forward over the beam rows: a graph replay where one fits, else eager
         (with graphs captured: logged once per width, counted in ``decode_forwards``)."""
         rows = input_ids.shape[0]
-        if self.graphs is not None and self.graphs.fits(rows):
+        fits = self.graphs is not None and self.graphs.fits(rows)
+        if fits and self.attn.decode_graph_fits(meta):
             self.decode_forwards["graph"] += 1
             return self.graphs.run(input_ids, meta)
         self.decode_forwards["eager"] += 1
-        if self.graphs is not None and rows not in self._eager_widths_logged:
+        if fits and -1 not in self._eager_widths_logged:  # the backend declined the batch
+            self._eager_widths_logged.add(-1)
+            log.warning(
+                "a decode batch whose prompts outgrow the attention backend's staging buffer "
+                "runs eagerly, through the Triton kernel (logged once)"
+            )
+        elif self.graphs is not None and not fits and rows not in self._eager_widths_logged:
             self._eager_widths_logged.add(rows)
             log.warning(
                 "a decode batch of %d rows runs eagerly: the largest decode graph holds %d "
@@ -474,7 +482,12 @@ class ModelRunner:
         forward (graph or eager) and the same static step eagerly.
         The decode KV is reordered by parent inside. Returns views the next call overwrites."""
         with trace_range("flashrec.decode_step"), batch_invariant(self.config.deterministic):
-            if self.graphs is not None and self.graphs.has_step(input_ids.shape[0]):
+            rows = input_ids.shape[0]
+            if (
+                self.graphs is not None
+                and self.graphs.has_step(rows)
+                and self.attn.decode_graph_fits(meta)
+            ):
                 self.decode_forwards["graph"] += 1
                 return self.graphs.run_step(input_ids, meta, levels, cum, nodes, temps, seeds)
             h = self._decode_forward(input_ids, meta)

@@ -90,6 +90,11 @@ class AttentionBackend:
         """Called once before the decode graphs are captured (buckets up to ``max_rows`` rows,
         up to ``max_slots`` prompt slots): a backend that plans on the host sets up here."""
 
+    def decode_graph_fits(self, meta) -> bool:
+        """Whether a decode graph may replay ``meta``'s batch (False: the runner runs it
+        eagerly); every batch whose rows fit a bucket, unless a backend says otherwise."""
+        return True
+
     def plan_decode_graph(self, meta, size: int) -> None:
         """Called before a decode graph of ``size`` rows is captured or replayed with
         ``meta``'s batch (its ``host`` arrays): a backend that plans on the host plans here."""

@@ -188,34 +188,48 @@ class FlashInferAttention(TritonAttention):
         return o.view(q.shape[0], self.hq * self.d)
 
     # --decode-prompt-attention flashinfer: the prompt part of beam decode through FlashInfer's
-    # paged prefill over the pool itself (BF16 KV; pages of one token: a request's prompt slots
-    # are its page list; each request's beams are its query rows, non-causal): (o, LSE); then
-    # one Triton kernel folds in each beam's own decode keys (beam_suffix_merge_triton).
+    # prefill kernels, non-causal, each request's beams as its query rows, returning (o, LSE);
+    # then one Triton kernel folds in each beam's own decode keys (beam_suffix_merge_triton).
+    # BF16 KV: paged prefill over the pool itself (pages of one token: a request's prompt slots
+    # are its page list). FP8 KV (no fa3 kernel takes FP8 KV with BF16 queries): each layer
+    # first stages the batch's prompt rows as BF16 in batch order (stage_prompt_kv_triton, one
+    # launch), then ragged prefill over that staging buffer.
 
     def _init_paged_decode(self) -> None:
         import flashinfer
 
-        if self.kv.dtype != torch.bfloat16:
-            raise ValueError(
-                "--decode-prompt-attention flashinfer reads the prompt KV as stored and takes a "
-                f"bfloat16 KV cache, not {self.kv.dtype} (FlashInfer's fa3 does not build for "
-                "FP8 KV with bfloat16 queries; its fa2 measured within 6% of the Triton kernel): "
-                "use --decode-prompt-attention triton with an FP8 KV cache"
-            )
         dev = self._workspace.device
         self._paged = flashinfer
         self.dec_kernel = self.kernel
-        self._dec_ring = PlanRing(
-            lambda: flashinfer.BatchPrefillWithPagedKVCacheWrapper(
-                self._workspace, "NHD", backend=self.dec_kernel
-            ),
-            torch.cuda.Event,
-        )
+        self.staged = self.kv.dtype != torch.bfloat16
+        if self.staged:  # as many rows as the pool (more only where prefixes are shared)
+            cap = self.kv.k[0].shape[0]
+            self._stage = tuple(
+                torch.empty(cap, self.hkv, self.d, dtype=torch.bfloat16, device=dev)
+                for _ in range(2)
+            )
+            self._stage_slots = torch.zeros(cap, dtype=torch.int32, device=dev)
+            self._stage_n = torch.zeros(1, dtype=torch.int32, device=dev)
+            self._stage_sms = torch.cuda.get_device_properties(dev).multi_processor_count
+        self._dec_ring = PlanRing(lambda: self._decode_wrapper(None), torch.cuda.Event)
         self._dec_planned = None  # the DecodeMeta the eager wrapper holds
         self._dec_graph_meta = None  # the one the graph wrapper holds
+        self._dec_ok = False  # whether the eager forward planned fits the staging buffer
         # the pool as pages of one token: [P, 1, Hkv, D] views, no copy
         self._pages = [(k.unsqueeze(1), v.unsqueeze(1)) for k, v in zip(self.kv.k, self.kv.v)]
         self._dev = dev
+
+    def _decode_wrapper(self, bufs):
+        """A prefill wrapper for the prompt part (``bufs``: CUDA-graph mode's fixed buffers)."""
+        flashinfer, kw = self._paged, dict(backend=self.dec_kernel)
+        if self.staged:
+            if bufs is not None:
+                kw.update(use_cuda_graph=True, qo_indptr_buf=bufs[0], kv_indptr_buf=bufs[1])
+            return flashinfer.BatchPrefillWithRaggedKVCacheWrapper(self._workspace, "NHD", **kw)
+        if bufs is not None:
+            kw.update(use_cuda_graph=True, qo_indptr_buf=bufs[0], paged_kv_indptr_buf=bufs[1],
+                      paged_kv_indices_buf=bufs[2], paged_kv_last_page_len_buf=bufs[3])  # fmt: skip
+        return flashinfer.BatchPrefillWithPagedKVCacheWrapper(self._workspace, "NHD", **kw)
 
     def _plan_args(self, meta, pad_rows: int = 0, batch: int | None = None):
         """(qo_indptr, kv_indptr, last_page_len, seq_lens) pinned host int32 arrays and the
@@ -245,13 +259,36 @@ class FlashInferAttention(TritonAttention):
             pages = torch.cat([pages, pages[:1]])
         return qo, kvp, last, seq, pages
 
+    def _staged_rows(self, meta, pad_rows: int = 0) -> int:
+        """Prompt rows a forward stages (its requests' prompts + one for a padding request)."""
+        return int(meta.host[1].sum()) + (1 if pad_rows else 0)
+
+    def decode_graph_fits(self, meta) -> bool:
+        """False where a forward's prompts outgrow the FP8 staging buffer (prefixes shared by
+        many requests): the runner then decodes it eagerly, through the Triton kernel."""
+        if self.decode_prompt != "flashinfer" or not self.staged:
+            return True
+        return self._staged_rows(meta, 1) <= self._stage[0].shape[0]
+
     def _plan_paged(self, ring, meta, dtype, pad_rows=0, batch=None) -> None:
         qo, kvp, last, seq, pages = self._plan_args(meta, pad_rows, batch)
         self.paged_plans += 1
+        if not self.staged:
+            ring.plan(
+                qo, kvp, pages, last, self.hq, self.hkv, self.d, 1,
+                causal=False, sm_scale=self.scale, q_data_type=dtype,
+                kv_data_type=self.kv.dtype, o_data_type=dtype, seq_lens=seq,
+            )  # fmt: skip
+            return
+        # staged: the page list becomes the staging kernel's row list (device copies, in
+        # stream order), and the ragged kernel reads rows kv_indptr[i].. of the staging buffer
+        n = pages.shape[0]
+        self._stage_slots[:n].copy_(pages)
+        count = torch.tensor([n], dtype=torch.int32).pin_memory()
+        self._stage_n.copy_(count, non_blocking=True)
         ring.plan(
-            qo, kvp, pages, last, self.hq, self.hkv, self.d, 1,
-            causal=False, sm_scale=self.scale, q_data_type=dtype, kv_data_type=self.kv.dtype,
-            o_data_type=dtype, seq_lens=seq,
+            qo, kvp, self.hq, self.hkv, self.d, causal=False, sm_scale=self.scale,
+            q_data_type=dtype, kv_data_type=torch.bfloat16, o_data_type=dtype,
         )  # fmt: skip
 
     def setup_decode_graph(self, max_rows: int, max_slots: int, dtype: torch.dtype) -> None:
@@ -260,7 +297,6 @@ class FlashInferAttention(TritonAttention):
         bucket's), static (o, LSE) outputs, and the page list's capacity."""
         if self.decode_prompt != "flashinfer":
             return
-        flashinfer = self._paged
         dev, b = self._dev, max_rows + 1  # <= one request per row, + the padding request
         bufs = (
             torch.zeros(b + 1, dtype=torch.int32, device=dev),
@@ -268,15 +304,8 @@ class FlashInferAttention(TritonAttention):
             torch.zeros(max_slots + 1, dtype=torch.int32, device=dev),
             torch.ones(b, dtype=torch.int32, device=dev),
         )
-        ring = PlanRing(
-            lambda: flashinfer.BatchPrefillWithPagedKVCacheWrapper(
-                self._workspace, "NHD", use_cuda_graph=True, qo_indptr_buf=bufs[0],
-                paged_kv_indptr_buf=bufs[1], paged_kv_indices_buf=bufs[2],
-                paged_kv_last_page_len_buf=bufs[3], backend=self.dec_kernel,
-            ),
-            torch.cuda.Event,
-            size=1,  # a captured graph holds one wrapper's workspace
-        )  # fmt: skip
+        # one wrapper: a captured graph holds its workspace
+        ring = PlanRing(lambda: self._decode_wrapper(bufs), torch.cuda.Event, size=1)
         self._dec_graph = (ring, b)
         self._po = torch.zeros(max_rows, self.hq, self.d, dtype=dtype, device=dev)
         self._plse = torch.zeros(max_rows, self.hq, dtype=torch.float32, device=dev)
@@ -293,18 +322,34 @@ class FlashInferAttention(TritonAttention):
     def decode(self, q, layer_id, meta):
         if self.decode_prompt != "flashinfer" or q.shape[0] < PAGED_DECODE_MIN_ROWS:
             return super().decode(q, layer_id, meta)
-        from flashrec.kernels.beam_attention import beam_suffix_merge_triton
+        from flashrec.kernels.beam_attention import (
+            beam_suffix_merge_triton,
+            stage_prompt_kv_triton,
+        )
 
         r = q.shape[0]
         if self._dec_graph is not None and meta is self._dec_graph_meta:  # a graph bucket
             ring, out, lse = self._dec_graph[0], self._po[:r], self._plse[:r]
         else:  # eager: planned once per forward, here at its first layer
             if self._dec_planned is not meta:
-                self._plan_paged(self._dec_ring, meta, q.dtype)
+                self._dec_ok = self.decode_graph_fits(meta)
+                if self._dec_ok:
+                    self._plan_paged(self._dec_ring, meta, q.dtype)
                 self._dec_planned = meta
+            if not self._dec_ok:  # prompts outgrow the staging buffer: the Triton kernel
+                return super().decode(q, layer_id, meta)
             ring, out, lse = self._dec_ring, None, None
         q = q if q.stride(-1) == 1 else q.contiguous()
-        o_p, lse_p = ring.current.run(q, self._pages[layer_id], out=out, lse=lse, return_lse=True)
+        if self.staged:
+            kv = self.kv.k[layer_id], self.kv.v[layer_id]
+            sk, sv = stage_prompt_kv_triton(
+                *kv, self._stage_slots, self._stage_n, *self._stage, sms=self._stage_sms
+            )
+            o_p, lse_p = ring.current.run(q, sk, sv, out=out, lse=lse, return_lse=True)
+        else:
+            o_p, lse_p = ring.current.run(
+                q, self._pages[layer_id], out=out, lse=lse, return_lse=True
+            )
         o = beam_suffix_merge_triton(
             q, o_p, lse_p, self.kv.dk[layer_id], self.kv.dv[layer_id], meta.rows, meta.out_loc,
             self.kv.depth, self.scale,

@@ -217,3 +217,25 @@ def test_suffix_merge_kernel_completes_a_prompt_state(triton_backend, kv):
     torch.testing.assert_close(got.cpu().float(), ref.float(), atol=2e-2, rtol=2e-2)
     ln = beam_suffix_merge_triton(to(q), to(o_p), to(lse_p * math.log(2)), *args, lse_base2=False)
     torch.testing.assert_close(ln.cpu().float(), got.cpu().float(), atol=1e-2, rtol=1e-2)
+
+
+def test_stage_prompt_kv_copies_the_listed_rows(triton_backend):
+    """The staging kernel (FP8 pool -> BF16 rows in batch order) equals the reference bit for
+    bit (e4m3 -> bf16 is exact), writes rows 0..n only (the count read on the device), and a
+    grid smaller than the rows walks them all."""
+    from flashrec.kernels.beam_attention import stage_prompt_kv_ref, stage_prompt_kv_triton
+
+    dev = triton_backend.device
+    torch.manual_seed(8)
+    pool, hkv, d, cap = 500, 2, 16, 300
+    kp = torch.randn(pool, hkv, d).to(torch.float8_e4m3fn).to(dev)
+    vp = torch.randn(pool, hkv, d).to(torch.float8_e4m3fn).to(dev)
+    slots = torch.randint(0, pool, (cap,), dtype=torch.int32).to(dev)  # repeats allowed
+    for n, sms in ((217, 132), (300, 1), (0, 4)):
+        ok = torch.full((cap, hkv, d), 7.0, dtype=torch.bfloat16, device=dev)
+        ov = torch.full_like(ok, 7.0)
+        nt = torch.tensor([n], dtype=torch.int32, device=dev)
+        stage_prompt_kv_triton(kp, vp, slots, nt, ok, ov, sms=sms)
+        rk, rv = stage_prompt_kv_ref(kp, vp, slots, n)
+        assert torch.equal(ok[:n].cpu(), rk.cpu()) and torch.equal(ov[:n].cpu(), rv.cpu())
+        assert bool((ok[n:] == 7.0).all()) and bool((ov[n:] == 7.0).all())
