@@ -423,30 +423,45 @@ def _attn_composed(fi, ws, q, kp, vp, slots, kd, vd, dk, dv, rows, ref, reqs, n,
               f"+ merge_state {t_m * 1e3:6.1f} us; LSE base {'2' if in_base2 else 'e'} "
               f"(|diff| {min(base2, natural):.1e}); max |diff| to the engine kernel {diff:.2e}",
               flush=True)  # fmt: skip
-    # --decode-prompt-attention flashinfer as the engine runs it: paged over the pool as stored
-    # (fa3 over BF16 KV, fa2 over FP8) + the Triton suffix merge kernel, both timed together
-    from flashrec.kernels.beam_attention import beam_suffix_merge_triton
+    # --decode-prompt-attention flashinfer as the engine runs it: the backend's own decode
+    # (BF16 KV: paged fa3 over the pool; FP8 KV: the prompts staged as BF16, then ragged) + the
+    # suffix merge kernel, on the decode metadata the engine builds
+    from types import SimpleNamespace
 
-    kernel = "fa3" if kp.dtype == BF16 else "fa2"
-    out_loc = rows.long() * depth + depth - 1
+    from flashrec.engine.meta import make_decode_meta
+    from flashrec.kernels.beam_attention import beam_suffix_merge_triton, stage_prompt_kv_triton
+    from flashrec.layers.attention_flashinfer import FlashInferAttention
+
     try:
-        w = fi.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD", backend=kernel)
-        w.plan(i32([r * n for r in range(reqs + 1)]), i32([r * length for r in range(reqs + 1)]),
-               slots, i32([1] * reqs), hq, hkv, d, 1, **dict(plain, kv_data_type=kp.dtype))  # fmt: skip
-        cache = (kp.unsqueeze(1), vp.unsqueeze(1))
+        kv = SimpleNamespace(k=[kp], v=[vp], dk=[dk], dv=[dv], dtype=kp.dtype, depth=depth)
+        att = FlashInferAttention(kv, hq, hkv, d, decode_prompt="flashinfer")
+        rows_np, slots_np = rows.cpu().numpy(), slots.cpu().numpy()
+        groups = [(rows_np[r * n : (r + 1) * n], slots_np[r * length : (r + 1) * length], None,
+                   depth - 1, length + depth - 1) for r in range(reqs)]  # fmt: skip
+        sms = torch.cuda.get_device_properties(0).multi_processor_count
+        meta = make_decode_meta(groups, depth, DEV, packed=True, group_size=hq // hkv,
+                                num_kv_heads=hkv, sms=sms)  # fmt: skip
 
         def layer():
-            o_p, lse_p = w.run(q, cache, return_lse=True)
-            return beam_suffix_merge_triton(q, o_p, lse_p, dk, dv, rows, out_loc, depth, scale)
+            return att.decode(q, 0, meta)
 
-        diff = (layer().float() - ref.float()).abs().max().item()
+        diff = (layer().float().view(ref.shape) - ref.float()).abs().max().item()
         t_l = tt.do_bench(layer, warmup=10, rep=50)
-        o_p, lse_p = w.run(q, cache, return_lse=True)
-        t_m = tt.do_bench(lambda: beam_suffix_merge_triton(
-            q, o_p, lse_p, dk, dv, rows, out_loc, depth, scale), warmup=10, rep=50)  # fmt: skip
         t_g = tt.do_bench_cudagraph(layer, rep=50)
-        print(f"engine path {tag}: paged {kernel} + suffix merge kernel {t_l * 1e3:8.1f} us "
-              f"(CUDA graph {t_g * 1e3:8.1f} us; the merge kernel alone {t_m * 1e3:6.1f} us); "
+        extra = ""
+        if att.staged:
+            t_s = tt.do_bench(lambda: stage_prompt_kv_triton(
+                kp, vp, att._stage_slots, att._stage_n, *att._stage, sms=sms), warmup=10, rep=50)  # fmt: skip
+            extra = f"; the staging kernel alone {t_s * 1e3:6.1f} us"
+        o_p, lse_p = att._dec_ring.current.run(
+            q, *(att._stage if att.staged else (att._pages[0],)), return_lse=True
+        )
+        out_loc = meta.out_loc
+        t_m = tt.do_bench(lambda: beam_suffix_merge_triton(
+            q, o_p, lse_p, dk, dv, meta.rows, out_loc, depth, scale), warmup=10, rep=50)  # fmt: skip
+        how = "staged + ragged" if att.staged else "paged"
+        print(f"engine path {tag}: {how} {att.dec_kernel} + suffix merge kernel {t_l * 1e3:8.1f} us "
+              f"(CUDA graph {t_g * 1e3:8.1f} us; the merge kernel alone {t_m * 1e3:6.1f} us{extra}); "
               f"max |diff| to the engine kernel {diff:.2e}", flush=True)  # fmt: skip
     except Exception as exc:  # noqa: BLE001
         print(f"engine path {tag}: {type(exc).__name__}: "
