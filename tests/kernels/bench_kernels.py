@@ -359,7 +359,9 @@ def _attn_composed(fi, ws, q, kp, vp, slots, kd, vd, dk, dv, rows, ref, reqs, n,
     gap is a segment with no query rows), and fa3 paged prefill (page size 1) over a BF16 pool
     in the pool's own slots (the pool itself where the KV is BF16, else a BF16 twin of it).
     Prints the max |diff| to the engine kernel, which base the returned LSE is in, and the time
-    of each part."""
+    of each part. Then the engine's own path (``FlashInferAttention`` with
+    ``--decode-prompt-attention flashinfer``: paged over a BF16 pool, staged + ragged over an
+    FP8 one, + the suffix merge kernel) on the decode metadata the engine builds."""
     hq, hkv, d = q.shape[1], kd.shape[1], q.shape[2]
     depth = dk.shape[0] // q.shape[0]
     scale = d**-0.5
