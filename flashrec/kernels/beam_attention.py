@@ -175,54 +175,57 @@ def _merge_kernel():
     def beam_suffix_merge_kernel(
         q_ptr, po_ptr, plse_ptr, dk_ptr, dv_ptr, rows_ptr, out_loc_ptr, out_ptr,
         scale_log2, lse_scale, s_qr, s_qh, s_pr, s_ph, s_lr, s_lh, s_dk, s_dh, s_or, s_oh,
-        G: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr, DEPTH: tl.constexpr,
+        G: tl.constexpr, NH: tl.constexpr, BLOCK_H: tl.constexpr, D: tl.constexpr,
+        DEPTH: tl.constexpr,
     ):  # fmt: skip
-        """One program per (row, kv head): the row's G q heads, their prompt state and the
-        row's own decode keys up to its step, merged in base 2 (``lse_scale`` converts the
-        prompt's LSE to it)."""
+        """One program per (row, block of NH q heads: one kv head's G, or all of them): the
+        heads' prompt state and the row's own decode keys up to its step, merged in base 2
+        (``lse_scale`` converts the prompt's LSE to it)."""
         row = tl.program_id(0).to(tl.int64)
-        kvh = tl.program_id(1)
-        g = tl.arange(0, BLOCK_G)
-        gm = g < G
-        head = kvh * G + g
+        h = tl.arange(0, BLOCK_H)
+        hm = h < NH
+        head = tl.program_id(1) * NH + h
+        kvh = head // G
         offs_d = tl.arange(0, D)
-        q = tl.load(q_ptr + row * s_qr + head[:, None] * s_qh + offs_d[None, :], mask=gm[:, None],
+        q = tl.load(q_ptr + row * s_qr + head[:, None] * s_qh + offs_d[None, :], mask=hm[:, None],
                     other=0.0).to(tl.float32)  # fmt: skip
-        m = tl.load(plse_ptr + row * s_lr + head * s_lh, mask=gm, other=0.0) * lse_scale
+        m = tl.load(plse_ptr + row * s_lr + head * s_lh, mask=hm, other=0.0) * lse_scale
         acc = tl.load(po_ptr + row * s_pr + head[:, None] * s_ph + offs_d[None, :],
-                      mask=gm[:, None], other=0.0).to(tl.float32)  # fmt: skip
-        l_i = tl.full([BLOCK_G], 1.0, tl.float32)  # the prompt state's weight, 2^(lse - m)
+                      mask=hm[:, None], other=0.0).to(tl.float32)  # fmt: skip
+        l_i = tl.full([BLOCK_H], 1.0, tl.float32)  # the prompt state's weight, 2^(lse - m)
         drow = tl.load(rows_ptr + row)
         step = tl.load(out_loc_ptr + row) - drow * DEPTH
         for j in tl.static_range(DEPTH):
-            if j <= step:
-                d_off = (drow * DEPTH + j) * s_dk + kvh * s_dh + offs_d
-                k = tl.load(dk_ptr + d_off).to(tl.float32)
-                s = tl.sum(q * k[None, :], 1) * scale_log2
+            if j <= step:  # each head reads its kv head's key (G heads share one: cached)
+                d_off = (drow * DEPTH + j) * s_dk + kvh[:, None] * s_dh + offs_d[None, :]
+                k = tl.load(dk_ptr + d_off, mask=hm[:, None], other=0.0).to(tl.float32)
+                s = tl.sum(q * k, 1) * scale_log2
                 m_new = tl.maximum(m, s)
                 alpha = tl.exp2(m - m_new)
                 p = tl.exp2(s - m_new)
-                v = tl.load(dv_ptr + d_off).to(tl.float32)
-                acc = acc * alpha[:, None] + p[:, None] * v[None, :]
+                v = tl.load(dv_ptr + d_off, mask=hm[:, None], other=0.0).to(tl.float32)
+                acc = acc * alpha[:, None] + p[:, None] * v
                 l_i = l_i * alpha + p
                 m = m_new
         o = acc / l_i[:, None]
         tl.store(out_ptr + row * s_or + head[:, None] * s_oh + offs_d[None, :],
-                 o.to(out_ptr.dtype.element_ty), mask=gm[:, None])  # fmt: skip
+                 o.to(out_ptr.dtype.element_ty), mask=hm[:, None])  # fmt: skip
 
     _MERGE = beam_suffix_merge_kernel
     return _MERGE
 
 
 def beam_suffix_merge_triton(
-    q, o_p, lse_p, dk, dv, rows, out_loc, depth, scale, lse_base2=True, out=None
-):
+    q, o_p, lse_p, dk, dv, rows, out_loc, depth, scale, lse_base2=True, out=None,
+    all_heads: bool = False,
+):  # fmt: skip
     """Beam-decode attention from its prompt part computed elsewhere (``o_p [R, Hq, D]``,
     ``lse_p [R, Hq]`` base 2: FlashInfer's prefill with ``return_lse``): each row's own
     decode keys (decode-buffer row ``rows``, steps 0..``out_loc - rows * depth``) folded in
     with a log-sum-exp merge, in one launch; graph-safe (the steps are read on the device).
-    ``lse_base2`` False: ``lse_p`` is a natural logarithm. Returns ``out`` [R, Hq, D] in q's
-    dtype."""
+    ``lse_base2`` False: ``lse_p`` is a natural logarithm. ``all_heads``: one program per row
+    for every head (else one per row and kv head; ``bench_kernels.py --attn-sweep`` times
+    both). Returns ``out`` [R, Hq, D] in q's dtype."""
     r, hq, d = q.shape
     hkv = dk.shape[1]
     g = hq // hkv
@@ -231,12 +234,15 @@ def beam_suffix_merge_triton(
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     if r == 0:
         return out
-    _merge_kernel()[(r, hkv)](
+    nh = hq if all_heads else g
+    warps = max(1, min(8, nh * d // 128))
+    _merge_kernel()[(r, hq // nh)](
         q, o_p, lse_p, dk, dv, rows, out_loc, out, scale * math.log2(math.e),
         1.0 if lse_base2 else math.log2(math.e),
         q.stride(0), q.stride(1), o_p.stride(0), o_p.stride(1), lse_p.stride(0),
         lse_p.stride(1), dk.stride(0), dk.stride(1), out.stride(0), out.stride(1),
-        G=g, BLOCK_G=next_pow2(g), D=d, DEPTH=depth, num_warps=1 if d <= 64 else 2,
+        G=g, NH=nh, BLOCK_H=next_pow2(nh), D=d, DEPTH=depth,
+        num_warps=warps if all_heads else (1 if d <= 64 else 2),
     )  # fmt: skip
     return out
 

@@ -459,11 +459,13 @@ def _attn_composed(fi, ws, q, kp, vp, slots, kd, vd, dk, dv, rows, ref, reqs, n,
             q, *(att._stage if att.staged else (att._pages[0],)), return_lse=True
         )
         out_loc = meta.out_loc
-        t_m = tt.do_bench(lambda: beam_suffix_merge_triton(
-            q, o_p, lse_p, dk, dv, meta.rows, out_loc, depth, scale), warmup=10, rep=50)  # fmt: skip
+        t_m = [tt.do_bench(lambda every=every: beam_suffix_merge_triton(
+            q, o_p, lse_p, dk, dv, meta.rows, out_loc, depth, scale, all_heads=every),
+            warmup=10, rep=50) for every in (False, True)]  # fmt: skip
         how = "staged + ragged" if att.staged else "paged"
         print(f"engine path {tag}: {how} {att.dec_kernel} + suffix merge kernel {t_l * 1e3:8.1f} us "
-              f"(CUDA graph {t_g * 1e3:8.1f} us; the merge kernel alone {t_m * 1e3:6.1f} us{extra}); "
+              f"(CUDA graph {t_g * 1e3:8.1f} us; the merge kernel alone {t_m[0] * 1e3:6.1f} us, "
+              f"one program per row {t_m[1] * 1e3:6.1f} us{extra}); "
               f"max |diff| to the engine kernel {diff:.2e}", flush=True)  # fmt: skip
     except Exception as exc:  # noqa: BLE001
         print(f"engine path {tag}: {type(exc).__name__}: "

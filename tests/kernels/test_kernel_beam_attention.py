@@ -172,8 +172,8 @@ def test_prompt_and_suffix_states_merge_to_the_reference(base2):
 def test_suffix_merge_kernel_completes_a_prompt_state(triton_backend, kv):
     """The suffix + merge kernel, given each request's prompt state (o, base-2 LSE) as
     FlashInfer's prefill returns it, gives the whole beam-decode attention (the reference),
-    with q a strided view into the QKV row and FP8 or BF16 decode KV; a natural-log LSE
-    converts when told."""
+    with q a strided view into the QKV row and FP8 or BF16 decode KV, one program per kv head
+    or per row; a natural-log LSE converts when told."""
     from flashrec.kernels.beam_attention import (
         attention_state_ref,
         beam_suffix_merge_ref,
@@ -215,6 +215,9 @@ def test_suffix_merge_kernel_completes_a_prompt_state(triton_backend, kv):
     assert got.is_contiguous()
     torch.testing.assert_close(got.cpu().float(), want.float(), atol=1e-2, rtol=1e-2)
     torch.testing.assert_close(got.cpu().float(), ref.float(), atol=2e-2, rtol=2e-2)
+    # one program per row for all heads: the same values (same math, other grouping)
+    every = beam_suffix_merge_triton(to(q), to(o_p), to(lse_p), *args, all_heads=True)
+    torch.testing.assert_close(every.cpu().float(), got.cpu().float(), atol=1e-2, rtol=1e-2)
     ln = beam_suffix_merge_triton(to(q), to(o_p), to(lse_p * math.log(2)), *args, lse_base2=False)
     torch.testing.assert_close(ln.cpu().float(), got.cpu().float(), atol=1e-2, rtol=1e-2)
 
