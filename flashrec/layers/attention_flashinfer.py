@@ -298,12 +298,10 @@ class FlashInferAttention(TritonAttention):
         if self.decode_prompt != "flashinfer":
             return
         dev, b = self._dev, max_rows + 1  # <= one request per row, + the padding request
-        bufs = (
-            torch.zeros(b + 1, dtype=torch.int32, device=dev),
-            torch.zeros(b + 1, dtype=torch.int32, device=dev),
-            torch.zeros(max_slots + 1, dtype=torch.int32, device=dev),
-            torch.ones(b, dtype=torch.int32, device=dev),
-        )
+        bufs = [torch.zeros(b + 1, dtype=torch.int32, device=dev) for _ in range(2)]
+        if not self.staged:  # the paged wrapper's page list and last-page lengths
+            bufs += [torch.zeros(max_slots + 1, dtype=torch.int32, device=dev),
+                     torch.ones(b, dtype=torch.int32, device=dev)]  # fmt: skip
         # one wrapper: a captured graph holds its workspace
         ring = PlanRing(lambda: self._decode_wrapper(bufs), torch.cuda.Event, size=1)
         self._dec_graph = (ring, b)
