@@ -65,7 +65,8 @@ class EngineConfig:
         "keys), flashinfer (on batches of >= 512 rows, FlashInfer's prefill: paged over a "
         "bfloat16 pool, or ragged over the prompts staged as bfloat16 from an FP8 pool; then one "
         "kernel for the beams' own keys; needs --attention-backend flashinfer) or auto: "
-        "flashinfer with a bfloat16 KV cache (not under --deterministic), else triton",
+        "flashinfer on Hopper GPUs with a bfloat16 KV cache (not under --deterministic), else "
+        "triton",
         ("auto", "triton", "flashinfer"),
     )
     disable_cuda_graph: bool = opt(False, "run decode eagerly (never a silent fallback)", flag=True)

@@ -263,12 +263,13 @@ class ModelRunner:
 
     def _pick_decode_prompt(self, kv_dtype: torch.dtype) -> str:
         """``--decode-prompt-attention``: auto takes FlashInfer's paged prefill with the
-        flashinfer backend and a bfloat16 KV cache, not under --deterministic (the served A/B
-        in docs/baselines.md; the FP8 staging path is taken only when asked for); asked for
-        explicitly without the flashinfer backend: refused."""
+        flashinfer backend and a bfloat16 KV cache on Hopper (fa3), not under --deterministic
+        (the served A/B in docs/baselines.md; the FP8 staging path and other GPUs' fa2 only
+        when asked for); asked for explicitly without the flashinfer backend: refused."""
         mode = self.config.decode_prompt_attention
-        if mode == "auto":
+        if mode == "auto":  # where it was measured: fa3 (Hopper) over a BF16 pool
             fits = self.attention_backend == "flashinfer" and kv_dtype == torch.bfloat16
+            fits = fits and torch.cuda.get_device_capability(self.device)[0] == 9
             return "flashinfer" if fits and not self.config.deterministic else "triton"
         if mode == "flashinfer" and self.attention_backend != "flashinfer":
             raise ValueError(
