@@ -105,6 +105,7 @@ class ModelRunner:
         # show them, so a decode that left the graphs is never silent
         self.decode_forwards = {"graph": 0, "eager": 0}
         self._eager_widths_logged: set[int] = set()
+        self._declined_logged = False  # a graph-sized batch the attention backend declined
         self.graphs = self._capture_decode_graphs()
         self.prefill_graphs = None
         self.piecewise = None
@@ -413,8 +414,8 @@ class ModelRunner:
             self.decode_forwards["graph"] += 1
             return self.graphs.run(input_ids, meta)
         self.decode_forwards["eager"] += 1
-        if fits and -1 not in self._eager_widths_logged:  # the backend declined the batch
-            self._eager_widths_logged.add(-1)
+        if fits and not self._declined_logged:  # the attention backend declined the batch
+            self._declined_logged = True
             log.warning(
                 "a decode batch whose prompts outgrow the attention backend's staging buffer "
                 "runs eagerly, through the Triton kernel (logged once)"

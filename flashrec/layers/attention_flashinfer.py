@@ -130,8 +130,8 @@ class FlashInferAttention(TritonAttention):
         if decode_prompt == "flashinfer":
             self._init_paged_decode()
             how = (
-                f"paged {self.dec_kernel} prompt part (batches of >= {PAGED_DECODE_MIN_ROWS} "
-                "rows) + Triton suffix merge"
+                f"{'staged + ragged' if self.staged else 'paged'} {self.kernel} prompt part "
+                f"(batches of >= {PAGED_DECODE_MIN_ROWS} rows) + Triton suffix merge"
             )
         else:
             how = "Triton"
@@ -200,7 +200,6 @@ class FlashInferAttention(TritonAttention):
 
         dev = self._workspace.device
         self._paged = flashinfer
-        self.dec_kernel = self.kernel
         self.staged = self.kv.dtype != torch.bfloat16
         if self.staged:  # as many rows as the pool (more only where prefixes are shared)
             cap = self.kv.k[0].shape[0]
@@ -215,13 +214,13 @@ class FlashInferAttention(TritonAttention):
         self._dec_planned = None  # the DecodeMeta the eager wrapper holds
         self._dec_graph_meta = None  # the one the graph wrapper holds
         self._dec_ok = False  # whether the eager forward planned fits the staging buffer
-        # the pool as pages of one token: [P, 1, Hkv, D] views, no copy
-        self._pages = [(k.unsqueeze(1), v.unsqueeze(1)) for k, v in zip(self.kv.k, self.kv.v)]
+        if not self.staged:  # the pool as pages of one token: [P, 1, Hkv, D] views, no copy
+            self._pages = [(k.unsqueeze(1), v.unsqueeze(1)) for k, v in zip(self.kv.k, self.kv.v)]
         self._dev = dev
 
     def _decode_wrapper(self, bufs):
         """A prefill wrapper for the prompt part (``bufs``: CUDA-graph mode's fixed buffers)."""
-        flashinfer, kw = self._paged, dict(backend=self.dec_kernel)
+        flashinfer, kw = self._paged, dict(backend=self.kernel)
         if self.staged:
             if bufs is not None:
                 kw.update(use_cuda_graph=True, qo_indptr_buf=bufs[0], kv_indptr_buf=bufs[1])
@@ -259,16 +258,13 @@ class FlashInferAttention(TritonAttention):
             pages = torch.cat([pages, pages[:1]])
         return qo, kvp, last, seq, pages
 
-    def _staged_rows(self, meta, pad_rows: int = 0) -> int:
-        """Prompt rows a forward stages (its requests' prompts + one for a padding request)."""
-        return int(meta.host[1].sum()) + (1 if pad_rows else 0)
-
     def decode_graph_fits(self, meta) -> bool:
         """False where a forward's prompts outgrow the FP8 staging buffer (prefixes shared by
         many requests): the runner then decodes it eagerly, through the Triton kernel."""
         if self.decode_prompt != "flashinfer" or not self.staged:
             return True
-        return self._staged_rows(meta, 1) <= self._stage[0].shape[0]
+        # its requests' prompt rows + one for a graph bucket's padding request
+        return int(meta.host[1].sum()) + 1 <= self._stage[0].shape[0]
 
     def _plan_paged(self, ring, meta, dtype, pad_rows=0, batch=None) -> None:
         qo, kvp, last, seq, pages = self._plan_args(meta, pad_rows, batch)

@@ -463,7 +463,7 @@ def _attn_composed(fi, ws, q, kp, vp, slots, kd, vd, dk, dv, rows, ref, reqs, n,
             q, o_p, lse_p, dk, dv, meta.rows, out_loc, depth, scale, all_heads=every),
             warmup=10, rep=50) for every in (False, True)]  # fmt: skip
         how = "staged + ragged" if att.staged else "paged"
-        print(f"engine path {tag}: {how} {att.dec_kernel} + suffix merge kernel {t_l * 1e3:8.1f} us "
+        print(f"engine path {tag}: {how} {att.kernel} + suffix merge kernel {t_l * 1e3:8.1f} us "
               f"(CUDA graph {t_g * 1e3:8.1f} us; the merge kernel alone {t_m[0] * 1e3:6.1f} us, "
               f"one program per row {t_m[1] * 1e3:6.1f} us{extra}); "
               f"max |diff| to the engine kernel {diff:.2e}", flush=True)  # fmt: skip
