@@ -316,7 +316,7 @@ class FlashInferAttention(TritonAttention):
     def decode(self, q, layer_id, meta):
         if self.decode_prompt != "flashinfer" or q.shape[0] < PAGED_DECODE_MIN_ROWS:
             return super().decode(q, layer_id, meta)
-        from flashrec.kernels.beam_attention import (
+        from flashrec.kernels.beam_merge import (
             beam_suffix_merge_triton,
             stage_prompt_kv_triton,
         )

@@ -391,7 +391,7 @@ def _attn_composed(fi, ws, q, kp, vp, slots, kd, vd, dk, dv, rows, ref, reqs, n,
                slots, i32([1] * reqs), hq, hkv, d, 1, **plain)  # fmt: skip
         return lambda: w.run(q, pool_kv, return_lse=True)
 
-    from flashrec.kernels.beam_attention import attention_state_ref, beam_suffix_state
+    from flashrec.kernels.beam_merge import attention_state_ref, beam_suffix_state
 
     # request 0's first rows in float32: which base the returned LSE is in (e or 2)
     lse0 = attention_state_ref(q[:4].float(), kd[:length], vd[:length], scale, base2=False)[1]
@@ -431,7 +431,7 @@ def _attn_composed(fi, ws, q, kp, vp, slots, kd, vd, dk, dv, rows, ref, reqs, n,
     from types import SimpleNamespace
 
     from flashrec.engine.meta import make_decode_meta
-    from flashrec.kernels.beam_attention import beam_suffix_merge_triton, stage_prompt_kv_triton
+    from flashrec.kernels.beam_merge import beam_suffix_merge_triton, stage_prompt_kv_triton
     from flashrec.layers.attention_flashinfer import FlashInferAttention
 
     try:

@@ -120,7 +120,7 @@ def test_prompt_and_suffix_states_merge_to_the_reference(base2):
     own decode keys up to its request's step) merged by their log-sum-exps equals the
     reference; a row's keys past its step are left out, and a merge over any split of one key
     set equals attention over the whole."""
-    from flashrec.kernels.beam_attention import (
+    from flashrec.kernels.beam_merge import (
         attention_state_ref,
         beam_suffix_state,
         merge_attention_states,
@@ -174,7 +174,7 @@ def test_suffix_merge_kernel_completes_a_prompt_state(triton_backend, kv):
     FlashInfer's prefill returns it, gives the whole beam-decode attention (the reference),
     with q a strided view into the QKV row and FP8 or BF16 decode KV, one program per kv head
     or per row; a natural-log LSE converts when told."""
-    from flashrec.kernels.beam_attention import (
+    from flashrec.kernels.beam_merge import (
         attention_state_ref,
         beam_suffix_merge_ref,
         beam_suffix_merge_triton,
@@ -226,7 +226,7 @@ def test_stage_prompt_kv_copies_the_listed_rows(triton_backend):
     """The staging kernel (FP8 pool -> BF16 rows in batch order) equals the reference bit for
     bit (e4m3 -> bf16 is exact), writes rows 0..n only (the count read on the device), and a
     grid smaller than the rows walks them all."""
-    from flashrec.kernels.beam_attention import stage_prompt_kv_ref, stage_prompt_kv_triton
+    from flashrec.kernels.beam_merge import stage_prompt_kv_ref, stage_prompt_kv_triton
 
     dev = triton_backend.device
     torch.manual_seed(8)
