@@ -150,6 +150,9 @@ def beam_suffix_merge_triton(
     return out
 
 
+STAGE_TAIL = 256  # zeroed rows after the staged ones: at least a prefill kernel's key tile
+
+
 def stage_prompt_kv_ref(k_pool, v_pool, slots, n, dtype=torch.bfloat16):
     """What :func:`stage_prompt_kv_triton` writes: the pool's rows at ``slots[:n]``, in
     order, converted to ``dtype``."""
@@ -169,46 +172,54 @@ def _stage_kernel():
 
     @triton.jit
     def stage_prompt_kv_kernel(
-        kp_ptr, vp_ptr, slots_ptr, n_ptr, ok_ptr, ov_ptr, cap, s_p, s_o,
+        kp_ptr, vp_ptr, slots_ptr, n_ptr, ok_ptr, ov_ptr, cap, tail, s_p, s_o,
         HD: tl.constexpr, BLOCK_HD: tl.constexpr, BLOCK_T: tl.constexpr,
     ):  # fmt: skip
-        """Rows ``slots[0..n)`` of the pool -> rows 0..n of the staging buffers, converted; a
-        grid-stride loop bounded by the capacity (an argument), each trip past ``n`` (read on
-        the device: graph-safe) skipped at once."""
+        """Rows ``slots[0..n)`` of the pool -> rows 0..n of the staging buffers, converted,
+        and zeros in rows n..n + tail; a grid-stride loop bounded by the capacity (an
+        argument), each trip past them (``n`` read on the device: graph-safe) skipped."""
         pid = tl.program_id(0)
         nprog = tl.num_programs(0)
         n = tl.load(n_ptr)
         offs = tl.arange(0, BLOCK_HD)
         hm = offs < HD
         for t0 in range(pid * BLOCK_T, cap, nprog * BLOCK_T):
-            if t0 < n:
+            if t0 < n + tail:
                 t = t0 + tl.arange(0, BLOCK_T)
                 m = t < n
                 slot = tl.load(slots_ptr + t, mask=m, other=0).to(tl.int64)
                 src = slot[:, None] * s_p + offs[None, :]
                 dst = t.to(tl.int64)[:, None] * s_o + offs[None, :]
                 mm = m[:, None] & hm[None, :]
+                mw = ((t < n + tail) & (t < cap))[:, None] & hm[None, :]  # rows + the tail
                 k = tl.load(kp_ptr + src, mask=mm, other=0.0)
-                tl.store(ok_ptr + dst, k.to(ok_ptr.dtype.element_ty), mask=mm)
+                tl.store(ok_ptr + dst, k.to(ok_ptr.dtype.element_ty), mask=mw)
                 v = tl.load(vp_ptr + src, mask=mm, other=0.0)
-                tl.store(ov_ptr + dst, v.to(ov_ptr.dtype.element_ty), mask=mm)
+                tl.store(ov_ptr + dst, v.to(ov_ptr.dtype.element_ty), mask=mw)
 
     _STAGE = stage_prompt_kv_kernel
     return _STAGE
 
 
-def stage_prompt_kv_triton(k_pool, v_pool, slots, n, out_k, out_v, sms: int = 132):
+def stage_prompt_kv_triton(
+    k_pool, v_pool, slots, n, out_k, out_v, sms: int = 132, tail: int = STAGE_TAIL
+):
     """Copy the pool's rows at ``slots[:n]`` (``n``: int32 device scalar) into ``out_k`` /
-    ``out_v`` ``[cap, Hkv, D]`` rows 0..n, converted to their dtype (FP8 -> BF16: exact), in
-    one launch whose grid does not depend on ``n`` (CUDA-graph safe). The caller keeps
-    ``n <= cap``."""
+    ``out_v`` ``[cap, Hkv, D]`` rows 0..n, converted to their dtype (FP8 -> BF16: exact), and
+    zero rows n..n + ``tail`` (within the capacity), in one launch whose grid does not depend
+    on ``n`` (CUDA-graph safe). The caller keeps ``n <= cap``.
+
+    The zeros are for the prefill kernel that reads the staged rows: its last key tile runs
+    past the last request's keys into the rows after them, masked by score, and a masked key
+    still multiplies its value by zero: a NaN left in a reused buffer there would turn that
+    request's output into NaN (seen with FlashInfer's fa3 over a ``torch.empty`` buffer)."""
     cap, hkv, d = out_k.shape
     for t in (k_pool, v_pool, out_k, out_v):
         assert t.stride(2) == 1 and t.stride(1) == d, "rows of Hkv x D contiguous elements"
     block_t = 8
     grid = (max(1, min(-(-cap // block_t), 4 * sms)),)
     _stage_kernel()[grid](
-        k_pool, v_pool, slots, n, out_k, out_v, cap, k_pool.stride(0), out_k.stride(0),
+        k_pool, v_pool, slots, n, out_k, out_v, cap, tail, k_pool.stride(0), out_k.stride(0),
         HD=hkv * d, BLOCK_HD=next_pow2(hkv * d), BLOCK_T=block_t, num_warps=4,
     )  # fmt: skip
     return out_k, out_v

@@ -204,7 +204,7 @@ class FlashInferAttention(TritonAttention):
         if self.staged:  # as many rows as the pool (more only where prefixes are shared)
             cap = self.kv.k[0].shape[0]
             self._stage = tuple(
-                torch.empty(cap, self.hkv, self.d, dtype=torch.bfloat16, device=dev)
+                torch.zeros(cap, self.hkv, self.d, dtype=torch.bfloat16, device=dev)
                 for _ in range(2)
             )
             self._stage_slots = torch.zeros(cap, dtype=torch.int32, device=dev)

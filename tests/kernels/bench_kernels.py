@@ -172,6 +172,7 @@ def _attn_sweep(
     rates a kernel could reach; and the whole layer composed from the ragged prefill, the
     per-beam suffix and a log-sum-exp merge (:func:`_attn_composed`)."""
     from flashrec.kernels import beam_attention as ba
+    from flashrec.kernels.beam_merge import attention_state_ref
 
     hq, hkv, d, depth = 16, 8, 128, 3
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -289,7 +290,7 @@ def _attn_sweep(
     vd = vp[slots.long()].to(BF16)
     check = None
     if reqs * n * length <= 8 * 512 * 2465:  # request 0's prompt part in float32, for maxdiff
-        check = ba.attention_state_ref(q[:n].float(), kd[:length], vd[:length], scale)[0]
+        check = attention_state_ref(q[:n].float(), kd[:length], vd[:length], scale)[0]
 
     def vs_check(o, lse):
         diff = (o[:n].float() - check).abs().max().item() if check is not None else float("nan")

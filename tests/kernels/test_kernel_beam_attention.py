@@ -224,8 +224,9 @@ def test_suffix_merge_kernel_completes_a_prompt_state(triton_backend, kv):
 
 def test_stage_prompt_kv_copies_the_listed_rows(triton_backend):
     """The staging kernel (FP8 pool -> BF16 rows in batch order) equals the reference bit for
-    bit (e4m3 -> bf16 is exact), writes rows 0..n only (the count read on the device), and a
-    grid smaller than the rows walks them all."""
+    bit (e4m3 -> bf16 is exact), zeroes the ``tail`` rows after them (clipped at the
+    capacity) and writes nothing else (the count read on the device), and a grid smaller
+    than the rows walks them all."""
     from flashrec.kernels.beam_merge import stage_prompt_kv_ref, stage_prompt_kv_triton
 
     dev = triton_backend.device
@@ -234,11 +235,13 @@ def test_stage_prompt_kv_copies_the_listed_rows(triton_backend):
     kp = torch.randn(pool, hkv, d).to(torch.float8_e4m3fn).to(dev)
     vp = torch.randn(pool, hkv, d).to(torch.float8_e4m3fn).to(dev)
     slots = torch.randint(0, pool, (cap,), dtype=torch.int32).to(dev)  # repeats allowed
-    for n, sms in ((217, 132), (300, 1), (0, 4)):
-        ok = torch.full((cap, hkv, d), 7.0, dtype=torch.bfloat16, device=dev)
+    for n, sms, tail in ((217, 132, 13), (300, 1, 13), (0, 4, 13), (290, 2, 40), (100, 3, 0)):
+        ok = torch.full((cap, hkv, d), float("nan"), dtype=torch.bfloat16, device=dev)
         ov = torch.full_like(ok, 7.0)
         nt = torch.tensor([n], dtype=torch.int32, device=dev)
-        stage_prompt_kv_triton(kp, vp, slots, nt, ok, ov, sms=sms)
+        stage_prompt_kv_triton(kp, vp, slots, nt, ok, ov, sms=sms, tail=tail)
         rk, rv = stage_prompt_kv_ref(kp, vp, slots, n)
         assert torch.equal(ok[:n].cpu(), rk.cpu()) and torch.equal(ov[:n].cpu(), rv.cpu())
-        assert bool((ok[n:] == 7.0).all()) and bool((ov[n:] == 7.0).all())
+        end = min(cap, n + tail)
+        assert bool((ok[n:end] == 0).all()) and bool((ov[n:end] == 0).all())
+        assert bool(ok[end:].isnan().all()) and bool((ov[end:] == 7.0).all())
