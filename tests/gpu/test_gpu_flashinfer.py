@@ -278,9 +278,11 @@ def test_flashinfer_paged_decode_prompt_engine_equals_triton_decode(synth_model,
     shape = dict(beam_width=256, cuda_graph_max_bs=1024, batch_slots=1024)
     knobs = dict(bf16_knobs(quantization, "flashinfer"), **shape)
     base = run_all(path, ns=(256,), **knobs, decode_prompt_attention="triton")
-    # FP8: the activations' e4m3 rounding amplifies the kernels' bf16 rounding (a shared beam
-    # differed by 0.16 nat with FlashInfer's fa2 over the FP8 pool; 0.15 in the prefill tests)
-    tol = 0.1 if quantization == "none" else 0.2
+    # FP8: the activations' e4m3 rounding amplifies the kernels' rounding (here 0.23 nat on one
+    # shared beam, against the Triton kernel's FP8 launch with float16 products; 0.16 with fa2
+    # over the FP8 pool; the layer test holds both kernels to float32). Stale or NaN staged rows
+    # move every score and the beam set far more than this
+    tol = 0.1 if quantization == "none" else 0.3
     for graphs in (True, False):
         eng = make_engine(path, **knobs, decode_prompt_attention="flashinfer",
                           disable_cuda_graph=not graphs)  # fmt: skip
