@@ -83,7 +83,7 @@ ZH = {
     "enable_step_graph": "把每个 decode step 整体（前向、LM head、trie 掩码、top-n、beam 扩展、KV 重排）捕获为一个 CUDA graph；默认：捕获 decode CUDA graph 时开启",
     "overlap_results": "一个 step 完成的请求在下一个 step 的 GPU 工作发出之后才交回，使 host 构建回答时 GPU 不空闲；默认：使用 CUDA 时开启",
     "decode_max_splits": "GPU beam-decode attention 在窄 batch 上对 prompt 的最大切分数（split-K，1-8；1 = 不切分）",
-    "decode_prompt_attention": "GPU beam-decode attention 的 prompt 部分：triton（一个 kernel，连同每个 beam 自己的 key）、flashinfer（在 >= 512 行的 batch 上用 FlashInfer 的 prefill：BF16 pool 上直接 paged，FP8 pool 则先把 prompt 暂存为 BF16 再 ragged；再用一个 kernel 合并 beam 自己的 key；需要 --attention-backend flashinfer；FP8 pool 上每个请求 >= 256 个 beam 时划算，50 个时略慢）或 auto：Hopper GPU 且 bfloat16 KV cache 时用 flashinfer（--deterministic 下不用），否则 triton",
+    "decode_prompt_attention": "GPU beam-decode attention 的 prompt 部分：triton（一个 kernel，连同每个 beam 自己的 key）、flashinfer（在 >= 512 行的 batch 上用 FlashInfer 的 prefill：BF16 pool 上直接 paged，FP8 pool 则先把 prompt 暂存为 BF16 再 ragged；再用一个 kernel 合并 beam 自己的 key；需要 --attention-backend flashinfer）或 auto：Hopper GPU 上，bfloat16 KV cache，或 FP8 KV cache 且 --beam-width >= 256 时用 flashinfer（--deterministic 下不用），否则 triton",
     "attention_backend": "attention 后端：torch（参考实现，CPU）、triton（GPU：SDPA prefill + Triton beam decode）或 flashinfer（GPU：FlashInfer ragged prefill + Triton beam decode）；默认：flashinfer 支持该模型时用 flashinfer，否则 triton；CPU 上用 torch",
     "max_seq_len": "最长可接受 prompt（token）；更长返回 400",
     "max_prefill_tokens": "一次前向中一起 prefill 的 token 数",

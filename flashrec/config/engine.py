@@ -64,9 +64,9 @@ class EngineConfig:
         "the prompt part of the GPU beam-decode attention: triton (one kernel with each beam's own "
         "keys), flashinfer (on batches of >= 512 rows, FlashInfer's prefill: paged over a "
         "bfloat16 pool, or ragged over the prompts staged as bfloat16 from an FP8 pool; then one "
-        "kernel for the beams' own keys; needs --attention-backend flashinfer; over an FP8 pool "
-        "it pays where requests have >= 256 beams and loses a little at 50) or auto: flashinfer "
-        "on Hopper GPUs with a bfloat16 KV cache (not under --deterministic), else triton",
+        "kernel for the beams' own keys; needs --attention-backend flashinfer) or auto: "
+        "flashinfer on Hopper GPUs with a bfloat16 KV cache, or an FP8 one and --beam-width >= "
+        "256 (not under --deterministic), else triton",
         ("auto", "triton", "flashinfer"),
     )
     disable_cuda_graph: bool = opt(False, "run decode eagerly (never a silent fallback)", flag=True)

@@ -34,6 +34,27 @@ log = logging.getLogger("flashrec")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+# --decode-prompt-attention auto over an FP8 pool: from this --beam-width up (the served A/Bs in
+# docs/baselines.md: n=256 and 512 win, n=50 loses; staging costs every prompt row per layer)
+FP8_DECODE_PROMPT_MIN_BEAMS = 256
+
+
+def decode_prompt_auto(
+    backend: str, kv_dtype: torch.dtype, hopper: bool, deterministic: bool, beam_width: int
+) -> str:
+    """What ``--decode-prompt-attention auto`` runs: FlashInfer's prefill for the decode's
+    prompt part where it was measured to win (the flashinfer backend on Hopper, fa3; a BF16
+    KV cache, or an FP8 one on a server whose --beam-width, the graphs' capture unit, is at
+    least ``FP8_DECODE_PROMPT_MIN_BEAMS``), never under --deterministic; else the Triton
+    kernel."""
+    if backend != "flashinfer" or not hopper or deterministic:
+        return "triton"
+    if kv_dtype == torch.bfloat16:
+        return "flashinfer"
+    fp8 = kv_dtype == torch.float8_e4m3fn
+    return "flashinfer" if fp8 and beam_width >= FP8_DECODE_PROMPT_MIN_BEAMS else "triton"
+
+
 @dataclass
 class ForwardContext:
     """Per-model constants the layers read (passed down, never global)."""
@@ -263,15 +284,17 @@ class ModelRunner:
         return fit
 
     def _pick_decode_prompt(self, kv_dtype: torch.dtype) -> str:
-        """``--decode-prompt-attention``: auto takes FlashInfer's paged prefill with the
-        flashinfer backend and a bfloat16 KV cache on Hopper (fa3), not under --deterministic
-        (the served A/B in docs/baselines.md; the FP8 staging path and other GPUs' fa2 only
-        when asked for); asked for explicitly without the flashinfer backend: refused."""
+        """``--decode-prompt-attention``: auto as :func:`decode_prompt_auto` decides; asked for
+        explicitly without the flashinfer backend: refused."""
         mode = self.config.decode_prompt_attention
-        if mode == "auto":  # where it was measured: fa3 (Hopper) over a BF16 pool
-            fits = self.attention_backend == "flashinfer" and kv_dtype == torch.bfloat16
-            fits = fits and torch.cuda.get_device_capability(self.device)[0] == 9
-            return "flashinfer" if fits and not self.config.deterministic else "triton"
+        if mode == "auto":
+            hopper = (
+                self.device.type == "cuda" and torch.cuda.get_device_capability(self.device)[0] == 9
+            )
+            return decode_prompt_auto(
+                self.attention_backend, kv_dtype, hopper, self.config.deterministic,
+                self.config.beam_width,
+            )  # fmt: skip
         if mode == "flashinfer" and self.attention_backend != "flashinfer":
             raise ValueError(
                 "--decode-prompt-attention flashinfer needs --attention-backend flashinfer "

@@ -114,6 +114,31 @@ def test_flashinfer_decode_prompt_needs_the_flashinfer_backend(tiny_model):
         EngineConfig(model_path="x", decode_prompt_attention="flashinfer", deterministic=True)
 
 
+def test_decode_prompt_auto_takes_flashinfer_where_it_was_measured_to_win():
+    """auto: the flashinfer backend on Hopper, a BF16 pool at any beam width, an FP8 pool from
+    256 beams (the served A/Bs: n=256 and 512 won, n=50 lost); never deterministic, never
+    another backend, GPU or KV dtype."""
+    from flashrec.engine.runner import FP8_DECODE_PROMPT_MIN_BEAMS, decode_prompt_auto
+
+    bf, f8 = torch.bfloat16, torch.float8_e4m3fn
+    wide = FP8_DECODE_PROMPT_MIN_BEAMS
+    assert wide == 256
+    assert decode_prompt_auto("flashinfer", bf, True, False, 50) == "flashinfer"
+    assert decode_prompt_auto("flashinfer", f8, True, False, wide) == "flashinfer"
+    assert decode_prompt_auto("flashinfer", f8, True, False, 512) == "flashinfer"
+    assert decode_prompt_auto("flashinfer", f8, True, False, wide - 1) == "triton"
+    assert decode_prompt_auto("flashinfer", f8, True, False, 50) == "triton"
+    for args in (
+        ("flashinfer", bf, False, False, 512),  # not Hopper: fa2, not measured to win
+        ("flashinfer", bf, True, True, 512),  # --deterministic
+        ("flashinfer", f8, True, True, 512),
+        ("triton", bf, True, False, 512),
+        ("torch", bf, False, False, 512),
+        ("flashinfer", torch.float16, True, False, 512),
+    ):
+        assert decode_prompt_auto(*args) == "triton", args
+
+
 @settings(max_examples=80, deadline=None)
 @given(
     st.lists(st.integers(1, 128), min_size=1, max_size=40),  # beams of each running request

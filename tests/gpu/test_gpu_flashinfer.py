@@ -272,7 +272,8 @@ def test_flashinfer_paged_decode_prompt_engine_equals_triton_decode(synth_model,
     --decode-prompt-attention flashinfer (graphs with the whole-step graph, then eagerly) the
     beams equal those of the Triton decode kernel on the same engine settings, cold and on
     radix hits; the prompt part was planned for those forwards (BF16 KV: paged over the pool;
-    FP8 KV: staged as BF16, ragged). auto takes it with BF16 KV only."""
+    FP8 KV: staged as BF16, ragged). auto takes it with BF16 KV, and with FP8 KV from
+    --beam-width 256."""
     flashinfer_or_skip()
     path = synth_model("tiny", catalog_size=2000, **HD128)
     shape = dict(beam_width=256, cuda_graph_max_bs=1024, batch_slots=1024)
@@ -295,7 +296,10 @@ def test_flashinfer_paged_decode_prompt_engine_equals_triton_decode(synth_model,
         assert attn.paged_plans > before
         forwards = eng.runner.decode_forwards
         assert forwards["graph" if graphs else "eager"] > 0, forwards
+    # auto: BF16 at any width; FP8 from --beam-width 256 (the graphs' capture unit)
     auto = make_engine(path, **knobs)
-    assert auto.runner.decode_prompt_attention == (
+    assert auto.runner.decode_prompt_attention == "flashinfer"
+    narrow = make_engine(path, **dict(knobs, beam_width=50), disable_cuda_graph=True)
+    assert narrow.runner.decode_prompt_attention == (
         "flashinfer" if quantization == "none" else "triton"
     )
