@@ -12,6 +12,7 @@ import torch
 
 from flashrec.beam.step import StaticStep, StaticStepOut, reorder_rows
 from flashrec.config import EngineConfig, ModelConfig
+from flashrec.engine.attention_choice import pick_backend, pick_decode_prompt
 from flashrec.engine.meta import (  # noqa: F401 - host_to_device, make_prefill_meta: re-exported
     BLOCK_M,
     host_to_device,
@@ -32,27 +33,6 @@ from flashrec.sid.layout import SidLayout
 log = logging.getLogger("flashrec")
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-# --decode-prompt-attention auto over an FP8 pool: from this --beam-width up (the served A/Bs in
-# docs/baselines.md: n=256 and 512 win, n=50 loses; staging costs every prompt row per layer)
-FP8_DECODE_PROMPT_MIN_BEAMS = 256
-
-
-def decode_prompt_auto(
-    backend: str, kv_dtype: torch.dtype, hopper: bool, deterministic: bool, beam_width: int
-) -> str:
-    """What ``--decode-prompt-attention auto`` runs: FlashInfer's prefill for the decode's
-    prompt part where it was measured to win (the flashinfer backend on Hopper, fa3; a BF16
-    KV cache, or an FP8 one on a server whose --beam-width, the graphs' capture unit, is at
-    least ``FP8_DECODE_PROMPT_MIN_BEAMS``), never under --deterministic; else the Triton
-    kernel."""
-    if backend != "flashinfer" or not hopper or deterministic:
-        return "triton"
-    if kv_dtype == torch.bfloat16:
-        return "flashinfer"
-    fp8 = kv_dtype == torch.float8_e4m3fn
-    return "flashinfer" if fp8 and beam_width >= FP8_DECODE_PROMPT_MIN_BEAMS else "triton"
 
 
 @dataclass
@@ -106,8 +86,12 @@ class ModelRunner:
         self.kv = KVCache(
             model_config, pool, config.resolved_batch_slots, max(depth, 1), kv_dtype, self.device
         )
-        self.attention_backend = self._pick_backend()
-        self.decode_prompt_attention = self._pick_decode_prompt(kv_dtype)
+        self.attention_backend = pick_backend(
+            config, self.device, self.dtype, model_config.head_dim
+        )
+        self.decode_prompt_attention = pick_decode_prompt(
+            config, self.attention_backend, kv_dtype, self.device
+        )
         extra = {}
         if self.decode_prompt_attention != "triton":
             extra["decode_prompt"] = self.decode_prompt_attention
@@ -282,42 +266,6 @@ class ModelRunner:
             self.kv.pool_tokens,
         )
         return fit
-
-    def _pick_decode_prompt(self, kv_dtype: torch.dtype) -> str:
-        """``--decode-prompt-attention``: auto as :func:`decode_prompt_auto` decides; asked for
-        explicitly without the flashinfer backend: refused."""
-        mode = self.config.decode_prompt_attention
-        if mode == "auto":
-            hopper = (
-                self.device.type == "cuda" and torch.cuda.get_device_capability(self.device)[0] == 9
-            )
-            return decode_prompt_auto(
-                self.attention_backend, kv_dtype, hopper, self.config.deterministic,
-                self.config.beam_width,
-            )  # fmt: skip
-        if mode == "flashinfer" and self.attention_backend != "flashinfer":
-            raise ValueError(
-                "--decode-prompt-attention flashinfer needs --attention-backend flashinfer "
-                f"(this engine runs {self.attention_backend})"
-            )
-        return mode
-
-    def _pick_backend(self) -> str:
-        name = self.config.resolved_attention_backend
-        if name != "flashinfer":
-            return name
-        from flashrec.layers.attention_flashinfer import unsupported_reason
-
-        why = unsupported_reason(self.device, self.dtype, self.model_config.head_dim)
-        if why is None:
-            return name
-        if self.config.attention_backend == "flashinfer":  # asked for explicitly: refuse
-            raise ValueError(
-                f"--attention-backend flashinfer cannot run here: {why}. "
-                "Use --attention-backend triton (GPU) or torch."
-            )
-        log.info("attention backend: triton (flashinfer not used: %s)", why)
-        return "triton"
 
     def _fused_qk_rope_kv(self, attn, qkv, positions, meta):
         """q/k norm + RoPE + KV write in one kernel; returns (q, k, v, stored=True)."""

@@ -118,7 +118,7 @@ def test_decode_prompt_auto_takes_flashinfer_where_it_was_measured_to_win():
     """auto: the flashinfer backend on Hopper, a BF16 pool at any beam width, an FP8 pool from
     256 beams (the served A/Bs: n=256 and 512 won, n=50 lost); never deterministic, never
     another backend, GPU or KV dtype."""
-    from flashrec.engine.runner import FP8_DECODE_PROMPT_MIN_BEAMS, decode_prompt_auto
+    from flashrec.engine.attention_choice import FP8_DECODE_PROMPT_MIN_BEAMS, decode_prompt_auto
 
     bf, f8 = torch.bfloat16, torch.float8_e4m3fn
     wide = FP8_DECODE_PROMPT_MIN_BEAMS
