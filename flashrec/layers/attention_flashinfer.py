@@ -231,8 +231,9 @@ class FlashInferAttention(TritonAttention):
         return flashinfer.BatchPrefillWithPagedKVCacheWrapper(self._workspace, "NHD", **kw)
 
     def _plan_args(self, meta, pad_rows: int = 0, batch: int | None = None):
-        """(qo_indptr, kv_indptr, last_page_len, seq_lens) pinned host int32 arrays and the
-        device page list of a decode batch. ``pad_rows``: rows past the batch's own (a graph
+        """(qo_indptr, kv_indptr, last_page_len, seq_lens) pinned host int32 arrays (the last
+        two for the paged wrapper only, None for the staged one) and the device page list of a
+        decode batch. ``pad_rows``: rows past the batch's own (a graph
         bucket's padding) go to one extra request over a single slot, so every row of the
         bucket has a prompt state; ``batch``: the fixed request count of a graph-mode wrapper
         (requests past the real ones have no rows)."""
@@ -243,13 +244,15 @@ class FlashInferAttention(TritonAttention):
             raise RuntimeError(f"decode batch of {nreq} requests exceeds the planned {b}")
         qo = torch.empty(b + 1, dtype=torch.int32, pin_memory=True)
         kvp = torch.empty(b + 1, dtype=torch.int32, pin_memory=True)
-        last = torch.ones(b, dtype=torch.int32, pin_memory=True)
-        seq = torch.ones(b, dtype=torch.int32, pin_memory=True)
-        qn, kn, sn = qo.numpy(), kvp.numpy(), seq.numpy()
+        last = seq = None
+        if not self.staged:  # pages of one token: every last page is full
+            last = torch.ones(b, dtype=torch.int32, pin_memory=True)
+            seq = torch.ones(b, dtype=torch.int32, pin_memory=True)
+            seq.numpy()[:nreq] = lens
+        qn, kn = qo.numpy(), kvp.numpy()
         qn[0] = kn[0] = 0
         np.cumsum(ns, out=qn[1 : nreq + 1])
         np.cumsum(lens, out=kn[1 : nreq + 1])
-        sn[:nreq] = lens
         qn[nreq + 1 :] = qn[nreq] + pad_rows
         # the padding request reads the batch's first prompt slot again (one page)
         kn[nreq + 1 :] = kn[nreq] + (1 if pad_rows else 0)
