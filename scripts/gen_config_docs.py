@@ -88,7 +88,7 @@ ZH = {
     "max_seq_len": "最长可接受 prompt（token）；更长返回 400",
     "max_prefill_tokens": "一次前向中一起 prefill 的 token 数",
     "mem_fraction_static": "分给权重 + KV pool 的空闲显存比例",
-    "kv_pool_tokens": "prompt KV pool 大小（token）；默认按空闲显存计算，CPU 上 262144",
+    "kv_pool_tokens": "prompt KV pool 大小（token）；默认按空闲显存计算（计入 --decode-prompt-attention flashinfer 在 FP8 pool 旁保留的同样长度的 bfloat16 暂存缓冲区），CPU 上 262144",
     "enable_prefix_cache": "prompt token 上的 radix 前缀缓存",
     "schedule_policy": "准入顺序：最长前缀匹配（带老化）或先来先服务",
     "lpm_aging_ms": "LPM 老化：等待超过该时长的请求按到达顺序优先于最长前缀匹配顺序准入（不饿死）",

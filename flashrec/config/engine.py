@@ -105,7 +105,10 @@ class EngineConfig:
     max_prefill_tokens: int = opt(16384, "tokens prefilled together in one forward")
     mem_fraction_static: float = opt(0.85, "fraction of free GPU memory given to weights + KV pool")
     kv_pool_tokens: int | None = opt(
-        None, "prompt KV pool size in tokens (default: from free memory, or 262144 on cpu)"
+        None,
+        "prompt KV pool size in tokens (default: from free memory, counting the bfloat16 staging "
+        "buffer of as many tokens that --decode-prompt-attention flashinfer keeps beside an FP8 "
+        "pool; or 262144 on cpu)",
     )
     enable_prefix_cache: bool = opt(True, "radix prefix cache over prompt tokens")
     prefix_cache_min_match: int = opt(

@@ -7,7 +7,7 @@ import logging
 
 import torch
 
-from flashrec.config import EngineConfig
+from flashrec.config import EngineConfig, ModelConfig
 
 log = logging.getLogger("flashrec")
 
@@ -71,3 +71,12 @@ def decode_prompt_auto(
         return "flashinfer"
     fp8 = kv_dtype == torch.float8_e4m3fn
     return "flashinfer" if fp8 and beam_width >= FP8_DECODE_PROMPT_MIN_BEAMS else "triton"
+
+
+def staging_bytes_per_token(mode: str, kv_dtype: torch.dtype, mc: ModelConfig) -> int:
+    """Device bytes per KV-pool token of the buffer the FlashInfer decode path keeps beside an
+    FP8 pool (its prompt rows staged as bfloat16, K and V, as many rows as the pool), so that
+    an auto-sized pool leaves room for it; 0 where no such buffer is made."""
+    if mode != "flashinfer" or kv_dtype == torch.bfloat16:
+        return 0
+    return 2 * mc.num_key_value_heads * mc.head_dim * 2

@@ -12,7 +12,11 @@ import torch
 
 from flashrec.beam.step import StaticStep, StaticStepOut, reorder_rows
 from flashrec.config import EngineConfig, ModelConfig
-from flashrec.engine.attention_choice import pick_backend, pick_decode_prompt
+from flashrec.engine.attention_choice import (
+    pick_backend,
+    pick_decode_prompt,
+    staging_bytes_per_token,
+)
 from flashrec.engine.meta import (  # noqa: F401 - host_to_device, make_prefill_meta: re-exported
     BLOCK_M,
     host_to_device,
@@ -82,15 +86,16 @@ class ModelRunner:
         self.step_catalog = None
         self._other_catalog_logged = False
         kv_dtype = _kv_dtype(config, self.dtype)
-        pool = self._pool_tokens(model_config, kv_dtype)
-        self.kv = KVCache(
-            model_config, pool, config.resolved_batch_slots, max(depth, 1), kv_dtype, self.device
-        )
         self.attention_backend = pick_backend(
             config, self.device, self.dtype, model_config.head_dim
         )
         self.decode_prompt_attention = pick_decode_prompt(
             config, self.attention_backend, kv_dtype, self.device
+        )
+        staging = staging_bytes_per_token(self.decode_prompt_attention, kv_dtype, model_config)
+        pool = self._pool_tokens(model_config, kv_dtype, staging)
+        self.kv = KVCache(
+            model_config, pool, config.resolved_batch_slots, max(depth, 1), kv_dtype, self.device
         )
         extra = {}
         if self.decode_prompt_attention != "triton":
@@ -333,7 +338,10 @@ class ModelRunner:
             return mc.is_fp8_checkpoint
         return q.lower() == "fp8"
 
-    def _pool_tokens(self, mc: ModelConfig, kv_dtype: torch.dtype) -> int:
+    def _pool_tokens(self, mc: ModelConfig, kv_dtype: torch.dtype, staging: int = 0) -> int:
+        """--kv-pool-tokens, or as many tokens as the static memory budget holds after the
+        decode rows, each with ``staging`` bytes more where the attention backend keeps a
+        buffer as long as the pool (the FP8 staging of --decode-prompt-attention)."""
         if self.config.kv_pool_tokens:
             return self.config.kv_pool_tokens
         per_token = mc.kv_bytes_per_token(torch.empty(0, dtype=kv_dtype).element_size())
@@ -342,7 +350,7 @@ class ModelRunner:
         free, total = torch.cuda.mem_get_info(self.device)
         budget = free - total * (1.0 - self.config.mem_fraction_static)
         decode = 2 * self.config.resolved_batch_slots * self.depth * per_token
-        return max(4096, int((budget - decode) // per_token))
+        return max(4096, int((budget - decode) // (per_token + staging)))
 
     @torch.inference_mode()
     def prefill(

@@ -139,6 +139,37 @@ def test_decode_prompt_auto_takes_flashinfer_where_it_was_measured_to_win():
         assert decode_prompt_auto(*args) == "triton", args
 
 
+def test_an_auto_sized_pool_leaves_room_for_the_fp8_staging_buffer(monkeypatch):
+    """The FP8 staging buffer of --decode-prompt-attention flashinfer (K and V of every pool
+    token as bfloat16) is counted per pool token when the pool is sized from free memory; no
+    other mode or KV dtype keeps one."""
+    from types import SimpleNamespace
+
+    from flashrec.engine.attention_choice import staging_bytes_per_token
+
+    mc = SimpleNamespace(num_key_value_heads=8, head_dim=128)  # OneRec-1.7B's KV heads
+    f8, bf = torch.float8_e4m3fn, torch.bfloat16
+    assert staging_bytes_per_token("flashinfer", f8, mc) == 2 * 8 * 128 * 2
+    # the runner's sizing from free memory (a GPU's numbers, faked): the pool plus the staging
+    # buffer fit the budget the pool alone had
+    from flashrec.engine.runner import ModelRunner
+
+    gib = 1 << 30
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (100 * gib, 140 * gib))
+    cfg = SimpleNamespace(kv_pool_tokens=None, mem_fraction_static=0.9, resolved_batch_slots=512)
+    runner = SimpleNamespace(config=cfg, device=torch.device("cuda"), depth=3)
+    one = SimpleNamespace(kv_bytes_per_token=lambda size: 2 * 8 * 128 * 28 * size)
+    per_token, staging = one.kv_bytes_per_token(1), staging_bytes_per_token("flashinfer", f8, mc)
+    plain = ModelRunner._pool_tokens(runner, one, f8)
+    staged = ModelRunner._pool_tokens(runner, one, f8, staging)
+    budget = 100 * gib - 0.1 * 140 * gib - 2 * 512 * 3 * per_token
+    assert plain == int(budget // per_token)
+    assert staged * (per_token + staging) <= budget < (staged + 1) * (per_token + staging)
+    assert staged < plain
+    assert staging_bytes_per_token("flashinfer", bf, mc) == 0
+    assert staging_bytes_per_token("triton", f8, mc) == 0
+
+
 @settings(max_examples=80, deadline=None)
 @given(
     st.lists(st.integers(1, 128), min_size=1, max_size=40),  # beams of each running request
