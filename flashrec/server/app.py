@@ -270,7 +270,7 @@ class Server:
                 cfg.host,
             )
         if self.member is not None:  # a spawned front end: set up whole before it listens
-            st.gc = GcWatch().install()
+            st.gc = GcWatch().install(cfg.gc_gen0_threshold)
             if cfg.gc_freeze:
                 _freeze_startup(st.gc)
         try:
@@ -301,7 +301,7 @@ class Server:
                 with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
                     self._aloop.add_signal_handler(sig, self._stop.set)
         if st.gc is None:
-            st.gc = GcWatch().install()
+            st.gc = GcWatch().install(cfg.gc_gen0_threshold)
         add_hook = getattr(self.loop, "add_step_hook", None)
         if add_hook is not None:
             add_hook(st.gc.report_slow)  # logged on the engine thread, outside any collection

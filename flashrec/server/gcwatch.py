@@ -60,17 +60,27 @@ class GcWatch:
         self._installed = False
         self.ignoring = False  # set around a deliberate collection (the freeze's own)
         self.frozen = 0  # objects frozen at start-up (freeze_startup_objects)
+        self._saved_threshold: tuple[int, ...] | None = None  # before install's threshold
 
-    def install(self) -> GcWatch:
+    def install(self, gen0_threshold: int = 0) -> GcWatch:
+        """Start timing collections; ``gen0_threshold`` > 0 also sets the collector's
+        generation-0 threshold (``--gc-gen0-threshold``) until :meth:`uninstall`."""
         if not self._installed:
             gc.callbacks.append(self._callback)
             self._installed = True
+        if gen0_threshold > 0:
+            if self._saved_threshold is None:
+                self._saved_threshold = gc.get_threshold()
+            gc.set_threshold(gen0_threshold, *self._saved_threshold[1:])
         return self
 
     def uninstall(self) -> None:
         if self._installed:
             gc.callbacks.remove(self._callback)
             self._installed = False
+        if self._saved_threshold is not None:  # an in-process server leaves it as found
+            gc.set_threshold(*self._saved_threshold)
+            self._saved_threshold = None
 
     def _callback(self, phase: str, info: dict[str, Any]) -> None:
         if self.ignoring:
@@ -111,4 +121,5 @@ class GcWatch:
             "max_pause_s": self.max_pause_s,
             "slow": self.slow,
             "frozen": self.frozen,
+            "gen0_threshold": gc.get_threshold()[0],
         }

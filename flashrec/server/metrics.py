@@ -342,6 +342,12 @@ def _gc_families(out: list[str], family: Callable[[str, str, str], None], procs:
             "Objects moved to the permanent GC generation at start-up (--gc-freeze).",
             "frozen",
         ),
+        (
+            "flashrec_gc_gen0_threshold",
+            "gauge",
+            "Allocations between generation-0 collections (--gc-gen0-threshold).",
+            "gen0_threshold",
+        ),
     )
     for name, kind, help, key in rows:
         family(name, kind, help)

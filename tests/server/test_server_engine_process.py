@@ -319,8 +319,19 @@ def test_a_full_queue_in_the_engine_process_is_503(tiny_checkpoint: Path, monkey
 
 
 def test_gc_freeze_reaches_the_engine_process_without_warmup(tiny_checkpoint: Path) -> None:
-    """--gc-freeze freezes the start-up objects of both processes, warm-up or not."""
-    with process_server(tiny_checkpoint, warmup=False, gc_freeze=True) as srv:
+    """--gc-freeze freezes the start-up objects of both processes, warm-up or not; and
+    --gc-gen0-threshold is the collector's threshold in both (the engine's set in its own
+    process, not inherited: it is spawned)."""
+    import gc
+
+    before = gc.get_threshold()
+    assert before[0] != 4321
+    with process_server(
+        tiny_checkpoint, warmup=False, gc_freeze=True, gc_gen0_threshold=4321
+    ) as srv:
         m = srv.metrics()
         assert m['flashrec_gc_frozen_objects{process="engine"}'] > 1000
         assert m["flashrec_gc_frozen_objects"] > 1000
+        assert m['flashrec_gc_gen0_threshold{process="engine"}'] == 4321
+        assert m["flashrec_gc_gen0_threshold"] == 4321
+    assert gc.get_threshold() == before

@@ -350,3 +350,36 @@ def test_gc_freeze_and_pause_metrics() -> None:
     assert gc.get_freeze_count() == 0
     with fake_server() as srv:  # the helper's default: no freeze
         assert gc.get_freeze_count() == 0 and srv.metrics()["flashrec_gc_frozen_objects"] == 0
+
+
+def test_gc_gen0_threshold_is_set_while_serving_and_restored_after() -> None:
+    """``--gc-gen0-threshold N``: the collector runs a generation-0 collection every N
+    allocations while the server runs (``/metrics`` says so), the older generations' settings
+    kept; an in-process server restores the threshold it found. 0 (the default) changes
+    nothing; a negative value is refused."""
+    import gc
+
+    from flashrec.config import ServerConfig
+
+    before = gc.get_threshold()
+    with fake_server(gc_gen0_threshold=50_000) as srv:
+        assert gc.get_threshold() == (50_000, *before[1:])
+        assert srv.metrics()["flashrec_gc_gen0_threshold"] == 50_000
+
+        def collections() -> float:  # any generation: a due older one takes gen 0's turn
+            m = srv.metrics()
+            return sum(m[f'flashrec_gc_collections_total{{generation="{g}"}}'] for g in range(3))
+
+        gc.collect(0)  # the allocation count from zero
+        seen = collections()
+        junk = [[i] for i in range(20_000)]  # 20k container allocations: under the threshold
+        assert collections() == seen
+        junk += [[i] for i in range(40_000)]  # past it: one collection at least
+        assert collections() > seen
+        del junk
+    assert gc.get_threshold() == before
+    with fake_server() as srv:
+        assert gc.get_threshold() == before
+        assert srv.metrics()["flashrec_gc_gen0_threshold"] == before[0]
+    with pytest.raises(ValueError, match="--gc-gen0-threshold"):
+        ServerConfig(model_path="x", gc_gen0_threshold=-1)

@@ -79,7 +79,7 @@ def child_main(conns: list[Any], config: Any, log_level: int) -> None:
         faulthandler.enable(file=sys.stderr, all_threads=True)
         loop = EngineLoop(engine)
         profiler = ProfileController(loop)
-        gcw = GcWatch().install()
+        gcw = GcWatch().install(config.gc_gen0_threshold)
         loop.add_step_hook(gcw.report_slow)
         ready = Ready(
             server_info=engine.server_info(),
