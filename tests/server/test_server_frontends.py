@@ -49,7 +49,8 @@ def _group_gone(pgid: int, timeout: float = 30.0) -> bool:
 
 
 def test_front_ends_share_the_port_and_the_engine(procs: list[Proc], tiny_checkpoint: Path):
-    p = start(procs, cli_argv(tiny_checkpoint, "--api-server-count", "3"))
+    argv = cli_argv(tiny_checkpoint, "--api-server-count", "3", "--gc-gen0-threshold", "4321")
+    p = start(procs, argv)
     seen = {}
     for _ in range(60):
         info = _info(p.url)
@@ -85,6 +86,9 @@ def test_front_ends_share_the_port_and_the_engine(procs: list[Proc], tiny_checkp
             assert f'flashrec_gc_collections_total{{generation="0",process="frontend-{i}"}}' in m
         assert 'flashrec_gc_collections_total{generation="0"}' in m  # front end 0's
         assert 'flashrec_gc_collections_total{generation="0",process="engine"}' in m
+        # --gc-gen0-threshold, set in every process of the server (each was spawned)
+        for lab in ("", '{process="frontend-1"}', '{process="frontend-2"}', '{process="engine"}'):
+            assert m[f"flashrec_gc_gen0_threshold{lab}"] == 4321, lab
 
     # engine calls work from any front end: 12 flushes land on several of them
     for _ in range(12):
