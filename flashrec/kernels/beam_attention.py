@@ -25,6 +25,8 @@ The reference (``beam_decode_attention_ref``) is the math the torch backend impl
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from flashrec.kernels.backend import next_pow2
@@ -107,13 +109,8 @@ def beam_decode_attention_ref(
     return out
 
 
-_KERNEL = None
-
-
+@functools.cache
 def _kernel():
-    global _KERNEL
-    if _KERNEL is not None:
-        return _KERNEL
     import triton
     import triton.language as tl
 
@@ -273,8 +270,7 @@ def _kernel():
                 o.to(out_ptr.dtype.element_ty),
             )
 
-    _KERNEL = (beam_decode_attention_kernel, beam_decode_merge_kernel)
-    return _KERNEL
+    return (beam_decode_attention_kernel, beam_decode_merge_kernel)
 
 
 def launch_settings(kv_dtype: torch.dtype, q_dtype: torch.dtype, head_dim: int = 128) -> dict:

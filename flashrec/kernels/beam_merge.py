@@ -10,6 +10,7 @@ a prefill kernel that reads only BF16 keys. The ``*_ref`` functions are the same
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -64,13 +65,8 @@ def beam_suffix_merge_ref(q, o_p, lse_p, dk, dv, rows, out_loc, depth, scale):
     return merge_attention_states(o_p.to(q.dtype), lse_p, o_s, lse_s)[0]
 
 
-_MERGE = None
-
-
+@functools.cache
 def _merge_kernel():
-    global _MERGE
-    if _MERGE is not None:
-        return _MERGE
     import triton
     import triton.language as tl
 
@@ -114,8 +110,7 @@ def _merge_kernel():
         tl.store(out_ptr + row * s_or + head[:, None] * s_oh + offs_d[None, :],
                  o.to(out_ptr.dtype.element_ty), mask=hm[:, None])  # fmt: skip
 
-    _MERGE = beam_suffix_merge_kernel
-    return _MERGE
+    return beam_suffix_merge_kernel
 
 
 def beam_suffix_merge_triton(
@@ -160,13 +155,8 @@ def stage_prompt_kv_ref(k_pool, v_pool, slots, n, dtype=torch.bfloat16):
     return k_pool[idx].to(dtype), v_pool[idx].to(dtype)
 
 
-_STAGE = None
-
-
+@functools.cache
 def _stage_kernel():
-    global _STAGE
-    if _STAGE is not None:
-        return _STAGE
     import triton
     import triton.language as tl
 
@@ -197,8 +187,7 @@ def _stage_kernel():
                 v = tl.load(vp_ptr + src, mask=mm, other=0.0)
                 tl.store(ov_ptr + dst, v.to(ov_ptr.dtype.element_ty), mask=mw)
 
-    _STAGE = stage_prompt_kv_kernel
-    return _STAGE
+    return stage_prompt_kv_kernel
 
 
 def stage_prompt_kv_triton(
