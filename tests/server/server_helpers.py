@@ -14,6 +14,7 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -86,9 +87,17 @@ class ServerThread:
     def metrics(self) -> dict[str, float]:
         return parse_metrics(self.get("/metrics").text)
 
-    def abandon(self, bodies: list[dict], settle_s: float, path: str = "/v1/chat/completions"):
-        """POST each body from its own raw socket, wait ``settle_s``, then close every socket
-        without reading: clients that vanish mid-request."""
+    def abandon(
+        self,
+        bodies: list[dict],
+        settle_s: float = 0.0,
+        path: str = "/v1/chat/completions",
+        until: Callable[[], bool] | None = None,
+        timeout: float = 60.0,
+    ) -> None:
+        """POST each body from its own raw socket, wait ``settle_s`` (or, given ``until``, until
+        it holds: a timeout fails), then close every socket without reading: clients that
+        vanish mid-request."""
         port = self.server.port
         socks = []
         try:
@@ -97,9 +106,15 @@ class ServerThread:
                 s.sendall(raw_post(port, path, body))
                 socks.append(s)
             time.sleep(settle_s)
+            if until is not None:
+                wait_for(until, timeout, "the abandoned requests to arrive")
         finally:
             for s in socks:
                 s.close()
+
+    def wait_metric(self, name: str, value: float, timeout: float = 60.0) -> None:
+        """Poll ``/metrics`` until ``name`` reads ``value``; a timeout fails."""
+        wait_for(lambda: self.metrics()[name] == value, timeout, f"{name} == {value}")
 
     def wait_engine_idle(self, timeout: float = 60.0) -> dict[str, float]:
         """Poll ``/metrics`` until nothing runs or waits in the engine; the last sample."""
@@ -111,6 +126,14 @@ class ServerThread:
             time.sleep(0.05)
             m = self.metrics()
         return m
+
+
+def wait_for(cond: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(0.05)
 
 
 def raw_post(port: int, path: str, body: dict) -> bytes:

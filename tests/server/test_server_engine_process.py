@@ -136,14 +136,25 @@ def test_profile_is_taken_in_the_engine_process(proc_srv: ServerThread, profiler
     assert proc_srv.post("/stop_profile").status_code == 400
 
 
-def test_disconnects_free_the_engine_rows(proc_srv: ServerThread) -> None:
-    proc_srv.abandon([_chat(f"gone {i}", n=32) for i in range(40)], settle_s=0.2)
-    m = proc_srv.wait_engine_idle()
-    assert m["flashrec_running_requests"] == 0 and m["flashrec_queue_length"] == 0
-    assert m["flashrec_slots_used"] == 0 and m["flashrec_kv_tokens_used"] == 0
-    assert m["flashrec_http_inflight_requests"] == 0
-    assert proc_srv.loop.in_flight() == 0
-    assert proc_srv.post("/v1/chat/completions", _chat("after")).status_code == 200
+def test_disconnects_free_the_engine_rows(tiny_checkpoint: Path, monkeypatch) -> None:
+    # 500 ms engine steps: none of the 40 can finish (three steps at least) before all of them
+    # are in the engine and their sockets close, so every one is withdrawn mid-flight
+    monkeypatch.setenv("FLASHREC_TEST_STEP_DELAY_MS", "500")
+    bodies = [_chat(f"gone {i}", n=32) for i in range(40)]
+    inflight = "flashrec_http_inflight_requests"
+    with process_server(tiny_checkpoint) as srv:
+        before = srv.metrics()
+        srv.abandon(bodies, until=lambda: srv.metrics()[inflight] == len(bodies))
+        srv.wait_metric(inflight, 0)
+        m = srv.wait_engine_idle()
+        assert m["flashrec_running_requests"] == 0 and m["flashrec_queue_length"] == 0
+        assert m["flashrec_slots_used"] == 0 and m["flashrec_kv_tokens_used"] == 0
+        assert srv.loop.in_flight() == 0
+        key = 'flashrec_requests_total{endpoint="chat",outcome="cancelled"}'
+        assert m[key] - before[key] == len(bodies)
+        steps = m["flashrec_engine_steps_total"] - before["flashrec_engine_steps_total"]
+        assert steps <= 4  # withdrawn after the step they met, not decoded to the end
+        assert srv.post("/v1/chat/completions", _chat("after")).status_code == 200
 
 
 def test_cancel_reaches_the_engine(tiny_checkpoint: Path, monkeypatch) -> None:
