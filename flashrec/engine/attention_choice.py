@@ -77,6 +77,8 @@ def staging_bytes_per_token(mode: str, kv_dtype: torch.dtype, mc: ModelConfig) -
     """Device bytes per KV-pool token of the buffer the FlashInfer decode path keeps beside an
     FP8 pool (its prompt rows staged as bfloat16, K and V, as many rows as the pool), so that
     an auto-sized pool leaves room for it; 0 where no such buffer is made."""
-    if mode != "flashinfer" or kv_dtype == torch.bfloat16:
+    from flashrec.layers.attention_flashinfer import stages_prompt_kv
+
+    if mode != "flashinfer" or not stages_prompt_kv(kv_dtype):
         return 0
-    return 2 * mc.num_key_value_heads * mc.head_dim * 2
+    return 2 * mc.num_key_value_heads * mc.head_dim * torch.bfloat16.itemsize

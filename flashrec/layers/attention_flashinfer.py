@@ -42,6 +42,13 @@ PLAN_RING = 3  # wrappers planned in turn, one per prefill forward (see PlanRing
 PAGED_DECODE_MIN_ROWS = 512
 
 
+def stages_prompt_kv(kv_dtype: torch.dtype) -> bool:
+    """Whether the FlashInfer decode path copies a batch's prompt rows out of the pool as
+    bfloat16 before attending (its prefill kernel reads bf16 K/V; an FP8 pool is not that): the
+    staging buffer an auto-sized pool leaves room for (``attention_choice``)."""
+    return kv_dtype != torch.bfloat16
+
+
 class PlanRing:
     """Prefill wrappers used in turn, one per forward, each reused only after the GPU has run
     past the plan it holds.
@@ -200,7 +207,7 @@ class FlashInferAttention(TritonAttention):
 
         dev = self._workspace.device
         self._paged = flashinfer
-        self.staged = self.kv.dtype != torch.bfloat16
+        self.staged = stages_prompt_kv(self.kv.dtype)
         if self.staged:  # as many rows as the pool (more only where prefixes are shared)
             cap = self.kv.k[0].shape[0]
             self._stage = tuple(
