@@ -5,6 +5,9 @@ can be shown to catch them. Nothing here ships in ``flashrec/``.
 - ``FLASHREC_TEST_STEP_DELAY_MS``: every step an ``EngineLoop`` runs sleeps this long after
   it (a planted slowdown: the A/B gate tests, requests kept in flight for drain and cancel
   tests).
+- ``FLASHREC_TEST_STEP_GATE``: a file path; every step an ``EngineLoop`` runs then waits until
+  that file exists (at most ``GATE_MAX_S``): requests held in flight, on any machine, until
+  the test has done what it must while they are (cancel tests across processes).
 - ``FLASHREC_TEST_PLANT_ID_CACHE``: the historical drift bug, a host cache of prompt slots
   keyed by ``id(state)``: CPython reuses addresses, so a later request may decode against an
   earlier one's prompt slots (harness/determinism must catch and localise it).
@@ -24,9 +27,11 @@ import sys
 import time
 
 STEP_DELAY_ENV = "FLASHREC_TEST_STEP_DELAY_MS"
+STEP_GATE_ENV = "FLASHREC_TEST_STEP_GATE"
+GATE_MAX_S = 120.0  # a test that never opens its gate fails on its own timeouts, not hangs
 ID_CACHE_ENV = "FLASHREC_TEST_PLANT_ID_CACHE"
 SPIN_ENV = "FLASHREC_CALIB_SPIN_US"
-ENVS = (STEP_DELAY_ENV, ID_CACHE_ENV, SPIN_ENV)
+ENVS = (STEP_DELAY_ENV, STEP_GATE_ENV, ID_CACHE_ENV, SPIN_ENV)
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
@@ -72,8 +77,9 @@ def after_import(name: str, hook) -> None:
 
 
 # ---- the plants ----------------------------------------------------------------------------
-def slow_loop_init(init, delay_s: float):
-    """``EngineLoop.__init__`` whose loop's scheduler sleeps ``delay_s`` after every step."""
+def slow_loop_init(init, delay_s: float = 0.0, gate: str = ""):
+    """``EngineLoop.__init__`` whose loop's scheduler sleeps ``delay_s`` after every step, then
+    (given ``gate``, a path) waits until that file exists."""
 
     def __init__(self, *args, **kwargs) -> None:
         init(self, *args, **kwargs)
@@ -82,6 +88,9 @@ def slow_loop_init(init, delay_s: float):
         def slow_step():
             out = step()
             time.sleep(delay_s)
+            deadline = time.monotonic() + GATE_MAX_S
+            while gate and not os.path.exists(gate) and time.monotonic() < deadline:
+                time.sleep(0.01)
             return out
 
         self.scheduler.step = slow_step
@@ -127,13 +136,16 @@ def install_from_env(environ=os.environ) -> list[str]:
     """Install the plants whose variables are set (non-zero); returns their variables."""
     installed = []
     delay_ms = float(environ.get(STEP_DELAY_ENV, "0") or 0)
-    if delay_ms:
+    gate = environ.get(STEP_GATE_ENV, "")
+    if delay_ms or gate:
 
         def patch_loop(mod) -> None:
-            mod.EngineLoop.__init__ = slow_loop_init(mod.EngineLoop.__init__, delay_ms / 1000.0)
+            mod.EngineLoop.__init__ = slow_loop_init(
+                mod.EngineLoop.__init__, delay_ms / 1000.0, gate
+            )
 
         after_import("flashrec.engine.loop", patch_loop)
-        installed.append(STEP_DELAY_ENV)
+        installed += [env for env, on in ((STEP_DELAY_ENV, delay_ms), (STEP_GATE_ENV, gate)) if on]
     if environ.get(ID_CACHE_ENV, "").strip().lower() in ("1", "true", "yes", "on"):
 
         def patch_prefill(mod) -> None:

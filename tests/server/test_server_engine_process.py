@@ -136,16 +136,22 @@ def test_profile_is_taken_in_the_engine_process(proc_srv: ServerThread, profiler
     assert proc_srv.post("/stop_profile").status_code == 400
 
 
-def test_disconnects_free_the_engine_rows(tiny_checkpoint: Path, monkeypatch) -> None:
-    # 500 ms engine steps: none of the 40 can finish (three steps at least) before all of them
-    # are in the engine and their sockets close, so every one is withdrawn mid-flight
-    monkeypatch.setenv("FLASHREC_TEST_STEP_DELAY_MS", "500")
+def test_disconnects_free_the_engine_rows(tiny_checkpoint: Path, tmp_path: Path, monkeypatch):
+    # every engine step waits for the gate file (a test plant the child inherits): the 40 stay
+    # in flight until all of them are in the engine and their sockets close, on any machine
+    gate = tmp_path / "open"
+    monkeypatch.setenv("FLASHREC_TEST_STEP_GATE", str(gate))
     bodies = [_chat(f"gone {i}", n=32) for i in range(40)]
     inflight = "flashrec_http_inflight_requests"
+    gate.touch()  # open while the server starts
     with process_server(tiny_checkpoint) as srv:
         before = srv.metrics()
-        srv.abandon(bodies, until=lambda: srv.metrics()[inflight] == len(bodies))
-        srv.wait_metric(inflight, 0)
+        gate.unlink()
+        try:
+            srv.abandon(bodies, until=lambda: srv.metrics()[inflight] == len(bodies))
+            srv.wait_metric(inflight, 0)  # every handler saw its client go
+        finally:
+            gate.touch()
         m = srv.wait_engine_idle()
         assert m["flashrec_running_requests"] == 0 and m["flashrec_queue_length"] == 0
         assert m["flashrec_slots_used"] == 0 and m["flashrec_kv_tokens_used"] == 0
