@@ -1,5 +1,5 @@
 """``POST /update_catalog``: catalog hot reload over HTTP, in one process and with the engine
-in a process of its own, and the load test: c=16 closed loop with a swap every second,
+in a process of its own, and the load test: c=16 closed loop with a swap every half second,
 every answer's beams valid in the catalog its request started with, no error, no slot leak.
 
 The two catalogs split level 0 (codes < 32 and >= 32): a beam of one is never valid in the
