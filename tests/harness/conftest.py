@@ -31,12 +31,19 @@ def fake_url(marker):
         start_new_session=True,
     )
     url = f"http://127.0.0.1:{port}"
-    for _ in range(100):
-        try:
-            urllib.request.urlopen(url + "/health", timeout=1)
-            break
-        except OSError:
-            time.sleep(0.1)
-    yield url
-    proc.kill()
-    proc.wait()
+    deadline = time.monotonic() + 120  # a loaded machine can take long to start Python
+    try:
+        while True:
+            try:
+                urllib.request.urlopen(url + "/health", timeout=10)
+                break
+            except OSError:
+                if proc.poll() is not None:
+                    pytest.fail(f"the fake server exited with {proc.returncode} before answering")
+                if time.monotonic() > deadline:
+                    pytest.fail("the fake server never answered /health")
+                time.sleep(0.1)
+        yield url
+    finally:
+        proc.kill()
+        proc.wait()

@@ -200,9 +200,10 @@ def test_engine_death_fails_waiting_requests_and_stops_the_server(
 
             t = threading.Thread(target=ask)
             t.start()
-            time.sleep(0.3)  # admitted, stepping slowly
+            srv.wait_metric("flashrec_running_requests", 1)  # admitted, stepping slowly
             os.kill(pid, signal.SIGKILL)
             t.join(timeout=60)
+        assert "r" in got, "the request got no answer"
         assert got["r"].status_code == 500
         assert "engine process exited" in got["r"].text
         srv._thread.join(timeout=60)  # the server stops by itself

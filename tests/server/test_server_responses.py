@@ -333,14 +333,18 @@ def test_check_prompt_names_the_first_bad_token(ids: list[int], bad: int) -> Non
 
 
 class _SlowPromptEngine:
-    """``build_prompt`` that sleeps (releases the GIL, like the Rust tokenizer) and records
-    which builder and thread served it; ``prompt_builder`` hands out numbered copies."""
+    """``build_prompt`` that blocks (releases the GIL, like the Rust tokenizer) and records
+    which builder and thread served it; ``prompt_builder`` hands out numbered copies. The first
+    ``parallel`` builds wait for each other at a barrier: they can only pass if that many run
+    at once (a build that runs alone breaks it after its timeout)."""
 
-    def __init__(self) -> None:
+    def __init__(self, parallel: int) -> None:
         self.copies = 0
         self.active: set[int] = set()
         self.peak = 0
         self.lock = threading.Lock()
+        self.calls = 0
+        self.barrier = threading.Barrier(parallel, timeout=30)
 
     def _run(self, who: int, ids) -> list[int]:
         import time
@@ -349,7 +353,11 @@ class _SlowPromptEngine:
             assert who not in self.active, f"builder {who} used by two threads at once"
             self.active.add(who)
             self.peak = max(self.peak, len(self.active))
-        time.sleep(0.05)
+            self.calls += 1
+            first = self.calls <= self.barrier.parties
+        if first:
+            self.barrier.wait()
+        time.sleep(0.01)
         with self.lock:
             self.active.discard(who)
         return [int(t) for t in ids]
@@ -368,7 +376,7 @@ def test_prompts_build_in_parallel_on_private_builders(workers: int) -> None:
     """``tokenizer_workers`` threads build prompts at once, each borrowing a builder no other
     thread holds (a HF fast tokenizer must not be shared by two threads); the first worker uses
     the engine's own tokenizer, the others and the large-prompt lane a copy each."""
-    eng = _SlowPromptEngine()
+    eng = _SlowPromptEngine(parallel=workers)
     be = Backend(engine=eng, loop=_ThreadLoop(), limits=LIMITS, tokenizer_workers=workers)
 
     async def main() -> list[list[int]]:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -123,14 +122,16 @@ def test_busy_host_note_weighs_rounds_by_their_length():
     assert host.busy_host_note([short, short]) is None  # 0.8 s in all: too coarse to judge
 
 
-# a process that, on "go", burns CPU_S of CPU time (not wall time: the amount holds on a loaded
-# machine), optionally first in a child it waits for, then says "done" and waits to be killed
+# a process that says "ready" once its imports are done; on "go", burns CPU_S of CPU time (not
+# wall time: the amount holds on a loaded machine), optionally first in a child it waits for,
+# then says "done" and waits to be killed
 BURN = """
 import subprocess, sys, time
 def burn(s):
     t = time.process_time()
     while time.process_time() - t < s:
         pass
+print("ready", flush=True)
 sys.stdin.readline()
 if sys.argv[2] == "child":
     subprocess.run([sys.executable, "-c", "import time\\nt=time.process_time()\\n"
@@ -156,7 +157,8 @@ def test_real_proc_counts_the_group_with_reaped_children_and_sees_others():
     server = _burner(0.3, child=True, own_group=True)  # 0.3 s in a reaped child + 0.3 s
     other = _burner(0.4, child=False, own_group=False)  # not the server's group
     try:
-        time.sleep(0.5)  # both started (their imports are not part of the window)
+        for p in (server, other):  # both started (their imports are not part of the window)
+            assert p.stdout.readline().strip() == "ready"
         before = host.sample(server.pid, main=True)
         for p in (server, other):
             p.stdin.write("go\n")

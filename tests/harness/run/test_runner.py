@@ -32,7 +32,7 @@ def test_full_loop_restarts_warmup_trace(tmp_path, marker):
         "--slow-first",
         "3",
         "--slow-first-ms",
-        "600",
+        "1500",
         "--marker",
         marker,
     )
@@ -57,15 +57,16 @@ def test_full_loop_restarts_warmup_trace(tmp_path, marker):
     pids = {cid: c["server"]["info"]["pid"] for cid, c in cells.items()}
     assert pids["fake,beam_width=4,concurrency=1"] == pids["fake,beam_width=4,concurrency=2"]
     assert pids["fake,beam_width=4,concurrency=1"] != pids["fake,beam_width=8,concurrency=1"]
-    # warm-up excluded: the first 3 requests of each server are 600 ms slower
+    # warm-up excluded: the first 3 requests of each server are 1.5 s slower (a measured one
+    # that took 1 s would be one of them: far above any stall of a loaded machine's fake)
     rows = records(out)
     warm = [r for r in rows if r["phase"] == "warmup" and r["cell"].endswith("concurrency=1")]
-    assert warm and all(float(r["latency_s"]) > 0.55 for r in warm)
+    assert warm and all(float(r["latency_s"]) > 1.45 for r in warm)
     measured = [float(r["latency_s"]) for r in rows if r["phase"] == "measure"]
-    assert len(measured) == 4 * 3 * 10 and max(measured) < 0.45
+    assert len(measured) == 4 * 3 * 10 and max(measured) < 1.0
     for c in cells.values():
         assert c["rounds"] == 3 and len(c["metrics"]["qps"]["values"]) == 3
-        assert c["metrics"]["latency_p99_ms"]["median"] < 450
+        assert c["metrics"]["latency_p99_ms"]["median"] < 1000
         assert c["warmup"]["requests"] == 3 and c["warmup"]["failed"] == 0
     # the traced round: waited for the slowly written file; its requests never counted
     first = cells["fake,beam_width=4,concurrency=1"]

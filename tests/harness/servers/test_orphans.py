@@ -19,7 +19,9 @@ from bench_helpers import REPO, write_matrix
 from harness.servers.launch import free_port
 
 MARKER_ENV = "FLASHREC_ORPHAN_TEST"
-GONE_WITHIN_S = 5.0
+# what the tests prove is that nothing is left, not how fast: the slowest fallbacks (the
+# server exits 3 s after its parent, its engine process 2 s after it) plus a loaded machine
+GONE_WITHIN_S = 30.0
 
 
 def processes_with_env(marker: str) -> list[int]:
@@ -72,8 +74,13 @@ def test_kill_9_of_the_harness_mid_cell_leaves_no_flashrec_process(
             "args": {"engine_process": engine_process, "warmup": False},
         },
         "model": {"path": str(tiny_model)},
-        "workload": {"kind": "synthetic", "requests": 2000, "warmup_requests": 2,
-                     "median_tokens": 64, "seed": 0},  # fmt: skip
+        "workload": {
+            "kind": "synthetic",
+            "requests": 2000,
+            "warmup_requests": 2,
+            "median_tokens": 64,
+            "seed": 0,
+        },  # fmt: skip
         "axes": {"beam_width": [4]},
         "load": {"rounds": 1, "concurrency": 2, "max_tokens": 4, "request_timeout_s": 60},
     }
