@@ -54,6 +54,13 @@ ENV_VARS = {
         "仅测试用，flashrec 本身不读取：`tests/plants` 在 PYTHONPATH 上时（测试、"
         "scripts/gate_calibration.py），引擎循环每个 step 后休眠该毫秒数（性能门禁测试的人为减速）",
     ),
+    "FLASHREC_TEST_STEP_GATE": (
+        "TEST ONLY, not read by flashrec: where `tests/plants` is on PYTHONPATH, a file path; "
+        "every step of the engine loop then waits until that file exists (requests held in "
+        "flight on any machine, for the cancel and drain tests)",
+        "仅测试用，flashrec 本身不读取：`tests/plants` 在 PYTHONPATH 上时为一个文件路径；引擎循环"
+        "每个 step 后等待该文件出现（在任何机器上让请求保持在途，供取消与排空测试使用）",
+    ),
     "FLASHREC_TEST_PLANT_ID_CACHE": (
         "TEST ONLY, not read by flashrec: where `tests/plants` is on PYTHONPATH, plant a host "
         "cache of prompt slots keyed by id(state) (the historical nondeterminism) for the "
