@@ -322,7 +322,22 @@ def _verdict(
     if unjudged:  # a named metric judged in no pair of a cell would pass on nothing
         reason = f"--metrics with no paired rounds: {'; '.join(unjudged)}"
         return _finish(out, comparison, "error", reason, EXIT_USAGE)
-    regression_gates = [g for g in spec.gates if g.max_regression_pct is not None]
+    # a gate whose selected cells ran but measured nothing to check would pass on nothing
+    unmeasured = [
+        f"{r['name']}: {r.get('reason')}"
+        for r in gates["results"]
+        if r["status"] == "no_data" and r.get("missing")
+    ]
+    if unmeasured:
+        reason = f"gates with nothing to check: {'; '.join(unmeasured)}"
+        return _finish(out, comparison, "error", reason, EXIT_CELLS)
+    # regression gates that judged some cell; with none (e.g. --only left them no cell), any
+    # regression of the comparison fails, as with no regression gate at all
+    regression_gates = [
+        g
+        for g, r in zip(spec.gates, gates["results"])
+        if g.max_regression_pct is not None and r.get("checks")
+    ]
     named_regressed = [r for r in comparison["regressions"] if r["metric"] in named]
     bad = (
         gates["status"] == "fail"

@@ -206,6 +206,9 @@ def fill_record(
         record.status, record.error = "error", f"{type(exc).__name__}: {exc}"[:300]
         return record
     check = checker.check(texts)
+    if not check.beams:  # an answer without a beam recommends nothing: never a success
+        record.status, record.error = "error", "a 200 answer with no beams"
+        return record
     record.beams, record.invalid, record.duplicates = check.beams, check.invalid, check.duplicates
     record.top1 = check.top1
     record.prompt_tokens = usage["prompt_tokens"]

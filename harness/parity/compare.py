@@ -3,6 +3,7 @@ aggregation, pass/fail evaluation and the per-prompt diff table. No network, no 
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -103,7 +104,10 @@ def compare_beams(ref: list[Beam], cand: list[Beam]) -> dict[str, Any]:
         "overlap": len(shared) / max(len(rk), len(ck)) if (rk or ck) else 1.0,
         "shared": len(shared),
         "spearman": spearman(rk, ck),
-        "max_score_diff": max(diffs) if diffs else None,
+        # NaN where any shared score is not finite (max() would keep or drop it by order)
+        "max_score_diff": (
+            None if not diffs else max(diffs) if all(map(math.isfinite, diffs)) else math.nan
+        ),
     }
 
 
@@ -151,8 +155,22 @@ def summarise(cases: list[Case]) -> dict[str, Any]:
 
 
 def evaluate(cases: list[Case], th: Thresholds) -> list[str]:
-    """Failure messages (empty = pass)."""
+    """Failure messages (empty = pass). Nothing compared is a failure, never a pass: no case,
+    a case with no beam on a side, a score that is not a finite number."""
+    if not cases:
+        return ["no case was compared (no prompt or no beam width ran)"]
     out = [f"{case_label(c)}: {c.error}" for c in cases if c.error]
+    for c in cases:
+        if c.error:
+            continue
+        m = c.metrics
+        if not m["ref_beams"] or not m["cand_beams"]:
+            out.append(
+                f"{case_label(c)}: no beams to compare ({m['ref_beams']} reference, "
+                f"{m['cand_beams']} candidate)"
+            )
+        elif m["max_score_diff"] is not None and not math.isfinite(m["max_score_diff"]):
+            out.append(f"{case_label(c)}: a beam score is not a finite number")
     s = summarise(cases)
     if th.exact:
         out += [
@@ -231,7 +249,7 @@ def parity_result(
         c
         for c in cases
         if not c.error
-        and (not c.metrics["exact"] or (c.metrics["max_score_diff"] or 0) > th.max_score_diff)
+        and (not c.metrics["exact"] or not (c.metrics["max_score_diff"] or 0) <= th.max_score_diff)
     ]
     by_protocol = {p: summarise([c for c in cases if c.protocol == p]) for p in protocols}
     return {

@@ -79,6 +79,26 @@ def test_thresholds_and_evaluation():
     assert len(res["diff_tables"]) == 1 and "~" in res["diff_tables"][0]
 
 
+def test_nothing_compared_never_passes():
+    """No case, a case with no beam on a side, or a NaN score (JSON ``NaN`` parses) fails,
+    at any precision: a comparison of nothing is not parity."""
+    for precision in ("float32", "bfloat16"):
+        th = thresholds_for(precision)
+        assert evaluate([], th) == ["no case was compared (no prompt or no beam width ran)"]
+        res = parity_result([], th, precision, ["chat"])
+        assert res["status"] == "fail" and not res["passed"]
+        empty = Case("chat", 0, 4, compare_beams([], []), [], [])
+        assert any("no beams to compare (0 reference, 0 candidate)" in f
+                   for f in evaluate([empty], th))  # fmt: skip
+        half = Case("chat", 1, 4, compare_beams(REF, []), REF, [])
+        assert any("no beams" in f for f in evaluate([half], th))
+        nan = [Beam(REF[0].key, float("nan")), *REF[1:]]
+        bad = Case("chat", 2, 4, compare_beams(REF, nan), REF, nan)
+        fails = evaluate([bad], th)
+        assert any("not a finite number" in f for f in fails), fails
+        assert parity_result([bad], th, precision, ["chat"])["diff_tables"]
+
+
 def test_diff_table_marks_differences():
     cand = beams(([1, 2], -1.0), ([2, 2], -1.9), ([1, 3], -1.95))
     case = Case("chat", 3, 4, compare_beams(REF, cand), REF, cand)

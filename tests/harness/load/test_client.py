@@ -218,3 +218,34 @@ def test_burst_load_sends_each_burst_after_the_previous_one_is_answered(fake_url
     assert abs(m["burst_ms_mean"] - sum(spans) / 2) < 1e-9  # the partial last burst is left out
     assert abs(m["burst_ms_max"] - max(spans)) < 1e-9
     assert "burst_ms_mean" not in round_metrics(recs)  # other load modes: no burst metrics
+
+
+def test_an_answer_without_beams_is_an_error_not_a_success():
+    """A 200 answer that lists no beam (OpenAI ``choices: []``, SGLang ``beam_results: []``)
+    recommends nothing: the record is an error (counted by error_rate), never a request that
+    passed the validity and error gates with nothing checked."""
+    import json
+
+    from harness.load.client import fill_record
+
+    sid = "<|sid_begin|><s_a_1><s_b_2><s_c_3><|sid_end|>"
+    usage = {"prompt_tokens": 9, "completion_tokens": 5}
+    bodies = {
+        "chat": (
+            {"choices": [], "usage": usage},
+            {"choices": [{"index": 0, "message": {"role": "assistant", "content": sid}}],
+             "usage": usage},
+        ),
+        "generate": (
+            {"text": "", "meta_info": {"prompt_tokens": 9, "beam_results": []}},
+            {"text": sid, "meta_info": {"prompt_tokens": 9, "beam_results": [{"text": sid}]}},
+        ),
+    }  # fmt: skip
+    req = Request(Prompt(0, MESSAGES), n=1, max_tokens=4, temperature=0.0)
+    for protocol, (empty, one_beam) in bodies.items():
+        rec = fill_record(Record("c", 0, "measure", 0, 0, 0.0), req, json.dumps(empty).encode(),
+                          protocol, SidChecker(3), [1])  # fmt: skip
+        assert rec.status == "error" and "no beams" in rec.error and not rec.ok, protocol
+        rec = fill_record(Record("c", 0, "measure", 0, 0, 0.0), req, json.dumps(one_beam).encode(),
+                          protocol, SidChecker(3), [1])  # fmt: skip
+        assert rec.ok and rec.beams == 1 and rec.invalid == 0, (protocol, rec)
