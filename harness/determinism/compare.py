@@ -55,7 +55,7 @@ def parse_answer(protocol: str, data: Any) -> Answer:
             )
             for c in data["choices"]
         ]
-        return Answer(str(data.get("id", "")), beams)
+        return _checked(str(data.get("id", "")), beams)
     if isinstance(data, list):
         data = data[0]
     meta = data["meta_info"]
@@ -66,7 +66,17 @@ def parse_answer(protocol: str, data: Any) -> Answer:
         )
         for b in meta["beam_results"]
     ]
-    return Answer(str(meta.get("id", "")), beams)
+    return _checked(str(meta.get("id", "")), beams)
+
+
+def _checked(rid: str, beams: list) -> Answer:
+    """An answer with nothing to compare (no beam, a beam without token ids) is an error of
+    its request: two such answers would otherwise compare equal."""
+    if not beams:
+        return Answer(rid, beams, "an answer with no beams")
+    if any(not ids for ids, _ in beams):
+        return Answer(rid, beams, "a beam without token ids")
+    return Answer(rid, beams)
 
 
 # --------------------------------------------------------------------------- comparison

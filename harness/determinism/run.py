@@ -135,6 +135,8 @@ def run_determinism(
     """
     if processes < 2:
         raise ValueError("--processes must be >= 2 (3 or more recommended)")
+    if requests < 1 or not ns:  # no request compares nothing: never a pass
+        raise ValueError("the determinism run needs --requests >= 1 and at least one n")
     if strict_concurrent and mode != "both":
         raise ValueError("--strict-concurrent compares concurrent with sequential: use --mode both")
     modes = ["sequential", "concurrent"] if mode == "both" else [mode]

@@ -76,6 +76,26 @@ def test_parse_answer_keeps_every_score():
     assert parse_answer("chat", chat).beams == parse_answer("generate", gen).beams
     assert parse_answer("generate", old).beams == parse_answer("generate", gen).beams
     assert parse_answer("chat", chat).rid == "c1" and parse_answer("generate", [gen]).rid == "g1"
+    assert not parse_answer("chat", chat).error
+
+
+def test_answers_with_nothing_to_compare_are_errors_not_identical():
+    """Two empty answers, or beams without token ids, would compare bit for bit equal: each
+    is an error of its request instead (counted as errors, never as agreement)."""
+    empty_chat = parse_answer("chat", {"id": "c", "choices": []})
+    empty_gen = parse_answer("generate", {"meta_info": {"id": "g", "beam_results": []}})
+    no_ids = parse_answer("chat", {"choices": [{"sglext": {"sequence_score": -0.5}}]})
+    for a, why in ((empty_chat, "no beams"), (empty_gen, "no beams"), (no_ids, "token ids")):
+        assert why in a.error
+        assert not identical(a, a)
+
+
+def test_a_run_of_no_request_is_refused(tmp_path):
+    from harness.determinism.run import run_determinism
+
+    for kw in ({"requests": 0}, {"ns": ()}):
+        with pytest.raises(ValueError, match="--requests >= 1"):
+            run_determinism("/no/model", out_dir=tmp_path, **kw)
 
 
 LOG = """\

@@ -348,7 +348,10 @@ def test_gate_judges_named_metrics(tmp_path, monkeypatch, marker):
     _write_server(repo, 4.0, extra=("--tokenize-ms", "3.0"))  # the candidate's phase, 3x
     code, res = _gate(repo, monkeypatch, "--baseline-ref", "HEAD", "--metrics", tok)
     assert code == 1 and res["gate"]["status"] == "fail", res["gate"]
-    assert {(r["metric"], r["verdict"]) for r in res["regressions"]} == {(tok, "regressed")}
+    # the named phase regressed (latency or QPS may also read as moved on a loaded machine:
+    # four pairs of a fake; the claim here is the phase's verdict, which fails the gate)
+    assert (tok, "regressed") in {(r["metric"], r["verdict"]) for r in res["regressions"]}
+    assert res["cells"][0]["metrics"][tok]["verdict"] == "regressed"
     code, res = _gate(repo, monkeypatch, "--baseline-ref", "HEAD")  # not named: not judged
     assert code == 0 and tok not in res["cells"][0]["metrics"]
     code, res = _gate(
