@@ -88,10 +88,12 @@ def check_references(spec: MatrixSpec, cells: list) -> list[tuple[tuple, str]]:
     """What the matrix's gates and targets name that it does not have, as (field path,
     message): a metric that is no metric, a ``cells`` filter that selects no cell of the
     expanded ``cells``, a ``path`` whose first part is no section of a report (or of a cell,
-    with ``cells``), a stage the matrix does not run, a ``trace.`` path on untraced cells, or
+    with ``cells``), a stage the matrix does not run, a ``trace.`` / ``mfu.`` / ``quality.``
+    path on cells that cannot have that section (untraced, no MFU, not evaluated), or
     a ``trace.cells`` / ``quality.cells`` filter that selects no cell. Empty when every
     reference can match. What only a run can tell (a path's deeper parts)
     fails the gate then (:func:`evaluate_gates`)."""
+    from harness.quality.stage import applies
     from harness.report.build import CELL_FIELDS, REPORT_SECTIONS
 
     ks = list(spec.quality.ks)
@@ -130,6 +132,15 @@ def check_references(spec: MatrixSpec, cells: list) -> list[tuple[tuple, str]]:
             add(key, f"path {path}: this matrix runs no {head} stage")
         elif in_cells and head == "trace" and chosen and not any(c.traced for c in chosen):
             add(key, f"path {path}: none of its cells is traced (trace.cells)")
+        elif in_cells and head == "mfu" and spec.mfu is None:
+            add(key, f"path {path}: this matrix computes no MFU (no mfu: section)")
+        elif (
+            in_cells
+            and head == "quality"
+            and chosen
+            and not any(applies(spec.quality, c) for c in chosen)
+        ):
+            add(key, f"path {path}: none of its cells is evaluated (quality: section / cells)")
     # the sections' own cell filters: one that selects nothing would silently trace or
     # evaluate nothing
     if isinstance(spec.trace.cells, list):
