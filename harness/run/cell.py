@@ -209,6 +209,7 @@ async def _traced_round(ctx, cell, target, reqs, prime, res: CellResult) -> None
     trace: dict[str, Any] = {"dir": str(out_dir), "num_steps": spec.num_steps}
     res.trace = trace
     window = TraceWindow(start=now())
+    asked = time.time()  # files older than this are an earlier run's (same folder on --resume)
     prefix = trace_prefix(cell.id)
     ok, detail = await start_profile(
         ctx.session, ctx.server.base_url, out_dir, spec.num_steps, prefix, spec.profile_args
@@ -226,7 +227,7 @@ async def _traced_round(ctx, cell, target, reqs, prime, res: CellResult) -> None
         if ctx.server.exit_code() is None:
             stop_ok, stop_detail = await stop_profile(ctx.session, ctx.server.base_url)
             _phase(ctx, "waiting for trace files")
-            wait = await wait_until_stable(out_dir, spec.settle_s, spec.timeout_s)
+            wait = await wait_until_stable(out_dir, spec.settle_s, spec.timeout_s, since=asked)
             trace.update(
                 status=wait.status,
                 waited_s=round(wait.waited_s, 2),

@@ -78,6 +78,22 @@ class TraceWait:
     waited_s: float = 0.0
 
 
+MTIME_SLACK_S = 1.0  # file times come from the kernel's coarse clock, a tick behind time.time()
+
+
+def _written_since(files: list[Path], since: float | None) -> list[Path]:
+    if since is None:
+        return files
+    out = []
+    for p in files:
+        try:
+            if p.stat().st_mtime >= since - MTIME_SLACK_S:
+                out.append(p)
+        except FileNotFoundError:
+            continue
+    return out
+
+
 def _info(files: list[Path]) -> list[dict]:
     out = []
     for p in files:
@@ -105,9 +121,12 @@ async def wait_until_stable(
     timeout_s: float,
     poll_s: float = 0.2,
     min_files: int = 1,
+    since: float | None = None,
 ) -> TraceWait:
     """Wait until ``directory`` holds >= ``min_files`` complete trace files, no file is being
     written aside (hidden / ``.partial`` / ``.tmp``) and nothing changed for ``settle_s``.
+    ``since`` (``time.time()`` when the profile was asked for): only files written from then
+    count, so an earlier run's traces in the same folder never stand in for this one's.
 
     Status ``missing`` when no trace appeared, ``timeout`` when they never settled.
     """
@@ -116,8 +135,9 @@ async def wait_until_stable(
     stable_since = start
     checked: tuple | None = None
     while True:
-        everything = all_files(directory)
-        files = [p for p in everything if p in set(trace_files(directory))]
+        everything = _written_since(all_files(directory), since)
+        finished = set(trace_files(directory))
+        files = [p for p in everything if p in finished]
         sig = _signature(everything)
         busy = any(_in_progress(p) for p in everything)
         t = time.monotonic()
@@ -127,7 +147,7 @@ async def wait_until_stable(
             if checked != sig:
                 done = await asyncio.to_thread(_all_complete, files)
                 checked = sig if done else None
-            if checked == sig and _signature(all_files(directory)) == sig:
+            if checked == sig and _signature(_written_since(all_files(directory), since)) == sig:
                 return TraceWait("complete", _info(files), t - start)
         if t - start > timeout_s:
             return TraceWait("timeout" if files or busy else "missing", _info(files), t - start)

@@ -94,6 +94,34 @@ def test_timeout_and_missing(tmp_path):
     assert res.status == "missing"
 
 
+def test_an_earlier_runs_traces_never_stand_in_for_this_ones(tmp_path):
+    """A folder that already holds a complete trace from an earlier run (a rerun into the
+    same --out, --resume): with ``since``, that file does not count; the wait ends on the
+    new file, or reports ``missing`` when none comes."""
+    import os
+
+    old = tmp_path / "earlier.trace.json.gz"
+    old.write_bytes(payload())
+    past = time.time() - 600
+    os.utime(old, (past, past))
+    asked = time.time()
+    res = asyncio.run(
+        wait_until_stable(tmp_path, settle_s=0.1, timeout_s=0.5, poll_s=0.05, since=asked)
+    )
+    assert res.status == "missing" and res.files == []
+    w = SlowWriter(tmp_path / "now.trace.json.gz", payload(), 0.5)
+    res = asyncio.run(
+        wait_until_stable(tmp_path, settle_s=0.2, timeout_s=20, poll_s=0.05, since=asked)
+    )
+    w.join()
+    assert res.status == "complete" and [Path(f["path"]).name for f in res.files] == [
+        "now.trace.json.gz"
+    ]
+    # without ``since`` (callers that own a fresh folder) every file counts, as before
+    res = asyncio.run(wait_until_stable(tmp_path, settle_s=0.1, timeout_s=20, poll_s=0.05))
+    assert len(res.files) == 2
+
+
 def test_trace_prefix_is_accepted_by_flashrec_for_long_cell_ids(tmp_path: Path) -> None:
     """The H200 matrix's cell ids run to 74 characters; FlashRec takes prefixes of at most 64.
     Every prefix the harness sends must pass FlashRec's own validation, and two long ids that
