@@ -240,6 +240,9 @@ def compare_main(argv: list[str]) -> int:
     )
     if args.require_comparable and comparison["comparability"]:
         return EXIT_USAGE
+    if comparison["verdict"] == "no_data":  # two runs with no cell in common compared nothing
+        print("compare: no cell of both runs was compared (failed or missing)", file=sys.stderr)
+        return EXIT_CELLS
     if comparison["gates"]["status"] == "fail":
         return EXIT_GATE
     if args.fail_on_regression and comparison["regressions"]:

@@ -104,7 +104,13 @@ def compare_cell_metrics(
     and ``also`` besides. Returns the compared cell (shared by the two-report comparison here
     and the paired A/B comparison of ``harness.ab.paired``; :func:`correct_verdicts` lists
     the regressions)."""
-    names = metrics or [m for m in n.get("metrics", {}) if direction(m) != 0]
+    # both sides' metrics: one the new run lost (a failed quality eval) is shown as n/a and
+    # leaves its gates nothing to check, never silently dropped
+    sides = [
+        *n.get("metrics", {}),
+        *(m for m in b.get("metrics", {}) if m not in n.get("metrics", {})),
+    ]
+    names = metrics or [m for m in sides if direction(m) != 0]
     names = [*names, *(m for m in also if m not in names)]
     res = {m: r for m in names if (r := compare_one(m)) is not None}
     return {
@@ -150,13 +156,16 @@ def correct_verdicts(comparison: dict, correction: str = "holm") -> dict:
 
 def tally(comparison: dict) -> dict:
     """Fill in a comparison's ``regressions``, ``improvements``, ``inconclusive`` and overall
-    ``verdict`` (regressed, else inconclusive, else ok) from its metrics' verdicts."""
+    ``verdict`` (regressed, else inconclusive, else ok; ``no_data`` when no cell of both
+    runs was compared) from its metrics' verdicts."""
     lists: dict[str, list] = {"regressed": [], "improved": [], "inconclusive": []}
     for cell in comparison["cells"]:
         for m, r in cell.get("metrics", {}).items():
             if r["verdict"] in lists:
                 lists[r["verdict"]].append({"cell": cell["id"], "metric": m, **r})
     verdict = "regressed" if lists["regressed"] else "ok"
+    if not any(c.get("status") == "compared" for c in comparison["cells"]):
+        verdict = "no_data"  # no cell of both runs was compared: nothing to call ok
     if verdict == "ok" and lists["inconclusive"]:
         verdict = "inconclusive"
     comparison.update(
@@ -352,9 +361,18 @@ def compare_reports(
             continue
 
         def one(m: str, b=b, n=n) -> dict | None:
-            if m in b.get("metrics", {}) and m in n.get("metrics", {}):
-                return compare_metric(m, b["metrics"][m], n["metrics"][m], alpha, test)
-            return None
+            bm, nm = b.get("metrics", {}).get(m), n.get("metrics", {}).get(m)
+            if bm is not None and nm is not None:
+                return compare_metric(m, bm, nm, alpha, test)
+            if bm is None and nm is None:
+                return None
+            side = "new" if nm is None else "base"
+            return {
+                "base": None,
+                "new": None,
+                "verdict": "n/a",
+                "reason": f"missing in the {side} run",
+            }
 
         compared = compare_cell_metrics(b, n, metrics, one)
         busy = busy_sides(b, n)

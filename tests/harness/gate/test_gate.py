@@ -72,6 +72,34 @@ def test_compare_verdict_details():
     assert compare_reports(base, other)["cells"][0]["base_id"] == "e,concurrency=1"
 
 
+def test_compare_of_nothing_is_no_data_and_a_lost_metric_is_shown(tmp_path):
+    """Two runs with no cell compared (the new one failed, or the cells do not match) give
+    verdict no_data and exit 3, never ok; a metric the new run lost (its quality eval failed)
+    is n/a 'missing in the new run' and leaves a gate on it nothing to check."""
+    base = report([100, 101, 99, 100, 100], [10, 10.1, 9.9, 10, 10])
+    failed = json.loads(json.dumps(base))
+    failed["cells"][0].update(status="failed", metrics={})
+    other = report([100.0] * 5, [10.0] * 5, cell="e,concurrency=9")
+    other["cells"][0]["params"]["concurrency"] = 9
+    for new in (failed, other):
+        assert compare_reports(base, new)["verdict"] == "no_data"
+    for name, rep in (("base", base), ("new", failed)):  # no matrix: no gates to validate
+        (tmp_path / f"{name}.json").write_text(
+            json.dumps({k: v for k, v in rep.items() if k != "matrix"})
+        )
+    out = tmp_path / "cmp"
+    code = run_cli("compare", str(tmp_path / "base.json"), str(tmp_path / "new.json"),
+                   "--out", str(out))  # fmt: skip
+    assert code == 3
+    lost = json.loads(json.dumps(base))
+    base["cells"][0]["metrics"]["hit@1"] = summarize([0.5, 0.5, 0.5])
+    res = compare_reports(base, lost)
+    hit = res["cells"][0]["metrics"]["hit@1"]
+    assert hit["verdict"] == "n/a" and hit["reason"] == "missing in the new run"
+    gate = GateSpec(name="hit", metric="hit@1", max_regression_pct=1)
+    assert evaluate_gates([gate], lost, res)["status"] == "no_data"
+
+
 def test_compare_lists_what_makes_two_runs_incomparable():
     base = report([100, 101, 99, 100, 100], [10, 10.1, 9.9, 10, 10])
     new = report([100, 101, 99, 100, 100], [10, 10.1, 9.9, 10, 10])
