@@ -246,7 +246,9 @@ def test_pin_server_pins_every_thread(tmp_path, marker):
 # --------------------------------------------------------------------------- whole gate runs
 
 
-def _matrix(tmp_path: Path, repo: Path, marker: str, pairs: int = 8) -> Path:
+def _matrix(
+    tmp_path: Path, repo: Path, marker: str, pairs: int = 8, gates: tuple[dict, ...] = ()
+) -> Path:
     m = {
         "name": "abtest",
         "engine": {
@@ -262,6 +264,7 @@ def _matrix(tmp_path: Path, repo: Path, marker: str, pairs: int = 8) -> Path:
         "gates": [
             {"metric": "error_rate", "op": "==", "value": 0},
             {"metric": "latency_p50_ms", "max_regression_pct": 10},
+            *gates,
         ],
     }
     return write_matrix(repo, m, "gate.yaml")
@@ -274,8 +277,10 @@ def _gate(repo: Path, monkeypatch, *argv: str) -> tuple[int, dict]:
     return code, json.loads((out / "compare.json").read_text())
 
 
-def _commit_matrix(repo: Path, tmp_path: Path, marker: str, pairs: int = 8) -> None:
-    _matrix(tmp_path, repo, marker, pairs)
+def _commit_matrix(
+    repo: Path, tmp_path: Path, marker: str, pairs: int = 8, gates: tuple[dict, ...] = ()
+) -> None:
+    _matrix(tmp_path, repo, marker, pairs, gates)
     _git(repo, "add", "gate.yaml")
     _git(repo, "commit", "-q", "-m", "matrix")
 
@@ -359,6 +364,19 @@ def test_gate_judges_named_metrics(tmp_path, monkeypatch, marker):
     )
     assert code == 2 and res["gate"]["status"] == "error"
     assert "no paired rounds" in res["gate"]["reason"]
+    assert not processes_with(marker)
+
+
+def test_a_gate_left_nothing_to_check_is_an_error(tmp_path, monkeypatch, marker):
+    """A regression gate on a metric the servers never report (this fake sends no ipc phase)
+    has nothing to check in any cell: the A/B is an error (exit 3), not a pass on the
+    other gates."""
+    repo = _repo(tmp_path)
+    gate = {"name": "ipc", "metric": "server_ipc_ms_mean", "max_regression_pct": 10}
+    _commit_matrix(repo, tmp_path, marker, pairs=3, gates=(gate,))
+    code, res = _gate(repo, monkeypatch, "--baseline-ref", "HEAD")
+    assert code == 3 and res["gate"]["status"] == "error", res["gate"]
+    assert "gates with nothing to check: ipc" in res["gate"]["reason"]
     assert not processes_with(marker)
 
 
