@@ -217,6 +217,7 @@ async def _traced_round(ctx, cell, target, reqs, prime, res: CellResult) -> None
     if not ok:
         window.close()
         trace.update(status="start_failed", detail=detail)
+        res.notes.append(f"trace not started: {detail}")
         return
     if spec.requests:
         reqs = (reqs * (spec.requests // len(reqs) + 1))[: spec.requests]
@@ -234,6 +235,11 @@ async def _traced_round(ctx, cell, target, reqs, prime, res: CellResult) -> None
                 stop="ok" if stop_ok else stop_detail,
             )
             trace["files"] = [summarize_trace(f["path"]) for f in wait.files]
+            if wait.status != "complete":  # said where the cell is read, not only in its trace
+                res.notes.append(
+                    f"trace {wait.status}: no complete trace file in {out_dir} after "
+                    f"{wait.waited_s:.0f} s (trace.timeout_s)"
+                )
         window.close()
         trace["window"] = [window.start, window.end]
     excluded = 0

@@ -375,3 +375,23 @@ def test_each_cell_records_its_server_start_time(tmp_path, marker):
     assert run_cli(str(write_matrix(tmp_path, m)), "--out", str(out)) == 0
     starts = [c["server"]["startup_s"] for c in load(out)["cells"]]
     assert len(starts) == 2 and all(1.5 <= s < 20 for s in starts), starts
+
+
+def test_a_trace_that_never_completes_is_said_in_the_cell(tmp_path, marker):
+    """A traced round whose file is still being written at trace.timeout_s: the cell keeps its
+    measured rounds (the trace is an extra), and its notes say the trace timed out, where the
+    report shows the cell, not only in the trace entry."""
+    engine = fake_engine("--slow-trace", "--trace-write-s", "30", "--marker", marker)
+    m = base_matrix(
+        engine,
+        axes={"beam_width": [4], "concurrency": [1]},
+        load={"rounds": 1, "beam_width": 4, "request_timeout_s": 10},
+        trace={"cells": "first", "num_steps": 3, "settle_s": 0.2, "timeout_s": 1.5},
+    )
+    out = tmp_path / "out"
+    assert run_cli(str(write_matrix(tmp_path, m)), "--out", str(out)) == 0
+    (cell,) = load(out)["cells"]
+    assert cell["status"] == "ok" and cell["trace"]["status"] == "timeout", cell["trace"]
+    assert any(n.startswith("trace timeout: no complete trace file") for n in cell["notes"])
+    assert "trace timeout" in (out / "REPORT.md").read_text()
+    assert not processes_with(marker)
