@@ -19,6 +19,7 @@ from harness.parity.compare import (
     precision_args,
     summarise,
     thresholds_for,
+    unusable,
 )
 
 KINDS = ("flashrec", "reference")
@@ -198,13 +199,15 @@ def candidate_result(cand: Candidate, cases: list[Case], ns: list[int]) -> dict[
                  if s["cases"] and s["cases"] == s["errors"]]  # fmt: skip
     th = cand.thresholds or thresholds_for(cand.precision)
     failures += [f"{case_label(c)}: {c.error}" for c in cases if c.error]
-    notes = evaluate([c for c in cases if not c.error], th)
+    answered = [c for c in cases if not c.error]
+    broken = unusable(answered)  # nothing to compare: fails ungated candidates too
+    failures += broken
+    notes = [m for m in evaluate(answered, th) if m not in broken] if answered else []
     failures += notes if cand.gate else []
     bad = [
         c
-        for c in cases
-        if not c.error
-        and (not c.metrics["exact"] or (c.metrics["max_score_diff"] or 0) > th.max_score_diff)
+        for c in answered
+        if not c.metrics["exact"] or not (c.metrics["max_score_diff"] or 0) <= th.max_score_diff
     ]
     return {
         "name": cand.name,

@@ -154,15 +154,11 @@ def summarise(cases: list[Case]) -> dict[str, Any]:
     }
 
 
-def evaluate(cases: list[Case], th: Thresholds) -> list[str]:
-    """Failure messages (empty = pass). Nothing compared is a failure, never a pass: no case,
-    a case with no beam on a side, a score that is not a finite number."""
-    if not cases:
-        return ["no case was compared (no prompt or no beam width ran)"]
-    out = [f"{case_label(c)}: {c.error}" for c in cases if c.error]
+def unusable(cases: list[Case]) -> list[str]:
+    """Answered cases that compare nothing: no beam on a side, or a score that is not a
+    finite number (JSON ``NaN`` parses). A failure at any precision, gated or not."""
+    out = []
     for c in cases:
-        if c.error:
-            continue
         m = c.metrics
         if not m["ref_beams"] or not m["cand_beams"]:
             out.append(
@@ -171,6 +167,16 @@ def evaluate(cases: list[Case], th: Thresholds) -> list[str]:
             )
         elif m["max_score_diff"] is not None and not math.isfinite(m["max_score_diff"]):
             out.append(f"{case_label(c)}: a beam score is not a finite number")
+    return out
+
+
+def evaluate(cases: list[Case], th: Thresholds) -> list[str]:
+    """Failure messages (empty = pass). Nothing compared is a failure, never a pass: no case,
+    a case with no beam on a side, a score that is not a finite number."""
+    if not cases:
+        return ["no case was compared (no prompt or no beam width ran)"]
+    out = [f"{case_label(c)}: {c.error}" for c in cases if c.error]
+    out += unusable([c for c in cases if not c.error])
     s = summarise(cases)
     if th.exact:
         out += [

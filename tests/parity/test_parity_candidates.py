@@ -160,6 +160,13 @@ def test_a_candidate_with_nothing_compared_fails_and_so_does_its_rule():
     errs = [Case("chat", 0, n, error="HTTP 500") for n in plan.ns]
     hf = candidate_result(plan.candidates[2], errs, plan.ns)
     assert not hf["passed"] and "n=4: every case failed" in hf["failures"]
+    # so do answers that compare nothing: a NaN score, no beams (the yardstick is not gated)
+    nan = [Beam(b.key, float("nan")) for b in _beams(4, 0)]
+    broken = [_case(1, 0, _beams(1, 0), []), _case(4, 0, _beams(4, 0), nan)]
+    hf = candidate_result(plan.candidates[2], broken, plan.ns)
+    assert not plan.candidates[2].gate and not hf["passed"], hf
+    assert any("no beams to compare (1 reference, 0 candidate)" in f for f in hf["failures"])
+    assert any("not a finite number" in f for f in hf["failures"])
 
 
 def test_report_renders_one_row_per_candidate_and_n():
