@@ -322,11 +322,12 @@ def _verdict(
     if unjudged:  # a named metric judged in no pair of a cell would pass on nothing
         reason = f"--metrics with no paired rounds: {'; '.join(unjudged)}"
         return _finish(out, comparison, "error", reason, EXIT_USAGE)
-    # a gate whose selected cells ran but measured nothing to check would pass on nothing
+    # a gate with a selected cell that ran but left it nothing to check would pass on the
+    # others (or on nothing): the change is not judged there
     unmeasured = [
-        f"{r['name']}: {r.get('reason')}"
+        f"{r['name']}: nothing to check in {', '.join(r['missing'])}"
         for r in gates["results"]
-        if r["status"] == "no_data" and r.get("missing")
+        if r.get("missing")
     ]
     if unmeasured:
         reason = f"gates with nothing to check: {'; '.join(unmeasured)}"
