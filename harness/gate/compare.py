@@ -106,10 +106,7 @@ def compare_cell_metrics(
     the regressions)."""
     # both sides' metrics: one the new run lost (a failed quality eval) is shown as n/a and
     # leaves its gates nothing to check, never silently dropped
-    sides = [
-        *n.get("metrics", {}),
-        *(m for m in b.get("metrics", {}) if m not in n.get("metrics", {})),
-    ]
+    sides = dict.fromkeys([*n.get("metrics", {}), *b.get("metrics", {})])
     names = metrics or [m for m in sides if direction(m) != 0]
     names = [*names, *(m for m in also if m not in names)]
     res = {m: r for m in names if (r := compare_one(m)) is not None}

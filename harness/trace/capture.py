@@ -39,9 +39,11 @@ def all_files(directory: Path) -> list[Path]:
 
 def trace_files(directory: Path) -> list[Path]:
     """Finished-looking trace files under ``directory`` (``*.json.gz`` / ``*.json``), sorted."""
-    return [
-        p for p in all_files(directory) if p.name.endswith(TRACE_SUFFIXES) and not _in_progress(p)
-    ]
+    return _finished(all_files(directory))
+
+
+def _finished(files: list[Path]) -> list[Path]:
+    return [p for p in files if p.name.endswith(TRACE_SUFFIXES) and not _in_progress(p)]
 
 
 def is_complete(path: Path) -> bool:
@@ -134,10 +136,13 @@ async def wait_until_stable(
     last: tuple = ()
     stable_since = start
     checked: tuple | None = None
+
+    def listing() -> list[Path]:
+        return _written_since(all_files(directory), since)
+
     while True:
-        everything = _written_since(all_files(directory), since)
-        finished = set(trace_files(directory))
-        files = [p for p in everything if p in finished]
+        everything = listing()
+        files = _finished(everything)
         sig = _signature(everything)
         busy = any(_in_progress(p) for p in everything)
         t = time.monotonic()
@@ -147,7 +152,7 @@ async def wait_until_stable(
             if checked != sig:
                 done = await asyncio.to_thread(_all_complete, files)
                 checked = sig if done else None
-            if checked == sig and _signature(_written_since(all_files(directory), since)) == sig:
+            if checked == sig and _signature(listing()) == sig:
                 return TraceWait("complete", _info(files), t - start)
         if t - start > timeout_s:
             return TraceWait("timeout" if files or busy else "missing", _info(files), t - start)

@@ -90,14 +90,12 @@ class ServerThread:
     def abandon(
         self,
         bodies: list[dict],
-        settle_s: float = 0.0,
+        until: Callable[[], bool],
         path: str = "/v1/chat/completions",
-        until: Callable[[], bool] | None = None,
         timeout: float = 60.0,
     ) -> None:
-        """POST each body from its own raw socket, wait ``settle_s`` (or, given ``until``, until
-        it holds: a timeout fails), then close every socket without reading: clients that
-        vanish mid-request."""
+        """POST each body from its own raw socket, wait until ``until`` holds (a timeout
+        fails), then close every socket without reading: clients that vanish mid-request."""
         port = self.server.port
         socks = []
         try:
@@ -105,9 +103,7 @@ class ServerThread:
                 s = socket.create_connection(("127.0.0.1", port), timeout=10)
                 s.sendall(raw_post(port, path, body))
                 socks.append(s)
-            time.sleep(settle_s)
-            if until is not None:
-                wait_for(until, timeout, "the abandoned requests to arrive")
+            wait_for(until, timeout, "the abandoned requests to arrive")
         finally:
             for s in socks:
                 s.close()
@@ -128,12 +124,20 @@ class ServerThread:
         return m
 
 
-def wait_for(cond: Callable[[], bool], timeout: float, what: str) -> None:
+def polled(cond: Callable[[], bool], timeout: float, every_s: float = 0.05) -> bool:
+    """Poll ``cond`` until it holds or ``timeout`` passes; whether it held."""
     deadline = time.monotonic() + timeout
     while not cond():
         if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(0.05)
+            return False
+        time.sleep(every_s)
+    return True
+
+
+def wait_for(cond: Callable[[], bool], timeout: float, what: str) -> None:
+    """``polled``, failing with ``what`` on a timeout."""
+    if not polled(cond, timeout):
+        raise TimeoutError(f"timed out after {timeout:g} s waiting for {what}")
 
 
 def raw_post(port: int, path: str, body: dict) -> bytes:

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import requests
 import urllib3
-from server_helpers import fake_server
+from server_helpers import fake_server, polled
 
 import flashrec.server.app as app_mod
 from flashrec.parentwatch import ParentLink
@@ -103,23 +103,18 @@ def start(procs: list[Proc], argv: list[str], env: dict[str, str] | None = None)
 
 def wait_inflight(url: str, n: int, timeout: float = 60.0) -> bool:
     """Poll ``/metrics`` until ``n`` generation requests are in flight; whether they were."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        text = requests.get(url + "/metrics", timeout=30).text
-        if re.search(rf"^flashrec_http_inflight_requests {n}$", text, re.M):
-            return True
-        time.sleep(0.02)
-    return False
+    pattern = re.compile(rf"^flashrec_http_inflight_requests {n}$", re.M)
+    return polled(lambda: bool(pattern.search(requests.get(url + "/metrics", timeout=30).text)),
+                  timeout, every_s=0.02)  # fmt: skip
 
 
 def wait_health(url: str, status: str, timeout: float = 60.0) -> bool:
     """Poll ``/health`` until its body says ``status``; whether it did."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if requests.get(url + "/health", timeout=30).json().get("status") == status:
-            return True
-        time.sleep(0.02)
-    return False
+    return polled(
+        lambda: requests.get(url + "/health", timeout=30).json().get("status") == status,
+        timeout,
+        every_s=0.02,
+    )
 
 
 FAKE_ARGS = ["--model-path", "/models/fake", "--host", "127.0.0.1", "--port", "0"]
