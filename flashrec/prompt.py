@@ -23,6 +23,24 @@ def load_tokenizer(model_path: str):
     return AutoTokenizer.from_pretrained(model_path)
 
 
+def share_word_cache(clone: Any, tokenizer: Any) -> bool:
+    """Point ``clone``'s Rust model at ``tokenizer``'s, so that the copies of the server's
+    prompt-building threads share one BPE word cache (the tokenizers library keeps up to
+    10,000 words per model: one per copy grew host memory that many words per thread under
+    distinct prompts). The model is only read while serving and its cache never blocks (a
+    busy cache is skipped); each copy keeps its own truncation and padding state. False
+    where either has no Rust backend or the model cannot be set."""
+    src = getattr(tokenizer, "backend_tokenizer", None)
+    dst = getattr(clone, "backend_tokenizer", None)
+    if src is None or dst is None or src is dst:
+        return False
+    try:
+        dst.model = src.model
+    except Exception:  # noqa: BLE001 - another backend: the copy keeps a model of its own
+        return False
+    return True
+
+
 def encode_text(tokenizer: Any, text: str) -> list[int]:
     """``tokenizer.encode(text, add_special_tokens=False)``. A HF fast tokenizer's Rust
     backend encodes without offsets (``encode_batch_fast``), about 1.5x faster, and gives the

@@ -16,7 +16,13 @@ from typing import Any
 
 import yaml
 
+from harness.spec.url import url_arg
+
 EXIT_USAGE = 2
+# the cell on a CPU server, for each of these flags the command line leaves to its default:
+# the defaults are a GPU's cell (2,465-token prompts, 64 requests x 3 rounds + 8 warm-up),
+# which takes minutes per cell on CPU for a few QPS
+CPU_CELL = {"prompt_tokens": 256, "requests": 32, "warmup": 4}
 
 
 def _ints(text: str) -> list[int]:
@@ -63,11 +69,19 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="flashrec-bench quick",
         description="One benchmark from flags: beam widths x concurrencies against a server. "
-        "Writes the equivalent matrix to OUT/matrix.yaml, then runs it (docs/harness.md).",
+        "Writes the equivalent matrix to OUT/matrix.yaml, then runs it (docs/harness.md). The "
+        "defaults are a GPU's cell: on a CPU server, --prompt-tokens, --requests and --warmup "
+        "not given take a CPU-sized cell ("
+        + " / ".join(str(v) for v in CPU_CELL.values())
+        + "), and the run says so.",
         formatter_class=_Defaults,
     )
     where = p.add_mutually_exclusive_group(required=True)
-    where.add_argument("--url", help="a running server (kind external), e.g. http://127.0.0.1:8000")
+    where.add_argument(
+        "--url",
+        type=url_arg,
+        help="a running server (kind external), e.g. http://127.0.0.1:8000",
+    )
     where.add_argument(
         "--model-path", help="launch a FlashRec server on this checkpoint (kind flashrec)"
     )
@@ -114,6 +128,71 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--name", default="quick", help="the matrix's name")
     p.add_argument("--print-matrix", action="store_true", help="print the matrix and exit")
     return p
+
+
+def given_flags(argv: list[str]) -> set[str]:
+    """The options the command line sets itself (their ``dest``), not left to a default."""
+    p = parser()
+    for action in p._actions:
+        action.default = argparse.SUPPRESS
+    return set(vars(p.parse_args(argv)))
+
+
+def _server_info(url: str) -> dict:
+    import asyncio
+
+    import aiohttp
+
+    from harness.servers.launch import fetch_info
+
+    async def get() -> dict:
+        async with aiohttp.ClientSession() as session:
+            return await fetch_info(session, url.rstrip("/"))
+
+    return asyncio.run(get())
+
+
+def server_device(args: argparse.Namespace) -> tuple[str | None, str]:
+    """The device the measured server runs on and how that is known; None where unknown (a
+    server that does not say, or does not answer)."""
+    if args.url:
+        info = _server_info(args.url)
+        engine, config = info.get("engine"), info.get("config")
+        device = (engine.get("device") if isinstance(engine, dict) else None) or (
+            config.get("device") if isinstance(config, dict) else None
+        )
+        if not device:
+            return None, ""
+        return str(device), f"its /get_server_info says device {device}"
+    device = args.device or dict(args.server_arg).get("device")
+    if device:
+        return str(device), f"--device {device}"
+    import torch
+
+    if torch.cuda.is_available():
+        return "cuda", "CUDA is available"
+    return "cpu", "no CUDA device here, so the launched server takes the CPU"
+
+
+def size_for_cpu(args: argparse.Namespace, argv: list[str]) -> str | None:
+    """On a CPU server, each :data:`CPU_CELL` flag the command line leaves unset takes its CPU
+    value (``args`` changed in place); the note that says so and why, None when nothing
+    changed."""
+    device, how = server_device(args)
+    if device is None or not device.startswith("cpu"):
+        return None
+    given = given_flags(argv)
+    changed = {k: v for k, v in CPU_CELL.items() if k not in given}
+    if not changed:
+        return None
+    for key, value in changed.items():
+        setattr(args, key, value)
+    flags = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in changed.items())
+    return (
+        f"the server runs on CPU ({how}): a CPU-sized cell, {flags}; the defaults (2465-token "
+        "prompts, 64 requests per round, 8 warm-up) are a GPU's cell and take minutes per "
+        "cell on CPU. Give these flags to choose other values."
+    )
 
 
 def build_matrix(args: argparse.Namespace, argv: list[str] | None = None) -> dict:
@@ -181,6 +260,9 @@ def main(argv: list[str]) -> int:
         if value < least:
             print(f"{flag} must be >= {least}", file=sys.stderr)
             return EXIT_USAGE
+    cpu_note = size_for_cpu(args, argv)
+    if cpu_note:
+        print(f"note: {cpu_note}", file=sys.stderr)
     try:
         matrix = build_matrix(args, argv)
         text = yaml.safe_dump(matrix, sort_keys=False)
@@ -200,8 +282,9 @@ def main(argv: list[str]) -> int:
     out = args.out or Path("reports") / run_id(args.name, "quick")
     out.mkdir(parents=True, exist_ok=True)
     path = out / "matrix.yaml"
-    path.write_text(
-        f"# written by flashrec-bench quick; rerun with: flashrec-bench {path} --out DIR\n" + text
-    )
+    header = f"# written by flashrec-bench quick; rerun with: flashrec-bench {path} --out DIR\n"
+    if cpu_note:
+        header += f"# {cpu_note}\n"
+    path.write_text(header + text)
     print(f"matrix: {path}", file=sys.stderr)
     return run_main([str(path), "--out", str(out)])

@@ -61,6 +61,13 @@ ENV_VARS = {
         "仅测试用，flashrec 本身不读取：`tests/plants` 在 PYTHONPATH 上时为一个文件路径；引擎循环"
         "每个 step 后等待该文件出现（在任何机器上让请求保持在途，供取消与排空测试使用）",
     ),
+    "FLASHREC_TEST_RELOAD_GATE": (
+        "TEST ONLY, not read by flashrec: where `tests/plants` is on PYTHONPATH, a file path; "
+        "every catalog hot reload first waits until that file exists (a reload held in flight "
+        "for the shutdown tests)",
+        "仅测试用，flashrec 本身不读取：`tests/plants` 在 PYTHONPATH 上时为一个文件路径；每次目录"
+        "热更新先等待该文件出现（让热更新保持在途，供关停测试使用）",
+    ),
     "FLASHREC_TEST_PLANT_ID_CACHE": (
         "TEST ONLY, not read by flashrec: where `tests/plants` is on PYTHONPATH, plant a host "
         "cache of prompt slots keyed by id(state) (the historical nondeterminism) for the "
@@ -73,6 +80,9 @@ ENV_VARS = {
 ZH = {
     "model_path": "HF 格式 checkpoint 目录（config.json、tokenizer、safetensors）",
     "sid_vocab_file": "合法 SID 目录（逗号键 JSON、RecIF sid2pid.json 或 pid2sid parquet、列表 JSON 或文本行）；不设时对 SID codebook 做无约束解码（仅冒烟）",
+    "packed_base": "目录中打包整数键写入时所用的进制 B（a*B^2 + b*B + c；也是 /update_catalog 的 packed_base 的默认值）；默认 8192，即 RecIF 的 sid2pid.json，绝不取模型的 codebook 大小",
+    "max_catalog_bytes": "读取的目录文件最大字节数（--sid-vocab-file、/update_catalog；0 = 不限）；目录路径必须是普通文件（FIFO 或设备文件会被拒绝并说明原因）",
+    "catalog_read_timeout_s": "目录文件须在这么多秒内读完（0 = 不限），否则被拒绝（/update_catalog 返回 400）",
     "sid": "覆盖 SID 布局：START:END/SIZE[,begin=ID][,end=ID]（token id START..END-1 为每级 SIZE 个 code 的 codebook）",
     "device": "cpu 或 cuda（默认：有 GPU 时 cuda）",
     "dtype": "激活 / 非量化权重的 dtype（默认 cuda 上 bfloat16，cpu 上 float32）",
@@ -85,6 +95,7 @@ ZH = {
     "cuda_graph_max_bs": "以 CUDA graph 捕获的最大 decode 批（beam 行数）；更宽的批按整请求多次重放，n 超过它的请求 eager decode",
     "disable_cuda_graph": "decode 走 eager（从不静默回退）",
     "prefix_cache_min_match": "短于该 token 数的 radix 匹配不使用，prompt 整段 prefill（从 pool gather 很短的前缀比重算更贵）",
+    "prefix_cache_max_nodes": "radix 前缀缓存最多保留的节点数（运行中请求持有的节点之外）；超过时逐出最久未用、无人引用的 prompt（限定大量互不相同的短 prompt 占用的主机内存）；0 = 只受 KV pool 限制",
     "piecewise_prefill_max_tokens": "新 token 数不超过该值的 prefill 批重放逐层 CUDA graph，attention 在其间 eager 运行；0 = 关闭；不超过 --max-prefill-tokens；默认：捕获 CUDA graph 时为 8192，否则为 0",
     "prefill_graph_max_tokens": "单独一个、无缓存前缀且不超过该 token 数的 prompt 重放整段前向的 CUDA graph（按 128 token 分桶）；0 = 关闭；默认：捕获 CUDA graph 时为 2048，否则为 0",
     "enable_step_graph": "把每个 decode step 整体（前向、LM head、trie 掩码、top-n、beam 扩展、KV 重排）捕获为一个 CUDA graph；默认：捕获 decode CUDA graph 时开启",
@@ -111,6 +122,7 @@ ZH = {
     "served_model_name": "/v1/models 报告的模型名（默认目录名）",
     "max_body_bytes": "最大请求体字节数（超过返回 413）",
     "shutdown_timeout_s": "收到 SIGTERM 后等待在途请求完成的时长",
+    "max_connections": "每个前端进程保持的客户端连接上限；再多一个连接时回 503 并关闭。0 = 自动：打开文件数上限（ulimit -n）减去进程启动时已占用的描述符，再留 64 个余量",
     "header_timeout_s": "请求头须在其第一个字节后（连接的首个请求：连接建立后）这么多秒内收全，否则返回 408 并关闭连接",
     "body_timeout_s": "请求体须在请求头收全后这么多秒内全部到达，否则返回 408 并关闭连接",
     "warmup": "/health 返回 ok 之前先跑预热请求",
@@ -153,6 +165,21 @@ GENERATE_FLAGS = [
 
 # What a flag's one-line help leaves out: the details and the reason for its default.
 NOTES = [
+    (
+        "--packed-base",
+        "A catalog key without a comma (RecIF's sid2pid.json, as flashrec-bench eval-dataset "
+        "writes it) packs the codes a*B^2 + b*B + c in the base B it was written in, whatever "
+        "the model: with 64 codes per level, key 90121 is still (0,11,9), never (22,0,9). A "
+        "decoded code at or beyond the codebook size is an inexpressible SID: the file is "
+        "refused with the count and the first one named (`flashrec catalog` lists them). "
+        "`flashrec catalog`, this flag, /update_catalog's packed_base, flashrec-bench eval and "
+        "the harness's SID checks all read keys with one decoder.",
+        "不含逗号的目录键（RecIF 的 sid2pid.json，即 flashrec-bench eval-dataset 写出的格式）按写入"
+        "时的进制 B 打包为 a*B^2 + b*B + c，与模型无关：每级 64 个 code 时键 90121 仍是 (0,11,9)，"
+        "绝不会是 (22,0,9)。解出的 code 达到或超过 codebook 大小时即为无法表达的 SID：文件被拒绝，"
+        "并给出数量与第一个 SID（`flashrec catalog` 会逐个列出）。`flashrec catalog`、本参数、"
+        "/update_catalog 的 packed_base、flashrec-bench eval 与 harness 的 SID 检查都用同一个解码器读键。",
+    ),
     (
         "--quantization",
         "An FP8 checkpoint served with any value other than fp8 is dequantized to --dtype. The "
@@ -236,6 +263,19 @@ NOTES = [
         "像 chat template 开头这类很短的共享前缀，从 pool 按层、按整个 batch gather 的代价高于重算。",
     ),
     (
+        "--prefix-cache-max-nodes",
+        "The KV pool bounds the tokens the cache holds, not the host objects that index them: "
+        "each distinct prompt adds a node or two (a few hundred bytes of host memory), so many "
+        "short distinct prompts (a user id or a counter in a short prompt) would grow the "
+        "server's memory until the whole pool is cached (262,144 tokens on CPU: tens of "
+        "thousands of requests). Long prompts fill the pool long before the default cap. "
+        "/metrics reports the count (flashrec_prefix_cache_nodes).",
+        "KV pool 限定的是缓存持有的 token，而不是索引它们的主机对象：每个互不相同的 prompt 会增加一两个"
+        "节点（几百字节主机内存），因此大量互不相同的短 prompt（短 prompt 里带用户 id 或计数器）会让服务"
+        "进程内存一直增长，直到整个 pool 都被缓存（CPU 上 262,144 个 token：数万个请求）。长 prompt 远在"
+        "达到默认上限之前就会占满 pool。/metrics 报告节点数（flashrec_prefix_cache_nodes）。",
+    ),
+    (
         "--qk-rope-rounding",
         "hardware puts the conversion instruction in inline PTX, which the compiler cannot "
         "fold; emulated takes ~5 integer instructions per rounding. Both round to nearest even "
@@ -250,6 +290,16 @@ NOTES = [
         "results within rounding: the GEMMs see fewer rows).",
         "每个 token 仍写入各层 K/V，之前各层照常全算。--no-enable-prefill-last-rows 让所有 "
         "token 走完整最后一层（结果在舍入误差内相同：GEMM 行数不同）。",
+    ),
+    (
+        "--tokenizer-workers",
+        "The copies share the engine tokenizer's model, so one BPE word cache (the tokenizers "
+        "library keeps up to 10,000 words per model, a few MB): host memory does not grow by "
+        "one such cache per thread under distinct prompts. Each copy keeps its own truncation "
+        "and padding state.",
+        "各副本共用引擎 tokenizer 的模型，因此只有一个 BPE 词缓存（tokenizers 库每个模型最多缓存 "
+        "10,000 个词，几 MB）：互不相同的 prompt 不会让每个线程各自的缓存都把主机内存撑大。每个副本仍"
+        "保有自己的截断与 padding 状态。",
     ),
     (
         "--respond-workers",

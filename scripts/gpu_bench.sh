@@ -38,6 +38,8 @@
 # for a run whose server died, the first fatal line of its server logs. For intermittent faults
 # (a server crash in some runs of a cell only):
 #   STAGES=repeat REPEAT=6 ONLY="beam_width=512" bash scripts/gpu_bench.sh matrices/h200_targets.yaml
+# STAGES=peers runs matrices/h200_peers.yaml: ours beside the public flashrec 0.1.2 (carry
+# .whl/peer from scripts/peer_wheels.sh), into $OUT/peers (see the stage below).
 # STAGES=gate runs `flashrec-bench gate MATRIX` (this tree against a baseline, interleaved) from
 # the two trees of .gate/repo.bundle (scripts/gate_bundle.sh BASE here; carry .gate):
 #   STAGES=gate ONLY="beam_width=50" bash scripts/gpu_bench.sh matrices/h200_targets.yaml
@@ -83,7 +85,7 @@ python -m flashrec.check_env --require gpu,fp8,triton | tee "$OUT/check_env.txt"
 case $STAGES in *" tests "*) fi_dims=${FI_HEAD_DIMS:-128 64};; *) fi_dims=${FI_HEAD_DIMS:-128};; esac
 python -c "import flashinfer" 2>/dev/null && python scripts/flashinfer_warmup.py --head-dims $fi_dims | tee "$OUT/flashinfer_warmup.txt"
 [ "${SAVE_JIT:-0}" = 1 ] && tar czf "$OUT/fi.tgz" -C "$(dirname "$FLASHINFER_WORKSPACE_BASE")" "$(basename "$FLASHINFER_WORKSPACE_BASE")"
-case $STAGES in *" cells "*|*" ab "*|*" matrix "*|*" witness "*|*" gate "*|*" determinism "*)  # tests: own models
+case $STAGES in *" cells "*|*" ab "*|*" matrix "*|*" witness "*|*" gate "*|*" determinism "*|*" peers "*)  # tests: own models
   # SYNTH_ARGS adds synth flags, e.g. "--sid-entropy 3.0" (the confident model; give it a MODEL of its own)
   [ -f "$MODEL/synth_info.json" ] || python -m flashrec synth --preset onerec-1.7b --out "$MODEL" --catalog-size 1500000 ${SYNTH_ARGS:-} > "$OUT/synth.log" 2>&1;; esac
 case $STAGES in *" tests "*)  # -v: one line per test as it ends, so a run cut short (a call's
@@ -149,6 +151,39 @@ case $STAGES in *" gate "*)  # flashrec-bench gate MATRIX: this tree against a b
     python -m harness gate "$1" --baseline-ref baseline --out "$OUT/gate" "${only[@]}" ${GATE_ARGS:-}) \
     > "$OUT/gate.log" 2>&1
   echo "gate rc=$? ($(cat .gate/commits))"; tail -15 "$OUT/gate.log";; esac
+case $STAGES in *" peers "*)  # ours beside the public flashrec 0.1.2 (issue 45): .whl/peer from
+  # scripts/peer_wheels.sh (carry .whl) installed into PEER_DIR (default /tmp/peer-site), a
+  # folder only the public server's PYTHONPATH names (its package is also called flashrec);
+  # sgl-kernel parts, where carried (SGL_KERNEL=1 there), joined with Python's lzma beside it.
+  # Then matrices/h200_peers.yaml (both servers on the card, rounds interleaved; its parity
+  # stage unless PEERS_PARITY=false) into $OUT/peers; ONLY, MAX_WALL_S, RESUME as for matrix
+  # (MATRIX_DIR: PEERS_DIR), PEER_MAX_TOKENS = the catalog's depth (3 for the synthetic model).
+  export PEER_DIR=${PEER_DIR:-/tmp/peer-site}
+  if [ ! -f "$PEER_DIR/.installed" ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --target "$PEER_DIR" .whl/peer/*.whl \
+      > "$OUT/peer_install.log" 2>&1 && touch "$PEER_DIR/.installed"
+    if ls .whl/peer/sgl_kernel/*.part* >/dev/null 2>&1; then
+      python3 - "$PEER_DIR" <<'PY'
+import glob, io, lzma, sys, tarfile
+parts = sorted(glob.glob(".whl/peer/sgl_kernel/sgl_kernel.tar.xz.part*"))
+data = lzma.decompress(b"".join(open(p, "rb").read() for p in parts))
+tarfile.open(fileobj=io.BytesIO(data)).extractall(sys.argv[1])
+PY
+    fi
+  fi
+  # which flashrec the peer imports, and whether sgl-kernel loads (else: PyTorch fallbacks)
+  (cd /tmp && PYTHONPATH=$PEER_DIR:$PYTHONPATH python -P -c \
+    "import flashrec; print('peer flashrec', flashrec.__version__, flashrec.__file__)"
+   PYTHONPATH=$PEER_DIR:$PYTHONPATH python -P -c "import sgl_kernel; print('sgl_kernel loads')" 2>&1 \
+    | tail -1) | tee "$OUT/peer_check.txt"
+  bench="python -m harness"; command -v flashrec-bench >/dev/null && bench=flashrec-bench
+  only=(); for f in ${ONLY:-}; do only+=(--only "$f"); done
+  pdir=${PEERS_DIR:-$OUT/peers}
+  MODEL_PATH=$MODEL SID_VOCAB_FILE=$MODEL/catalog.json $bench matrices/h200_peers.yaml --out "$pdir" \
+    "${only[@]}" ${MAX_WALL_S:+--max-wall-s "$MAX_WALL_S"} $([ "${RESUME:-0}" = 1 ] && echo --resume) \
+    > "$OUT/peers.log" 2>&1
+  echo "peers rc=$?"; tail -8 "$OUT/peers.log"
+  [ "$pdir" != "$OUT/peers" ] && rm -rf "$OUT/peers" && cp -r "$pdir" "$OUT/peers";; esac
 if [ $# -ge 1 ] && case $STAGES in *" repeat "*) true;; *) false;; esac; then
   bench="python -m harness"; command -v flashrec-bench >/dev/null && bench=flashrec-bench
   only=(); for f in ${ONLY:-}; do only+=(--only "$f"); done

@@ -19,6 +19,20 @@ class EngineConfig:
         None,
         "catalog of valid SIDs (comma-key JSON, RecIF sid2pid.json or pid2sid parquet, list-of-lists JSON or text lines); without it decoding is unconstrained (smoke only)",
     )
+    packed_base: int | None = opt(
+        None,
+        "base B the catalog's packed-integer keys were written in (a*B^2 + b*B + c; also the default of /update_catalog's packed_base); default 8192, RecIF's sid2pid.json, never the model's codebook size",
+    )
+    max_catalog_bytes: int = opt(
+        2 << 30,
+        "largest catalog file read (--sid-vocab-file, /update_catalog, in bytes; 0 = no cap); "
+        "a catalog path must name a regular file (a FIFO or a device is refused with its reason)",
+    )
+    catalog_read_timeout_s: float = opt(
+        60.0,
+        "a catalog file must be read whole within this many seconds (0 = no limit); else it is "
+        "refused (400 for /update_catalog)",
+    )
     sid: str | None = opt(
         None,
         "override the SID layout: START:END/SIZE[,begin=ID][,end=ID] (token ids START..END-1 are codebooks of SIZE codes)",
@@ -116,6 +130,12 @@ class EngineConfig:
         "a radix match shorter than this many tokens is not used and the prompt prefills whole "
         "(gathering a short prefix from the pool costs more than recomputing it)",
     )
+    prefix_cache_max_nodes: int = opt(
+        8192,
+        "most radix prefix-cache nodes kept besides those running requests hold; past it the "
+        "least recently used unreferenced prompts are evicted (bounds the host memory of many "
+        "short distinct prompts); 0 = bounded only by the KV pool",
+    )
     schedule_policy: str = opt(
         "lpm",
         "admission order: longest prefix match (with aging) or first come first served",
@@ -157,6 +177,10 @@ class EngineConfig:
     def __post_init__(self) -> None:
         check_choice(self, "qk_rope_rounding")
         check_choice(self, "decode_prompt_attention")
+        if self.prefix_cache_max_nodes < 0:
+            raise ValueError(
+                f"--prefix-cache-max-nodes must be >= 0, got {self.prefix_cache_max_nodes}"
+            )
         if self.prefix_cache_min_match < 1:
             raise ValueError(
                 f"--prefix-cache-min-match must be >= 1, got {self.prefix_cache_min_match}"
@@ -180,6 +204,10 @@ class EngineConfig:
                 "one-prompt prefill graph is used only when nothing else runs: leave "
                 "--prefill-graph-max-tokens unset or 0"
             )
+        if self.packed_base is not None and self.packed_base < 2:
+            raise ValueError(f"--packed-base must be at least 2, got {self.packed_base}")
+        if self.max_catalog_bytes < 0 or not self.catalog_read_timeout_s >= 0:
+            raise ValueError("--max-catalog-bytes and --catalog-read-timeout-s must be >= 0")
         if not 1 <= self.decode_max_splits <= 8:
             raise ValueError(f"--decode-max-splits must be in 1..8, got {self.decode_max_splits}")
         if self.deterministic and self.decode_prompt_attention == "flashinfer":

@@ -34,6 +34,12 @@ class ServerConfig(EngineConfig):
         "a request's body must arrive whole this many seconds after its headers; else 408 and "
         "the connection is closed",
     )
+    max_connections: int = opt(
+        0,
+        "open client connections each front-end process keeps; one more is answered 503 and "
+        "closed. 0 = auto: the open-file limit (ulimit -n) less the descriptors the process "
+        "holds at start and a reserve of 64",
+    )
     warmup: bool = opt(True, "run warm-up requests before /health reports ok")
     gc_freeze: bool = opt(
         True,
@@ -92,6 +98,8 @@ class ServerConfig(EngineConfig):
             raise ValueError(
                 f"--gc-gen0-threshold must be in 0..10000000, got {self.gc_gen0_threshold}"
             )
+        if self.max_connections < 0:
+            raise ValueError(f"--max-connections must be >= 0, got {self.max_connections}")
         for name in ("header_timeout_s", "body_timeout_s"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 0")

@@ -32,9 +32,10 @@ class CatalogReloader:
         self.outcomes = {"ok": 0, "rejected": 0, "busy": 0}
         self.last_swap_ms = 0.0
 
-    def reload(self, path: str) -> dict[str, Any]:
+    def reload(self, path: str, packed_base: int | None = None) -> dict[str, Any]:
         """ValueError for a file that cannot serve (nothing changes), ``ReloadBusyError``
-        while another reload runs."""
+        while another reload runs. ``packed_base``: the base of the file's packed-integer keys
+        (None: the server's ``--packed-base``, else RecIF's 8192)."""
         if not self._lock.acquire(blocking=False):
             self._count("busy")
             raise ReloadBusyError("a catalog reload is already running; retry once it answers")
@@ -43,7 +44,7 @@ class CatalogReloader:
                 build = getattr(self.engine, "build_catalog", None)
                 if build is None:
                     raise ValueError("this engine cannot reload its catalog")
-                version = build(path)
+                version = build(path) if packed_base is None else build(path, packed_base)
             except ValueError as exc:
                 self._count("rejected")
                 log.warning("catalog reload refused: %s", exc)

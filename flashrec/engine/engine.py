@@ -6,6 +6,7 @@ server drives the same scheduler from a background thread (``engine/loop.py``).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import itertools
@@ -17,12 +18,12 @@ from typing import Any
 
 import torch
 
-from flashrec import __version__
+from flashrec import __version__, boundedread
 from flashrec.config import EngineConfig, ModelConfig, env_flag
-from flashrec.engine.request import GenRequest, GenResult
+from flashrec.engine.request import GenRequest, GenResult, check_request_limits
 from flashrec.engine.runner import ModelRunner
 from flashrec.engine.scheduler import Scheduler
-from flashrec.prompt import build_prompt_ids, load_tokenizer
+from flashrec.prompt import build_prompt_ids, load_tokenizer, share_word_cache
 from flashrec.sid.layout import resolve_sid_layout
 from flashrec.sid.version import CatalogVersion, build_catalog_version, unconstrained
 
@@ -33,11 +34,13 @@ def private_prompt_builder(
     tokenizer, model_path: str, layout, vocab_size: int
 ) -> Callable[..., list[int]]:
     """``build_prompt_ids`` over a private copy of ``tokenizer`` (loaded again from
-    ``model_path`` where it cannot be copied); shared with the engine-process front end."""
+    ``model_path`` where it cannot be copied), sharing its model and so its one bounded
+    word cache; shared with the engine-process front end."""
     try:
         tok = copy.deepcopy(tokenizer)
     except Exception:  # noqa: BLE001 - a tokenizer that cannot be copied is loaded again
         tok = load_tokenizer(model_path)
+    share_word_cache(tok, tokenizer)
     return functools.partial(build_prompt_ids, tok, layout, vocab_size)
 
 
@@ -50,12 +53,14 @@ class Engine:
         self.tokenizer = load_tokenizer(config.model_path)
         # the layout comes from --sid or the tokenizer, not the catalog; the catalog is read
         # once, under it, as a hot reload reads one (a trailing end code dropped, packed keys
-        # in its codebook size, a depth beyond its levels refused)
+        # base --packed-base or 8192, never its codebook size, a depth beyond its levels refused)
         self.layout = resolve_sid_layout(self.tokenizer, config.sid)
         if config.sid_vocab_file:
-            version = build_catalog_version(
-                config.sid_vocab_file, self.layout, None, config.resolved_device
-            )
+            with self.catalog_limits():
+                version = build_catalog_version(
+                    config.sid_vocab_file, self.layout, None, config.resolved_device,
+                    config.packed_base,
+                )  # fmt: skip
             self.depth = version.depth
             log.info(
                 "catalog %s: %d SIDs, depth %d, hash %s",
@@ -83,10 +88,20 @@ class Engine:
         return self.catalog_version.trie
 
     # ---- catalog hot reload -------------------------------------------------------------
-    def build_catalog(self, path: str) -> CatalogVersion:
+    def build_catalog(self, path: str, packed_base: int | None = None) -> CatalogVersion:
         """Load, validate and build ``path`` for this engine (any thread but the engine's:
-        nothing the engine reads changes); ValueError when it cannot serve here."""
-        return build_catalog_version(path, self.layout, self.depth, self.config.resolved_device)
+        nothing the engine reads changes); ValueError when it cannot serve here. Packed keys
+        decode base ``packed_base``, else ``--packed-base``, else RecIF's 8192."""
+        base = packed_base if packed_base is not None else self.config.packed_base
+        with self.catalog_limits():  # --max-catalog-bytes, --catalog-read-timeout-s
+            return build_catalog_version(
+                path, self.layout, self.depth, self.config.resolved_device, base
+            )
+
+    def catalog_limits(self) -> contextlib.AbstractContextManager:
+        """Catalog reads on this thread, inside the block, are bounded by the configuration
+        (a regular file of at most ``--max-catalog-bytes``, read within its timeout)."""
+        return boundedread.using(self.config.max_catalog_bytes, self.config.catalog_read_timeout_s)
 
     def swap_catalog(self, version: CatalogVersion) -> float:
         """Make ``version`` the active catalog (engine thread, between steps); returns the
@@ -224,16 +239,3 @@ class Engine:
             "kv_reorder_positions": run.kv.reorder_positions,
             "overlap_results": self.scheduler.overlap_results,
         }
-
-
-def check_request_limits(r: GenRequest, max_rows: int, max_seq_len: int, pool_tokens: int) -> None:
-    """ValueError for a request outside an engine's limits (beam rows, --max-seq-len, KV pool);
-    shared with the server process's view of an engine in its own process."""
-    if r.n < 1 or r.n > max_rows:
-        raise ValueError(f"n={r.n} must be in [1, {max_rows}] (--batch-slots)")
-    if r.max_tokens < 1:
-        raise ValueError("max_tokens must be >= 1")
-    if r.prompt_len > max_seq_len:
-        raise ValueError(f"prompt of {r.prompt_len} tokens exceeds --max-seq-len {max_seq_len}")
-    if r.prompt_len > pool_tokens:
-        raise ValueError(f"prompt of {r.prompt_len} tokens exceeds the KV pool ({pool_tokens})")

@@ -80,9 +80,9 @@ class EngineLoop:
     def add_step_hook(self, fn: Callable[[int], None]) -> None:
         self._hooks.append(fn)
 
-    def reload_catalog(self, path: str) -> dict[str, Any]:
+    def reload_catalog(self, path: str, packed_base: int | None = None) -> dict[str, Any]:
         """Catalog hot reload (``CatalogReloader.reload``); call it off the engine thread."""
-        return self.reloader.reload(path)
+        return self.reloader.reload(path, packed_base)
 
     def catalog_info(self) -> dict[str, Any]:
         """The active catalog (``CatalogVersion.info``), as ``/get_server_info`` shows it."""
@@ -112,6 +112,7 @@ class EngineLoop:
             "kv_used_tokens": s.kv_used_tokens,
             "kv_total_tokens": s.kv.pool_tokens - s.kv_reserved_tokens,
             "kv_cached_tokens": s.radix.cached_tokens if s.radix else 0,
+            "prefix_cache_nodes": s.radix.num_nodes if s.radix else 0,
             "prefix_hit_tokens_total": s.stats.prefix_hit_tokens_total,
             "prompt_tokens_total": s.stats.prompt_tokens_total,
             "steps_total": s.stats.steps_total,

@@ -2,11 +2,48 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from flashrec.prompt import load_tokenizer
+
+# the largest temperature the engine can hold: temperatures become float32 tensors, and a
+# larger one fails to convert (and, unchecked, would fail every request batched with it)
+MAX_TEMPERATURE = 3.4028234663852886e38  # float32's largest finite value
+MAX_SEED = 2**63  # seeds become int64 tensors: [0, 2**63)
+
+
+def check_sampling(temperature: float, seed: int | None) -> None:
+    """ValueError naming the field unless ``temperature`` and ``seed`` fit the tensors the
+    engine makes of them (shared by the HTTP validation's ranges and the engine's checks)."""
+    if isinstance(temperature, bool) or not isinstance(temperature, int | float):
+        raise ValueError(f"temperature must be a number, got {type(temperature).__name__}")
+    if not (math.isfinite(temperature) and 0 <= temperature <= MAX_TEMPERATURE):
+        raise ValueError(
+            f"temperature must be finite and in [0, {MAX_TEMPERATURE:g}] (float32), "
+            f"got {temperature!r}"
+        )
+    if seed is not None and (
+        isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < MAX_SEED
+    ):
+        raise ValueError(f"seed must be an integer in [0, 2**63), got {seed!r}")
+
+
+def check_request_limits(r: GenRequest, max_rows: int, max_seq_len: int, pool_tokens: int) -> None:
+    """ValueError for a request outside an engine's limits (beam rows, --max-seq-len, KV pool,
+    the temperature and seed its tensors can hold); shared with the server process's view of
+    an engine in its own process and with the scheduler's admission."""
+    if r.n < 1 or r.n > max_rows:
+        raise ValueError(f"n={r.n} must be in [1, {max_rows}] (--batch-slots)")
+    if r.max_tokens < 1:
+        raise ValueError("max_tokens must be >= 1")
+    if r.prompt_len > max_seq_len:
+        raise ValueError(f"prompt of {r.prompt_len} tokens exceeds --max-seq-len {max_seq_len}")
+    if r.prompt_len > pool_tokens:
+        raise ValueError(f"prompt of {r.prompt_len} tokens exceeds the KV pool ({pool_tokens})")
+    check_sampling(r.temperature, r.seed)
 
 
 @dataclass

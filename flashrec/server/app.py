@@ -3,7 +3,8 @@
 ``create_app`` wires the handlers (``handlers.py``) over an engine and its loop. ``Server``
 owns one serving process; start-up order (``/health`` is 503 until the last step)::
 
-    Engine(config) -> EngineLoop(engine) -> bind HOST:PORT, print the URL line
+    preflight (the port is free, the checkpoint and catalog are regular files)
+      -> Engine(config) -> EngineLoop(engine) -> bind HOST:PORT, print the URL line
       -> loop.start() -> loop.warmup() -> ready
 
 Routes (see ``docs/api.md``)::
@@ -37,6 +38,7 @@ from typing import Any
 
 from aiohttp import HttpVersion11, web
 
+from flashrec import boundedread
 from flashrec.config import ServerConfig, add_config_args, config_from_args
 from flashrec.profiler import ProfileController
 from flashrec.server import handlers
@@ -46,7 +48,7 @@ from flashrec.server.frontends import ASK_TIMEOUT_S, FrontendGroup, Member, Snap
 from flashrec.server.gcwatch import GcWatch, freeze_startup_objects
 from flashrec.server.handlers import STATE, ServerState
 from flashrec.server.metrics import ServerMetrics
-from flashrec.server.site import CLOSE_GRACE_S, Site, start_site
+from flashrec.server.site import CLOSE_GRACE_S, Site, check_port, start_site
 
 _log = logging.getLogger("flashrec.server")
 
@@ -381,6 +383,10 @@ def serve(engine: Any, loop: Any, config: ServerConfig, **frontend: Any) -> int:
 def run_server(config: ServerConfig) -> int:
     """Build the engine and its loop from ``config`` (in a process of its own with
     ``--engine-process``) and serve; returns the exit code."""
+    problem = preflight(config)
+    if problem is not None:  # before anything loads: a model load may take minutes
+        _log.error("%s", problem)
+        return 1
     # the engine thread releases the GIL at every blocking CUDA call; a thread building a
     # response or parsing a request may then hold it up to this long before handing it back
     sys.setswitchinterval(config.gil_switch_interval_ms / 1000.0)
@@ -399,6 +405,23 @@ def run_server(config: ServerConfig) -> int:
     engine = Engine(config)
     loop = EngineLoop(engine)
     return serve(engine, loop, config)
+
+
+def preflight(config: ServerConfig) -> str | None:
+    """Why the server cannot start, found before the model loads (None: nothing found): the
+    port is in use, or the checkpoint or catalog is not a regular file (a FIFO would hang the
+    load, a device flood it) or is over ``--max-catalog-bytes``."""
+    try:
+        check_port(config.host, config.port, reuse_port=config.api_server_count > 1)
+    except OSError as exc:
+        return f"cannot listen on {config.host}:{config.port}: {exc.strerror or exc}"
+    try:
+        boundedread.check_checkpoint(config.model_path)
+        if config.sid_vocab_file:
+            boundedread.check_file(config.sid_vocab_file, "catalog", config.max_catalog_bytes)
+    except boundedread.FileLimitError as exc:
+        return str(exc)
+    return None
 
 
 def frontend_main(

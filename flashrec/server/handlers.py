@@ -13,27 +13,25 @@ import copy
 import dataclasses
 import json
 import logging
-import os
-import platform
 import time
 import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 from aiohttp import web
 
-import flashrec
 from flashrec.config import ServerConfig
 from flashrec.engine.request import GenRequest, ReloadBusyError
 from flashrec.profiler import ProfileController, ProfileError
 from flashrec.server import protocol, responses, wire
 from flashrec.server.backend import Backend
+from flashrec.server.control import detached, in_flight
 from flashrec.server.errors import NOT_FOUND, APIError, bad_request, busy, error_body
 from flashrec.server.frontends import Snapshot
 from flashrec.server.gcwatch import GcWatch
 from flashrec.server.metrics import ServerMetrics
+from flashrec.server.server_info import server_info_body
 
 _log = logging.getLogger("flashrec.server")
 
@@ -146,7 +144,7 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     resp = await _answer(request, handler)
     if resp.status >= 400:
         st.metrics.count_error(resp.status)
-    if st.backend.draining:
+    if st.backend.draining or resp.status == 408:  # a 408 closes its connection (wire.py)
         resp.force_close()
     return resp
 
@@ -348,48 +346,8 @@ async def models(request: web.Request) -> web.Response:
 
 async def server_info(request: web.Request) -> web.Response:
     """``GET /get_server_info``: effective configuration, SID layout, limits, versions."""
-    st = request.app[STATE]
-    engine = st.backend.engine
-    layout = engine.layout
-    info: dict[str, Any] = {
-        "served_model_name": st.model_name,
-        "config": dataclasses.asdict(st.config),
-        "sid_layout": {
-            "code_start": layout.code_start,
-            "codebook_size": layout.codebook_size,
-            "num_levels": layout.num_levels,
-            "sid_begin": layout.sid_begin,
-            "sid_end": layout.sid_end,
-            "sid": layout.to_arg(),
-        },
-        "limits": dataclasses.asdict(st.limits),
-        # an engine process answers the active catalog over the pipe: off the event loop
-        "engine": await asyncio.to_thread(engine.server_info)
-        if hasattr(engine, "server_info")
-        else {},
-        "versions": {
-            "flashrec": flashrec.__version__,
-            "python": platform.python_version(),
-            "torch": _torch_version(),
-            "aiohttp": aiohttp.__version__,
-        },
-        "ready": st.backend.healthy,
-        # the HTTP front-end process that answered (--api-server-count)
-        "frontend": {
-            "index": st.frontend_index,
-            "count": st.config.api_server_count,
-            "pid": os.getpid(),
-        },
-        # the loop this server actually runs on (an embedded server runs on its caller's)
-        "event_loop": type(asyncio.get_running_loop()).__module__.split(".")[0],
-    }
+    info = await server_info_body(request.app[STATE], request)
     return web.json_response(info, dumps=lambda o: json.dumps(o, default=str))
-
-
-def _torch_version() -> str:
-    import torch
-
-    return torch.__version__
 
 
 def snapshot(st: ServerState, copy_metrics: bool = True) -> Snapshot:
@@ -477,20 +435,29 @@ async def stop_profile(request: web.Request) -> web.Response:
 
 
 async def update_catalog(request: web.Request) -> web.Response:
-    """``POST /update_catalog {"path": ...}``: catalog hot reload. The file is loaded,
-    validated and built off the engine thread, then swapped in between steps; requests in
-    flight finish on their catalog. 400 for a file that cannot serve (the old catalog keeps
-    serving), 409 while another reload runs."""
+    """``POST /update_catalog {"path": ..., "packed_base": B}``: catalog hot reload. The file
+    is loaded, validated and built off the engine thread, then swapped in between steps;
+    requests in flight finish on their catalog. ``packed_base`` (optional): the base of the
+    file's packed-integer keys (default ``--packed-base``, else 8192). 400 for a file that
+    cannot serve (the old catalog keeps serving), 409 while another reload runs."""
     st = request.app[STATE]
     body = protocol.require_object(await read_json(request))
     path = body.get("path")
     if not isinstance(path, str) or not path:
         raise bad_request("'path' (a catalog file the server can read) is required", "path")
+    packed_base = body.get("packed_base")
+    if packed_base is not None and (type(packed_base) is not int or packed_base < 2):
+        raise bad_request(
+            "'packed_base' (the base the file's packed-integer keys were written in) must be "
+            f"an integer >= 2, got {packed_base!r}",
+            "packed_base",
+        )
     reload = getattr(st.backend.loop, "reload_catalog", None)
     if reload is None:
         raise bad_request("this engine cannot reload its catalog")
-    try:
-        info = await asyncio.to_thread(reload, path)
+    try:  # in flight: the drain waits for it, then 503; its thread holds no exit
+        call = detached(reload, path, packed_base, name="flashrec-catalog-reload")
+        info = await in_flight(st, call, "catalog reload")
     except ReloadBusyError as exc:
         raise APIError(str(exc), 409) from None
     except ValueError as exc:

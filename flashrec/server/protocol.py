@@ -9,7 +9,8 @@ Rules shared by both protocols:
 - unknown fields are ignored;
 - integers must be JSON integers (``true`` is not ``1``, ``2.0`` is not ``2``);
 - ``n`` must lie in ``[1, max_beam_rows]``, ``max_tokens`` in ``[1, max_seq_len]``,
-  ``temperature`` must be finite and ``>= 0``, ``seed`` in ``[0, 2**63)``.
+  ``temperature`` in ``[0, MAX_TEMPERATURE]`` (float32's largest finite value: the engine holds
+  it as a float32 tensor), ``seed`` in ``[0, 2**63)`` (an int64 tensor).
 """
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from flashrec.engine.request import MAX_SEED, MAX_TEMPERATURE
 from flashrec.server.errors import bad_request
 
-MAX_SEED = 2**63
 # apply_chat_template parameters a client must not set through chat_template_kwargs: they
 # would swap the template, change the output type, or touch the shared tokenizer's state.
 RESERVED_TEMPLATE_KWARGS = frozenset(
@@ -115,8 +116,11 @@ def get_int(body: Mapping[str, Any], key: str, param: str, lo: int, hi: int) -> 
     return v
 
 
-def get_float(body: Mapping[str, Any], key: str, param: str) -> float | None:
-    """``body[key]`` as a finite float ``>= 0``; ``None`` when absent or null."""
+def get_float(
+    body: Mapping[str, Any], key: str, param: str, hi: float = math.inf, why: str = ""
+) -> float | None:
+    """``body[key]`` as a finite float in ``[0, hi]`` (``why``: the reason for ``hi``, for the
+    message); ``None`` when absent or null."""
     v = body.get(key)
     if v is None:
         return None
@@ -130,6 +134,8 @@ def get_float(body: Mapping[str, Any], key: str, param: str) -> float | None:
         raise bad_request(f"'{param}' must be a finite number, got {v}", param)
     if f < 0:
         raise bad_request(f"'{param}' must be >= 0, got {v}", param)
+    if f > hi:
+        raise bad_request(f"'{param}' must be at most {hi:g}{why}, got {v}", param)
     return f
 
 
@@ -185,7 +191,9 @@ def sampling_params(
     n = first(n_keys, 1, limits.max_beam_rows)
     max_tokens = first(max_keys, 1, limits.max_seq_len)
     seed = first(seed_keys, 0, MAX_SEED - 1)
-    temperature = get_float(body, "temperature", prefix + "temperature")
+    temperature = get_float(
+        body, "temperature", prefix + "temperature", MAX_TEMPERATURE, " (the largest float32)"
+    )
     return SamplingParams(
         n=limits.default_n if n is None else n,
         max_tokens=limits.default_max_tokens if max_tokens is None else max_tokens,

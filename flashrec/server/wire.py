@@ -49,7 +49,8 @@ class Connection(RequestHandler):
     so that ``/metrics`` counts them like the application's own.
 
     NOTE: it reads two private fields of aiohttp's handler, ``_request_in_progress`` and
-    ``_messages`` (the parsed requests not yet handled), as of aiohttp 3.14;
+    ``_messages`` (the parsed requests not yet handled), and sets ``_lingering_time``, as of
+    aiohttp 3.14;
     ``tests/server/test_server_wire.py`` fails if they change meaning.
     """
 
@@ -66,6 +67,12 @@ class Connection(RequestHandler):
         self._on_error = on_error
         self._header_timer: asyncio.TimerHandle | None = None
         self._header_bytes = False  # bytes of a request whose headers are not complete yet
+
+    def close_after_answer(self) -> None:
+        """Close the connection as soon as the current answer is written: no lingering read
+        of the rest of a body that is not coming (aiohttp waits up to 10 s for it)."""
+        self._lingering_time = 0.0
+        self.close()
 
     @property
     def idle(self) -> bool:
@@ -235,5 +242,8 @@ async def read_body(request: web.Request, limit: int, timeout_s: float) -> bytes
                 else:
                     parts.append(chunk)
     except TimeoutError:
+        conn = request.protocol
+        if isinstance(conn, Connection):  # the 408 closes the connection as it is sent
+            conn.close_after_answer()
         raise timed_out(f"request body not received within {timeout_s:g} s") from None
     return decoder.finish() if decoder is not None else b"".join(parts)

@@ -5,9 +5,12 @@ Formats, auto-detected from the file's first bytes, suffix and keys:
 * comma-key JSON ``{"12,7,301": <anything>, ...}`` (values ignored; FlashRec writes ``{}`` or
   the item ids). When a layout is given and a key holds ``num_levels + 1`` codes, the last one
   is a trailing end code and is dropped (this holds for every format).
-* RecIF packed-integer JSON (``sid2pid.json``) ``{"<int>": [{"pid": ..}, ..], ...}``: every key
-  has no comma and packs the codes base ``K``: ``a*K^2 + b*K + c``. ``K`` is the layout's or
-  ``codebook_size`` (default 8192); the depth is the layout's ``num_levels`` (default 3).
+* RecIF packed-integer JSON (``sid2pid.json``) ``{"<int>": [{"pid": ..}, ..], ...}``: a key
+  without a comma packs the codes base ``B``: ``a*B^2 + b*B + c``. ``B`` is the base the file
+  was written in: RecIF's 8192 unless ``packed_base`` says otherwise, never the model's
+  codebook size (a code the codebook cannot hold is then an inexpressible SID, not another
+  SID); the depth is the layout's ``num_levels`` (default 3). ``rows.decode_sid_keys`` is the
+  one decoder of keys, shared with the harness's sid2pid reader.
 * RecIF ``pid2sid`` parquet (``.parquet`` or magic ``PAR1``): columns ``pid`` and ``sid`` (a
   list of codes), or one code column per level; see ``flashrec.sid.parquet``. Needs pyarrow.
 * list-of-lists JSON ``[[12, 7, 301], ...]``.
@@ -22,6 +25,7 @@ catalog`` reports on a catalog (``catalog_report``) and converts it to comma-key
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import re
 import sys
@@ -32,13 +36,16 @@ from typing import Any
 
 import numpy as np
 
-from flashrec.sid.catalog_report import build_report
+from flashrec.boundedread import FileLimitError, check_file, read_text
+from flashrec.sid.catalog_report import CatalogReport, build_report
 from flashrec.sid.layout import SidLayout, infer_sid_layout, parse_sid_arg
 from flashrec.sid.parquet import is_parquet, read_pid2sid, row_label
 from flashrec.sid.rows import (
+    RECIF_DEPTH,
+    RECIF_PACKED_BASE,
     RawCatalog,
     RowError,
-    decode_packed,
+    decode_sid_keys,
     list_rows,
     parse_fast,
     parse_rows,
@@ -49,6 +56,7 @@ from flashrec.sid.rows import (
 __all__ = [
     "Catalog",
     "CatalogError",
+    "RECIF_PACKED_BASE",
     "RawCatalog",
     "add_catalog_args",
     "load_catalog",
@@ -57,10 +65,6 @@ __all__ = [
     "unique_rows",
     "write_catalog_json",
 ]
-
-RECIF_CODEBOOK_SIZE = 8192
-RECIF_DEPTH = 3
-
 
 class CatalogError(ValueError):
     """A catalog file is unreadable or invalid; the message starts with the file path."""
@@ -105,12 +109,17 @@ def _parse(path: Path, data: Any, label: Callable[[int], str], parse: Callable) 
         raise CatalogError(f"{path}: {where}{e.why}") from None
 
 
-def _read(path: Path, layout: SidLayout | None, size: int | None, keep_values: bool) -> RawCatalog:
+def _read(
+    path: Path, layout: SidLayout | None, packed_base: int | None, keep_values: bool
+) -> RawCatalog:
     """Entries as read (range unchecked, duplicates kept), labelled, values kept on request."""
-    if is_parquet(path):
-        return _read_parquet(path, keep_values)
-    try:
-        text = path.read_text(encoding="utf-8")
+    try:  # a regular file within --max-catalog-bytes, read within its timeout (boundedread)
+        check_file(path, "catalog")
+        if is_parquet(path):
+            return _read_parquet(path, keep_values)
+        text = read_text(path, "catalog")
+    except FileLimitError as e:
+        raise CatalogError(str(e)) from None
     except (OSError, UnicodeDecodeError) as e:
         raise CatalogError(f"{path}: cannot read catalog: {e}") from None
     if text.lstrip()[:1] not in ("{", "["):
@@ -143,18 +152,16 @@ def _read(path: Path, layout: SidLayout | None, size: int | None, keep_values: b
     def label(i: int) -> str:
         return f"key {keys[i]!r}"
 
-    if keys and all("," not in k for k in keys):  # RecIF packed integers
-        packed = _parse(path, keys, label, parse_rows)[:, 0]
-        depth = layout.num_levels if layout else RECIF_DEPTH
-        size = size or RECIF_CODEBOOK_SIZE
-        codes = _parse(path, packed, label, lambda p: decode_packed(p, size, depth))
-        kind = f"RecIF sid2pid JSON, packed keys base {size}"
-    else:
-        codes, kind = _parse(path, keys, label, parse_rows), "comma-key JSON"
+    depth = layout.num_levels if layout else RECIF_DEPTH
+    base = RECIF_PACKED_BASE if packed_base is None else packed_base
+    codes, packed = _parse(path, keys, label, lambda k: decode_sid_keys(k, depth, base))
+    kind = f"RecIF sid2pid JSON, packed keys base {base}" if packed else "comma-key JSON"
     pids = None
     if keep_values:
         pids = [{} for _ in keys] if values is None else [_pids(v) for v in values]
-    return RawCatalog(codes, label, kind, str(path), pids, items)
+    return RawCatalog(
+        codes, label, kind, str(path), pids, items, packed_base=base if packed else None
+    )
 
 
 # one entry a line as write_catalog_json writes it: '"12,7,301": {}', a comma after all but the last
@@ -219,11 +226,13 @@ def read_raw_catalog(
     layout: SidLayout | None = None,
     codebook_size: int | None = None,
     keep_pids: bool = False,
+    packed_base: int | None = None,
 ) -> RawCatalog:
     """A catalog file's entries, duplicates kept and codes not range-checked (for reports).
 
     A trailing end code (``num_levels + 1`` codes under a layout) is dropped; ``keep_pids``
-    keeps each entry's value (item ids where the file has them).
+    keeps each entry's value (item ids where the file has them). Packed-integer keys decode
+    base ``packed_base`` (default RecIF's 8192), whatever the layout's codebook size.
     """
     path = Path(path)
     if layout and codebook_size and layout.codebook_size != codebook_size:
@@ -231,12 +240,11 @@ def read_raw_catalog(
             f"{path}: --codebook-size {codebook_size} disagrees with the layout's "
             f"{layout.codebook_size}"
         )
-    size = codebook_size or (layout.codebook_size if layout else None)
-    raw = _read(path, layout, size, keep_pids)
+    if packed_base is not None and packed_base < 2:
+        raise CatalogError(f"{path}: --packed-base {packed_base} must be at least 2")
+    raw = _read(path, layout, packed_base, keep_pids)
     if layout and raw.depth == layout.num_levels + 1:
-        raw = RawCatalog(
-            raw.codes[:, :-1], raw.label, raw.kind, raw.source, raw.values, raw.items, True
-        )
+        raw = dataclasses.replace(raw, codes=raw.codes[:, :-1], end_code_dropped=True)
     return raw
 
 
@@ -245,15 +253,18 @@ def load_catalog(
     layout: SidLayout | None = None,
     codebook_size: int | None = None,
     keep_pids: bool = False,
+    packed_base: int | None = None,
 ) -> Catalog:
     """Load a catalog in any supported format (see the module docstring); duplicates merge.
 
-    Every code must lie in ``[0, K)`` when ``K`` is known (``codebook_size`` or the layout's)
-    and every SID must have the same depth, at most the layout's ``num_levels``. With
-    ``keep_pids`` the per-SID values (item ids where the file has them) are kept in
-    ``Catalog.pids``, merged over duplicates.
+    Every code must lie in ``[0, K)`` when ``K`` is known (``codebook_size`` or the layout's):
+    a SID with a code beyond it is inexpressible and the file is refused, counting them as
+    ``flashrec catalog`` does. Every SID must have the same depth, at most the layout's
+    ``num_levels``. With ``keep_pids`` the per-SID values (item ids where the file has them)
+    are kept in ``Catalog.pids``, merged over duplicates. ``packed_base``: as
+    ``read_raw_catalog``.
     """
-    raw = read_raw_catalog(path, layout, codebook_size, keep_pids)
+    raw = read_raw_catalog(path, layout, codebook_size, keep_pids, packed_base)
     codes = raw.codes
     if layout and raw.depth > layout.num_levels:
         raise CatalogError(
@@ -261,15 +272,30 @@ def load_catalog(
             f"{layout.num_levels} levels"
         )
     size = codebook_size or (layout.codebook_size if layout else None)
-    if size is not None:
-        bad = np.argwhere(codes >= size)
-        if bad.size:
-            row, level = (int(x) for x in bad[0])
-            raise CatalogError(
-                f"{path}: {raw.label(row)}: code {codes[row, level]} at level {level} is "
-                f"outside [0, {size})"
-            )
+    if size is not None and (codes >= size).any():
+        report = build_report(raw, layout, size, examples=1)
+        first = report.examples[0]
+        raise CatalogError(
+            f"{inexpressible_message(raw, report)}; first: {first.where}: "
+            f"{','.join(map(str, first.sid))}: {first.why}"
+        )
     return _merge(raw)
+
+
+def inexpressible_message(raw: RawCatalog, report: CatalogReport) -> str:
+    """``PATH: N of M SIDs cannot be expressed by the SID layout``, and for packed keys the
+    base they were decoded in (a file packed in another base reads as codes beyond the
+    codebook: the fix is the base, not the model)."""
+    text = (
+        f"{raw.source}: {report.inexpressible} of {report.sids} SIDs cannot be expressed by "
+        f"the SID layout"
+    )
+    if raw.packed_base is not None:
+        text += (
+            f" (packed keys decoded base {raw.packed_base}; a file packed in another base "
+            "needs --packed-base, or packed_base on /update_catalog)"
+        )
+    return text
 
 
 def _merge(raw: RawCatalog) -> Catalog:
@@ -317,7 +343,12 @@ def write_catalog_json(
 
 def add_catalog_args(parser: argparse.ArgumentParser) -> None:
     """Flags of ``flashrec catalog``: report on any catalog file, convert it to comma-key JSON."""
-    parser.add_argument("--from", dest="src", required=True, help="catalog file, any format")
+    parser.add_argument(
+        "path", nargs="?", default=None, metavar="PATH", help="catalog file, any format"
+    )
+    parser.add_argument(
+        "--from", dest="src", default=None, metavar="PATH", help="the same as PATH"
+    )
     parser.add_argument(
         "--out", default=None, help="comma-key JSON to write (without it: the report only)"
     )
@@ -330,6 +361,14 @@ def add_catalog_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--codebook-size", type=int, default=None, help="codes per level (K), for range checks"
+    )
+    parser.add_argument(
+        "--packed-base",
+        type=int,
+        default=None,
+        metavar="B",
+        help="base the packed-integer keys were written in (a*B^2 + b*B + c); default "
+        f"{RECIF_PACKED_BASE}, RecIF's sid2pid.json; never taken from the model's codebook size",
     )
     parser.add_argument("--json", action="store_true", help="print the report as one JSON object")
 
@@ -345,14 +384,23 @@ def _layout(args: argparse.Namespace) -> SidLayout | None:
 
 
 def run_catalog(args: argparse.Namespace) -> int:
-    """``flashrec catalog``: report on ``--from``; write ``--out`` unless a SID is inexpressible.
+    """``flashrec catalog [PATH | --from PATH]``: report on the file; write ``--out`` unless a
+    SID is inexpressible.
 
     Exit status 1 on an unreadable catalog, a bad layout, or any SID the layout cannot express
-    (then nothing is written).
+    (then nothing is written); 2 when no file, or two different ones, are named.
     """
+    given = [p for p in (getattr(args, "path", None), args.src) if p]
+    if not given or len(set(given)) > 1:
+        why = "no catalog file" if not given else f"two catalog files ({given[0]}, {given[1]})"
+        print(f"error: {why}: name one, as PATH or --from PATH", file=sys.stderr)
+        return 2
+    src = given[0]
     try:
         layout = _layout(args)
-        raw = read_raw_catalog(args.src, layout, args.codebook_size, keep_pids=bool(args.out))
+        raw = read_raw_catalog(
+            src, layout, args.codebook_size, bool(args.out), getattr(args, "packed_base", None)
+        )
         report = build_report(raw, layout, args.codebook_size)
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -369,8 +417,7 @@ def run_catalog(args: argparse.Namespace) -> int:
             print(f"{len(catalog)} SIDs, depth {catalog.depth}: {catalog.source} -> {args.out}")
     if report.inexpressible:
         print(
-            f"error: {raw.source}: {report.inexpressible} of {report.sids} SIDs cannot be "
-            f"expressed by the SID layout{'; nothing written' if args.out else ''}",
+            f"error: {inexpressible_message(raw, report)}{'; nothing written' if args.out else ''}",
             file=sys.stderr,
         )
         return 1

@@ -8,7 +8,7 @@ that names the file and the entry (``line 4``, ``key '1,2'``, ``row 7``).
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -18,6 +18,9 @@ import numpy as np
 from flashrec.sid.layout import CODE_TOKEN_RE, LEVEL_LETTERS, SID_BEGIN_TOKEN, SID_END_TOKEN
 
 INT64_MAX = np.iinfo(np.int64).max
+# RecIF's sid2pid.json packs 3 codes base 8192: c1*8192^2 + c2*8192 + c3
+RECIF_PACKED_BASE = 8192
+RECIF_DEPTH = 3
 _SEPARATORS = re.compile(r"[ \t]*,[ \t]*|[ \t]+")
 
 
@@ -37,7 +40,8 @@ class RawCatalog:
     ``codes[i]`` is entry ``i`` (``label(i)`` names it in messages); ``values[i]`` its value
     (item ids where the file has them) when kept; ``items`` the number of item ids the file
     lists, where it lists them; ``kind`` the format read; ``end_code_dropped`` is True when a
-    trailing end code past the layout's levels was cut off every entry.
+    trailing end code past the layout's levels was cut off every entry; ``packed_base`` the base
+    its packed-integer keys were decoded in (None: it has none).
     """
 
     codes: np.ndarray
@@ -47,6 +51,7 @@ class RawCatalog:
     values: list[Any] | np.ndarray | None = None
     items: int | None = None
     end_code_dropped: bool = False
+    packed_base: int | None = None
 
     @property
     def depth(self) -> int:
@@ -178,15 +183,69 @@ def _token_row(line: str) -> str:
     return ",".join(code for _, code in pairs)
 
 
-def decode_packed(packed: np.ndarray, size: int, depth: int) -> np.ndarray:
-    """Base-``size`` digits of ``packed`` ``[N]`` as ``[N, depth]`` codes, most significant first."""
-    if size**depth > INT64_MAX:
-        raise RowError(0, f"{depth} levels of {size} codes do not fit a 64-bit packed integer")
-    too_big = np.flatnonzero(packed >= size**depth)
+def decode_packed(packed: np.ndarray, base: int, depth: int) -> np.ndarray:
+    """Base-``base`` digits of ``packed`` ``[N]`` as ``[N, depth]`` codes, most significant
+    first. ``base`` is the one the file was packed in, never a model's codebook size: a digit
+    beyond the codebook is then an inexpressible code, not another SID."""
+    if base < 2:
+        raise RowError(None, f"packed-key base {base} must be at least 2")
+    if base**depth > INT64_MAX:
+        raise RowError(None, f"{depth} levels of base {base} do not fit a 64-bit packed integer")
+    too_big = np.flatnonzero(packed >= base**depth)
     if too_big.size:
-        raise RowError(int(too_big[0]), f"packed SID exceeds {size}^{depth} - 1")
-    powers = size ** np.arange(depth - 1, -1, -1, dtype=np.int64)
-    return (packed[:, None] // powers) % size
+        raise RowError(
+            int(too_big[0]), f"packed SID exceeds {base}^{depth} - 1 (keys packed base {base})"
+        )
+    powers = base ** np.arange(depth - 1, -1, -1, dtype=np.int64)
+    return (packed[:, None] // powers) % base
+
+
+def decode_sid_keys(
+    keys: list[str], depth: int = RECIF_DEPTH, base: int | None = None
+) -> tuple[np.ndarray, bool]:
+    """The one reading of SID keys (catalog files, sid2pid mappings): a key with commas is its
+    codes (``"12,7,301"``), a key without is packed base ``base`` (default RecIF's 8192) into
+    ``depth`` codes. Returns ``([N, D] codes, whether any key was packed)``; raises ``RowError``
+    naming the first bad key (index into ``keys``)."""
+    base = RECIF_PACKED_BASE if base is None else base
+    comma = [("," in k) for k in keys]
+    if all(comma):
+        return parse_rows(keys), False
+    if not any(comma):
+        return decode_packed(parse_rows(keys)[:, 0], base, depth), True
+    # a mix: each kind read as above, then put back in file order
+    packed_at = [i for i, c in enumerate(comma) if not c]
+    comma_at = [i for i, c in enumerate(comma) if c]
+    out = np.empty((len(keys), depth), dtype=np.int64)
+    unpack = lambda k: decode_packed(parse_rows(k)[:, 0], base, depth)  # noqa: E731
+    out[packed_at] = _subset(unpack, keys, packed_at)
+    rows = _subset(parse_rows, keys, comma_at)
+    if rows.shape[1] != depth:
+        why = f"expected {depth} codes like the packed keys, got {rows.shape[1]}"
+        raise RowError(comma_at[0], why)
+    out[comma_at] = rows
+    return out, True
+
+
+def _subset(parse: Callable[[list[str]], np.ndarray], keys: list[str], at: list[int]) -> np.ndarray:
+    """``parse`` over ``keys[at]``; a ``RowError`` names the key's index in ``keys``."""
+    try:
+        return parse([keys[i] for i in at])
+    except RowError as e:
+        raise RowError(None if e.index is None else at[e.index], e.why, e.where) from None
+
+
+def pack_sid(sid: Sequence[int], base: int = RECIF_PACKED_BASE) -> int:
+    """``(c1, c2, c3)`` -> the packed key ``c1*base^2 + c2*base + c3`` (``decode_sid_keys``
+    reads it back); ValueError for a code that base cannot hold."""
+    out = 0
+    for code in sid:
+        if not 0 <= int(code) < base:
+            raise ValueError(
+                f"code {code} of SID {tuple(sid)} does not fit a packed key base {base}"
+            )
+        out = out * base + int(code)
+    return out
 
 
 def list_rows(obj: list) -> np.ndarray:

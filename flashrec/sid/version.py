@@ -61,18 +61,23 @@ def unconstrained(depth: int) -> CatalogVersion:
 
 
 def build_catalog_version(
-    path: str | Path, layout: SidLayout, depth: int | None, device: str | torch.device
+    path: str | Path,
+    layout: SidLayout,
+    depth: int | None,
+    device: str | torch.device,
+    packed_base: int | None = None,
 ) -> CatalogVersion:
     """Read, validate and build ``path`` into a servable catalog; ValueError (with the reason)
     when the file is missing, unreadable, empty, of another depth than ``depth`` (None: any
-    depth the layout holds), or holds a code the layout cannot express. The trie is built on
-    the CPU, then moved to ``device``."""
+    depth the layout holds), or holds a code the layout cannot express. Packed-integer keys
+    decode base ``packed_base`` (default RecIF's 8192), never the layout's codebook size. The
+    trie is built on the CPU, then moved to ``device``."""
     path = str(path)
     if not Path(path).exists():
         raise ValueError(f"catalog file not found: {path}")
     t0 = time.perf_counter()
     try:
-        cat = load_catalog(path, layout=layout)
+        cat = load_catalog(path, layout=layout, packed_base=packed_base)
     except ValueError:
         raise
     except Exception as exc:  # noqa: BLE001 - any reader failure is a bad file

@@ -41,7 +41,9 @@ def add_synth_args(parser: argparse.ArgumentParser) -> None:
         "--catalog-size",
         type=int,
         default=None,
-        help="also write catalog.json with this many random unique SIDs",
+        help="also write catalog.json with this many random unique SIDs (default: none, no "
+        "catalog.json: a server on the checkpoint then decodes unconstrained, smoke only, "
+        "unless given a --sid-vocab-file)",
     )
     parser.add_argument(
         "--sid-entropy",

@@ -137,9 +137,10 @@ def _finish(out: Path, comparison: dict, status: str, reason: str, code: int) ->
             f"candidate = this checkout; {ab.get('pairs')} pairs in {ab.get('sessions')} "
             f"session(s) of fresh servers, {ab.get('order')}",
             f"- {comparison.get('test')} over "
-            f"{'sessions' if comparison.get('sessions', 1) >= 3 else 'pairs'}: delta = geometric "
-            f"mean of candidate/baseline - 1; band = {comparison.get('band_k')} x its standard "
-            "error",
+            f"{'sessions' if comparison.get('sessions', 1) >= 3 else 'pairs'}: paired change = "
+            "geometric mean of the pairs' candidate / baseline ratios - 1 (what the verdicts "
+            f"and gates judge); band = {comparison.get('band_k')} x its standard error; change "
+            "of medians = candidate median / baseline median - 1",
         ]
         md.write_text(md.read_text() + "\n".join(lines) + "\n")
     print(f"gate: {status.upper()}: {reason}", file=sys.stderr)

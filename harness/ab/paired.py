@@ -6,7 +6,9 @@ machine, so machine drift and load from other processes hit both alike; the pair
 
     d_i    = ln(b_i / a_i)                (b - a over |mean a| when a value is <= 0)
     units  = the d_i, or with sessions the mean d of each session (>= 3 sessions)
-    delta  = exp(mean units) - 1          (``wilcoxon``: exp(median units) - 1)
+    delta  = exp(mean units) - 1          (``wilcoxon``: exp(median units) - 1), the
+             "paired change" judged by the verdict and the gates (``delta_pct``); the change of
+             the medians (``median_delta_pct``) is shown beside it and may differ in sign
     p      = t-test of mean units == 0    (``wilcoxon``: Wilcoxon signed-rank, exact when small)
     band   = exp(band_k * sd(units) / sqrt(#units)) - 1   the noise band of delta itself
 
@@ -34,6 +36,7 @@ from harness.gate.compare import compare_cell_metrics, correct_verdicts, report_
 from harness.gate.quality import compare_samples, is_sample_metric
 from harness.metrics.rounds import direction, named_direction
 from harness.metrics.stats import t_two_sided_p
+from harness.report.render_compare import change_pct
 
 NAN = float("nan")
 # ``stats.test`` of the matrix -> its paired counterpart
@@ -147,6 +150,10 @@ def paired_metric(
             band = 0.0 if spread == 0 else math.inf
     p = wilcoxon(d) if test == "wilcoxon" else paired_t(d)
     out.update(delta_pct=100 * delta, band_pct=100 * band, p_value=p, units=int(d.size))
+    # what delta_pct is (the gates judge it), and the change of the medians shown beside it:
+    # the two can differ in sign (a mean of ratios is not a ratio of medians)
+    out["estimate"] = "ratio" if (a > 0).all() and (b > 0).all() else "difference"
+    out["median_delta_pct"] = change_pct(out["base"], out["new"])
     significant = _finite(p) and p < alpha
     if not (significant and abs(delta) > band):
         reason = "not significant" if not significant else "inside the noise band"

@@ -19,7 +19,12 @@ from harness.determinism.compare import (
     make_workload,
 )
 from harness.determinism.processes import Plan, run_processes
-from harness.determinism.stephash import DEBUG_ENV, first_divergence, parse_step_hashes
+from harness.determinism.stephash import (
+    DEBUG_ENV,
+    first_divergence,
+    parse_step_hashes,
+    verdict_words,
+)
 
 
 def _replay(plan, replay, processes, mode, against, log_dir, label, log):
@@ -64,13 +69,6 @@ def localise(
         a, b = runs[0][i], runs[p][i]
         div = first_divergence(hashes[0].get(a.rid, []), hashes[p].get(b.rid, []))
         explained.append({"index": i, "processes": [0, p], "rids": [a.rid, b.rid], **div})
-    verdicts: dict[str, int] = {}
-    where: dict[str, int] = {}
-    for e in explained:
-        verdicts[e["verdict"]] = verdicts.get(e["verdict"], 0) + 1
-        if "step" in e and "phase" in e:
-            key = f"{e['verdict']} at step {e['step']} ({e['phase']})"
-            where[key] = where.get(key, 0) + 1
     again = {r["index"] for r in cmp["drifting"]}
     return {
         "replays": attempt + 1,
@@ -78,11 +76,32 @@ def localise(
         "drifting_in_replay": cmp["drifting_requests"],
         "reproduced": sorted(again & set(drifting)),
         "not_reproduced": sorted(set(drifting) - again),
-        "verdicts": verdicts,
-        "first_divergence_at": where,
+        **tally_divergences(explained),
         "first_divergence": explained,
         "logs": [str(p) for p in logs],
     }
+
+
+def tally_divergences(explained: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
+    """A localisation's counts: requests per verdict (``verdicts``) and per verdict, step and
+    phase (``first_divergence_at``)."""
+    verdicts: dict[str, int] = {}
+    where: dict[str, int] = {}
+    for e in explained:
+        verdicts[e["verdict"]] = verdicts.get(e["verdict"], 0) + 1
+        if "step" in e and "phase" in e:
+            key = f"{e['verdict']} at step {e['step']} ({e['phase']})"
+            where[key] = where.get(key, 0) + 1
+    return {"verdicts": verdicts, "first_divergence_at": where}
+
+
+def localisation_line(what: str, loc: dict[str, Any], drifting: int) -> str:
+    """The console line of one localisation, in words (``what``: the mode, or "concurrent
+    against sequential")."""
+    return (
+        f"determinism: {what} localisation: {len(loc['reproduced'])} of {drifting} drifting "
+        f"requests drifted again in the step-hash replay; {verdict_words(loc['verdicts'])}"
+    )
 
 
 ACCEPTANCE_REQUESTS = 120  # distinct requests a run needs to count for acceptance
@@ -198,18 +217,12 @@ def run_determinism(
                 plan, items, [r["index"] for r in summary["drifting"]], processes, m, logs, log=log
             )
             result["localisation"][m] = loc
-            log(
-                f"determinism: {m} localisation: {loc['verdicts']} "
-                f"({len(loc['reproduced'])} of {summary['drifting_requests']} reproduced)"
-            )
+            log(localisation_line(m, loc, summary["drifting_requests"]))
     if vs_rows and localise_drift and not result["concurrent"]["errors"]:
         drifting = [r["index"] for r in vs_rows]
         loc = localise(plan, items, drifting, 2, "concurrent", logs, log=log, against="sequential")
         result["localisation"]["concurrent_vs_sequential"] = loc
-        log(
-            f"determinism: concurrent against sequential localisation: {loc['verdicts']} "
-            f"({len(loc['reproduced'])} of {len(drifting)} reproduced)"
-        )
+        log(localisation_line("concurrent against sequential", loc, len(drifting)))
     result["status"] = verdict(result, modes, strict_concurrent)
     result["strict_concurrent"] = strict_concurrent
     result["acceptance"] = requests >= ACCEPTANCE_REQUESTS

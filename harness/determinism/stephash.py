@@ -75,3 +75,49 @@ def first_divergence(a: list[StepHash], b: list[StepHash]) -> dict[str, Any]:
             "detail": f"{len(a)} vs {len(b)} steps",
         }
     return {"verdict": AFTER_STEPS}
+
+
+# verdict -> what a request with it did, in words (a count of requests goes before it)
+VERDICT_WORDS = {
+    NUMERICS: "first diverged in numerics (equal step inputs, different outputs)",
+    HOST_STATE: "first diverged in host-side state (a step's inputs differ)",
+    AFTER_STEPS: "agreed at every step and differed only after the last one",
+}
+
+
+def _requests(n: int) -> str:
+    return f"{n} request" + ("" if n == 1 else "s")
+
+
+def verdict_words(verdicts: dict[str, int]) -> str:
+    """A localisation's verdict counts in words ("62 requests first diverged in numerics
+    (...)"), for the console and the report, which show no Python dicts."""
+    if not verdicts:
+        return "no request drifted in the step-hash replay, so none was localised"
+    parts = []
+    for verdict, n in verdicts.items():
+        words = VERDICT_WORDS.get(verdict)
+        if words is None and verdict.startswith("no step hashes"):
+            words = f"could not be localised: {verdict}"
+        parts.append(f"{_requests(n)} {words or f'with verdict {verdict!r}'}")
+    return "; ".join(parts)
+
+
+def where_words(where: dict[str, int]) -> str:
+    """A localisation's ``first_divergence_at`` counts in words: "numerics at step 3
+    (decode): 5 requests"."""
+    return "; ".join(f"{key}: {_requests(n)}" for key, n in where.items()) or "-"
+
+
+def divergence_words(e: dict[str, Any]) -> str:
+    """One explained request of a localisation (``first_divergence`` entry) in words."""
+    procs = e.get("processes") or []
+    who = f"request {e.get('index', '?')}"
+    if len(procs) == 2:
+        who += f" (process {procs[0]} vs {procs[1]})"
+    text = f"{who}: {e.get('verdict', '?')}"
+    if "step" in e:
+        text += f" at step {e['step']}" + (f" ({e['phase']})" if e.get("phase") else "")
+    if e.get("detail"):
+        text += f", {e['detail']}"
+    return text

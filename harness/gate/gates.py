@@ -169,13 +169,29 @@ def resolve_path(report: dict, path: str) -> Any:
     return cur
 
 
+def unchecked_reason(root: dict, path: str) -> str | None:
+    """Why the metric a path names (``metrics.NAME...`` in a cell, ``cells.I.metrics.NAME...``
+    in a report) was not measured: the cell's ``unchecked`` entry (None when it has none)."""
+    cur: Any = root
+    parts = path.split(".")
+    for i, part in enumerate(parts):
+        if part == "metrics" and isinstance(cur, dict) and i + 1 < len(parts):
+            return (cur.get("unchecked") or {}).get(parts[i + 1])
+        cur = resolve_path(cur, part)
+    return None
+
+
 def _absolute(gate: GateSpec, report: dict) -> dict:
     """A threshold, checked in every selected cell that ran (or in the report, for a path
     without ``cells``). A failed cell is missing; so is a cell without the path's section at
-    all (an untraced cell under a ``trace.`` path). A value absent where the cell ran, or the
-    section is there, fails the gate: it cannot be checked, so it has not passed."""
+    all (an untraced cell under a ``trace.`` path). A metric the cell could not check (its
+    ``unchecked`` reason: no catalog, one beam ...) is unchecked: the gate is ``no_data`` with
+    the reason. Any other value absent where the cell ran, or the section is there, fails the
+    gate: it cannot be checked, so it has not passed."""
     op = OPS[gate.op or "=="]
-    checks, missing = [], []
+    checks: list[dict] = []
+    missing: list[str] = []
+    unchecked: list[dict] = []
     if gate.path:
         # with cells: the path inside each selected cell (e.g. its trace); else in the report
         roots = (
@@ -191,6 +207,8 @@ def _absolute(gate: GateSpec, report: dict) -> dict:
             value = resolve_path(root, gate.path)
             if _finite(value) or isinstance(value, bool):
                 checks.append({"target": target, "value": value, "ok": op(value, gate.value)})
+            elif value is None and (why := unchecked_reason(root, gate.path)):
+                unchecked.append({"target": target, "reason": why})
             else:
                 why = "absent" if value is None else f"not a number: {str(value)[:40]}"
                 checks.append({"target": target, "value": why, "ok": False})
@@ -202,13 +220,16 @@ def _absolute(gate: GateSpec, report: dict) -> dict:
                 missing.append(cell["id"])
                 continue
             m = cell.get("metrics", {}).get(gate.metric or "")
+            if m is None and (why := (cell.get("unchecked") or {}).get(gate.metric or "")):
+                unchecked.append({"target": cell["id"], "reason": why})
+                continue
             if m is None or not _finite(m.get("median")):
                 checks.append({"target": cell["id"], "value": "no value", "ok": False})
                 continue
             checks.append(
                 {"target": cell["id"], "value": m["median"], "ok": op(m["median"], gate.value)}
             )
-    return _verdict(gate, checks, missing)
+    return _verdict(gate, checks, missing, unchecked)
 
 
 def _relative(gate: GateSpec, comparison: dict | None) -> dict:
@@ -251,12 +272,25 @@ def _relative(gate: GateSpec, comparison: dict | None) -> dict:
     return out
 
 
-def _verdict(gate: GateSpec, checks: list[dict], missing: list[str]) -> dict:
-    """pass / fail, or ``no_data`` when nothing it selects was measured (never a pass)."""
+def _verdict(
+    gate: GateSpec, checks: list[dict], missing: list[str], unchecked: list[dict] | None = None
+) -> dict:
+    """pass / fail, or ``no_data`` when nothing it selects was measured, or a cell it selects
+    ran but could not check its metric (``unchecked``, with the reason): never a pass."""
     failed = [c for c in checks if not c["ok"]]
     out = {"name": gate.label, "checks": checks, "missing": missing}
-    if failed or (gate.required and (missing or not checks)):
-        return {**out, "status": "fail"}
+    why = ""
+    if unchecked:
+        out["unchecked"] = unchecked
+        reasons = list(dict.fromkeys(u["reason"] for u in unchecked))
+        if len(reasons) > 1:  # different cells, different reasons: each cell says its own
+            why = "; ".join(f"{u['target']}: {u['reason']}" for u in unchecked)
+        else:
+            why = reasons[0] + ("" if len(unchecked) == 1 else f" ({len(unchecked)} cells)")
+    if failed or (gate.required and (missing or not checks or unchecked)):
+        return {**out, "status": "fail", **({"reason": why} if why else {})}
+    if unchecked:
+        return {**out, "status": "no_data", "reason": why}
     if not checks:
         why = "no cell of this run is selected"
         if missing:

@@ -120,6 +120,8 @@ def evaluate_targets(targets: list[TargetSpec], report: dict) -> dict:
             actual = _actual(cell, t.metric) if cell.get("status") == "ok" else None
             if actual is None:
                 missing.append(cell["id"])
+                if reason := (cell.get("unchecked") or {}).get(t.metric):  # not measurable
+                    why[cell["id"]] = reason
                 continue
             checks.append({"cell": cell["id"], **check(t, actual, _mfu(cell))})
         missed = any(not c["met"] for c in checks)

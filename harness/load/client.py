@@ -56,6 +56,9 @@ class Record:
     beams: int = 0
     invalid: int = 0
     duplicates: int = 0
+    # whether ``invalid`` was checked against a catalog (False: the harness had none, so
+    # ``invalid`` counts only beams that are no SID at all and invalid_rate is not measured)
+    sids_checked: bool = False
     prompt_tokens: int | None = None
     cached_tokens: int | None = None
     completion_tokens: int | None = None
@@ -210,6 +213,7 @@ def fill_record(
         record.status, record.error = "error", "a 200 answer with no beams"
         return record
     record.beams, record.invalid, record.duplicates = check.beams, check.invalid, check.duplicates
+    record.sids_checked = checker.catalog is not None
     record.top1 = check.top1
     record.prompt_tokens = usage["prompt_tokens"]
     record.cached_tokens = usage["cached_tokens"]

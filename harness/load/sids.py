@@ -8,7 +8,6 @@ A *duplicate* is a SID already returned earlier in the same response.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import dataclass
@@ -55,38 +54,13 @@ def format_sid(sid: Sid) -> str:
     return "-".join(str(c) for c in sid)
 
 
-def _read_catalog_fallback(path: Path) -> set[Sid]:
-    """Comma-key JSON, list-of-lists JSON or text lines (used without ``flashrec.sid``)."""
-    text = path.read_text()
-    stripped = text.lstrip()
-    if stripped.startswith("{"):
-        return {tuple(int(c) for c in key.split(",")) for key in json.loads(text)}
-    if stripped.startswith("["):
-        return {tuple(int(c) for c in row) for row in json.loads(text)}
-    out: set[Sid] = set()
-    for line in text.splitlines():
-        line = line.split("#", 1)[0].strip()
-        if not line:
-            continue
-        tokens = SID_TOKEN.findall(line)
-        if tokens:
-            out.add(tuple(int(c) for _, c in tokens))
-        else:
-            out.add(tuple(int(c) for c in re.split(r"[,\s]+", line) if c))
-    return out
+def load_catalog_sids(path: str | Path, packed_base: int | None = None) -> set[Sid]:
+    """The catalog's SIDs as a set of code tuples, read by ``flashrec.sid.catalog.load_catalog``
+    (every format the engine reads, packed keys in the one decoder: base ``packed_base``,
+    default RecIF's 8192), so that the harness and the server never read a file differently."""
+    from flashrec.sid.catalog import load_catalog
 
-
-def load_catalog_sids(path: str | Path) -> set[Sid]:
-    """The catalog's SIDs as a set of code tuples.
-
-    Uses ``flashrec.sid.catalog.load_catalog`` (every format the engine reads) when available,
-    otherwise the harness's own reader for the plain formats.
-    """
-    try:
-        from flashrec.sid.catalog import load_catalog
-    except ModuleNotFoundError:
-        return _read_catalog_fallback(Path(path))
-    return {tuple(int(c) for c in row) for row in load_catalog(path).codes.tolist()}
+    return {tuple(row) for row in load_catalog(path, packed_base=packed_base).codes.tolist()}
 
 
 @dataclass(frozen=True)

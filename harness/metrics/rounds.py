@@ -193,10 +193,14 @@ def round_metrics(records: list[Record], extra: Extra | None = None) -> dict[str
         "latency_p90_ms": float(np.percentile(lat, 90)) if lat.size else NAN,
         "latency_p99_ms": float(np.percentile(lat, 99)) if lat.size else NAN,
         "error_rate": (len(used) - len(ok)) / len(used),
-        "invalid_rate": _ratio(sum(r.invalid for r in ok), beams),
-        "duplicate_rate": _ratio(sum(r.duplicates for r in ok), beams),
         "beams_mean": _ratio(beams, len(ok)),
     }
+    # measured only where they can be: invalid SIDs against a catalog, duplicates among more
+    # than one beam of an answer (harness.metrics.checked says why not, for the report)
+    if ok and all(r.sids_checked for r in ok):
+        out["invalid_rate"] = _ratio(sum(r.invalid for r in ok), beams)
+    if any(r.beams > 1 for r in ok):
+        out["duplicate_rate"] = _ratio(sum(r.duplicates for r in ok), beams)
     prompt = [r for r in ok if r.prompt_tokens]
     if prompt:
         out["prompt_tokens_mean"] = sum(r.prompt_tokens for r in prompt) / len(prompt)

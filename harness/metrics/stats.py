@@ -213,3 +213,32 @@ def significance(a, b, test: str = "welch") -> float:
     """Two-sided p-value that rounds ``a`` and ``b`` come from distributions with equal
     location, by the named test (``welch`` or ``mannwhitney``)."""
     return TESTS[test](a, b)[1]
+
+
+def ratio_ci(
+    base, other, paired: bool = False, confidence: float = 0.95, n_boot: int = 2000, seed: int = 0
+) -> tuple[float, float, float]:
+    """``median(other) / median(base)`` of two engines' round values and its percentile
+    bootstrap interval. ``paired`` (rounds interleaved, round i of both taken seconds apart):
+    the rounds are resampled together, so drift both saw cancels; else each side on its own.
+    NaN where a side has no positive median."""
+    a, b = np.asarray(base, dtype=float), np.asarray(other, dtype=float)
+    if paired and a.size == b.size:
+        keep = np.isfinite(a) & np.isfinite(b)
+        a, b = a[keep], b[keep]
+    else:
+        paired, a, b = False, _arr(a), _arr(b)
+    if a.size == 0 or b.size == 0 or np.median(a) <= 0:
+        return NAN, NAN, NAN
+    point = float(np.median(b) / np.median(a))
+    if a.size == 1 and b.size == 1:
+        return point, point, point
+    rng = np.random.default_rng(seed)
+    ia = rng.integers(0, a.size, size=(n_boot, a.size))
+    ib = ia if paired else rng.integers(0, b.size, size=(n_boot, b.size))
+    den = np.median(a[ia], axis=1)
+    ratios = np.median(b[ib], axis=1)[den > 0] / den[den > 0]
+    tail = (1.0 - confidence) / 2.0 * 100.0
+    lo, hi = np.percentile(ratios, [tail, 100.0 - tail])
+    return point, float(lo), float(hi)
+

@@ -28,7 +28,8 @@ DTYPE_NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 # what no_worse_than compares unless a rule names its own metrics (higher is closer)
 RULE_METRICS = ("top1_agreement", "overlap_mean")
 CANDIDATE_KEYS = {"name", "kind", "precision", "dtype", "quantization", "kv_cache_dtype",
-                  "server_args", "url", "thresholds", "gate", "no_worse_than"}  # fmt: skip
+                  "server_args", "url", "thresholds", "gate", "no_worse_than", "engine",
+                  "against"}  # fmt: skip
 # top-level keys that belong to the single-candidate form only
 SINGLE_ONLY = ("candidate_url", "precision", "thresholds")
 TABLE_COLUMNS = ("cases", "errors", "exact_rate", "top1_agreement", "overlap_mean", "overlap_min",
@@ -64,6 +65,8 @@ class Candidate:
     url: str | None = None  # a running server instead of a launched one
     thresholds: Thresholds | None = None
     gate: bool = True  # thresholds fail the stage (else reported only)
+    engine: Any = None  # a matrix engine (EngineSpec) launched as this candidate (a peer)
+    against: str | None = None  # another candidate its answers are also compared with
 
 
 @dataclass(frozen=True)
@@ -99,7 +102,7 @@ def reference_dtype(value: Any, default: str = "float32") -> str:
     return name
 
 
-def _candidate(c: Any, base: dict, ref_base: dict, i: int) -> Candidate:
+def _candidate(c: Any, base: dict, ref_base: dict, i: int, engines: dict | None = None) -> Candidate:
     if not isinstance(c, dict) or not c.get("name"):
         raise ValueError(f"parity: candidates[{i}] needs a 'name' (got {c!r})")
     name = str(c["name"])
@@ -116,6 +119,8 @@ def _candidate(c: Any, base: dict, ref_base: dict, i: int) -> Candidate:
     own = {k: c[k] for k in ("dtype", "quantization", "kv_cache_dtype") if c.get(k) is not None}
     if "dtype" in own:  # the servers' --dtype takes full names only
         own["dtype"] = DTYPE_NAMES.get(str(own["dtype"]), str(own["dtype"]))
+    if c.get("engine") is not None:
+        return _engine_candidate(c, name, precision, engines or {})
     if kind == "reference":
         if precision == "fp8" or set(own) - {"dtype"}:
             raise ValueError(
@@ -128,7 +133,27 @@ def _candidate(c: Any, base: dict, ref_base: dict, i: int) -> Candidate:
     args.update(c.get("server_args") or {})
     th = thresholds_for(precision, c.get("thresholds"))
     gate = bool(c.get("gate", kind == "flashrec"))  # an HF yardstick is reported, not gated
-    return Candidate(name, kind, precision, args, c.get("url"), th, gate)
+    return Candidate(name, kind, precision, args, c.get("url"), th, gate, against=c.get("against"))
+
+
+def _engine_candidate(c: dict, name: str, precision: str, engines: dict) -> Candidate:
+    """A candidate that is one of the matrix's engines (``engine: NAME``): launched by that
+    engine's own command, environment and ``args`` (plus the candidate's ``server_args``; none
+    of FlashRec's precision flags), or reached at its URL when external. Reported, not gated,
+    unless ``gate: true``."""
+    eng = engines.get(str(c["engine"]))
+    if eng is None:
+        raise ValueError(f"parity: candidate {name!r}: engine {c['engine']!r} is not one of the "
+                         f"matrix's engines {sorted(engines)}")  # fmt: skip
+    mixed = [k for k in ("kind", "dtype", "quantization", "kv_cache_dtype") if c.get(k) is not None]
+    if mixed:
+        raise ValueError(f"parity: candidate {name!r}: {mixed} do not go with 'engine' (the "
+                         "engine's own args and the candidate's server_args set its flags)")  # fmt: skip
+    args = {**eng.args, **(c.get("server_args") or {})}
+    th = thresholds_for(precision, c.get("thresholds"))
+    url = c.get("url") or (eng.url if not eng.launched else None)
+    return Candidate(name, "engine", precision, args, url, th, bool(c.get("gate", False)),
+                     eng, c.get("against"))  # fmt: skip
 
 
 def _rule(name: str, spec: Any) -> Rule:
@@ -149,7 +174,7 @@ def _rule(name: str, spec: Any) -> Rule:
     return Rule(name, str(spec["than"]), metrics, float(spec.get("tolerance", 0.0)), conf)
 
 
-def parse_plan(spec: dict) -> Plan:
+def parse_plan(spec: dict, engines: dict | None = None) -> Plan:
     """The ``candidates:`` form, checked before anything is launched: a clear ``ValueError``
     for an empty list, no ``ns``, a duplicate name, an unknown kind, key or precision, or a
     rule naming no candidate."""
@@ -168,10 +193,14 @@ def parse_plan(spec: dict) -> Plan:
     ref_dtype = reference_dtype(spec.get("reference_dtype"))
     ref_args = {**(spec.get("reference_args") or {}), "dtype": ref_dtype}
     base, ref_base = dict(spec.get("server_args") or {}), dict(spec.get("reference_args") or {})
-    cands = [_candidate(c, base, ref_base, i) for i, c in enumerate(raw)]
+    cands = [_candidate(c, base, ref_base, i, engines) for i, c in enumerate(raw)]
     names = [c.name for c in cands]
     if len(set(names)) != len(names):
         raise ValueError(f"parity: candidate names must be unique, got {names}")
+    for c in cands:
+        if c.against is not None and (c.against not in names or c.against == c.name):
+            raise ValueError(f"parity: {c.name!r} against {c.against!r}: name another "
+                             f"candidate (candidates: {names})")  # fmt: skip
     rules = [_rule(str(c["name"]), c["no_worse_than"]) for c in raw if c.get("no_worse_than")]
     for r in rules:
         if r.than not in names or r.than == r.candidate:
@@ -239,6 +268,18 @@ def table_rows(results: list[dict], ns: list[int]) -> list[dict]:
         for r in results
         for n in ns
     ]
+
+
+AGAINST_COLUMNS = ("cases", "errors", "exact_rate", "top1_agreement", "overlap_mean",
+                   "overlap_min", "max_score_diff")  # fmt: skip
+
+
+def against_rows(name: str, other: str, cases: list[Case], ns: list[int]) -> list[dict]:
+    """A candidate's answers against another candidate's (``against``; e.g. a peer engine
+    against ours), per n: top-1 equal, mean overlap@n, max |score diff| on shared beams."""
+    per_n = by_n(cases, ns)
+    return [{"candidate": name, "against": other, "n": n,
+             **{k: per_n[n].get(k) for k in AGAINST_COLUMNS}} for n in ns]  # fmt: skip
 
 
 def paired_noise(rows: list[dict], a: str, b: str, n: int, field: str | None, conf: float):

@@ -7,6 +7,8 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from harness.load.sids import SID_TOKEN
+
 
 @dataclass(frozen=True)
 class Beam:
@@ -86,11 +88,28 @@ def spearman(a: list, b: list) -> float | None:
     return 1.0 - 6.0 * d2 / (k * (k * k - 1))
 
 
+def sid_key(text: str) -> tuple | str:
+    """A beam's SID level tokens (``<s_a_1><s_b_2>`` -> ``(("a", "1"), ("b", "2"))``), whatever
+    wraps them (``<|sid_begin|>``, ``<|sid_end|>``, spaces); the text itself when it holds none."""
+    found = SID_TOKEN.findall(text)
+    return tuple(found) if found else text
+
+
+def beam_keys(ref: list[Beam], cand: list[Beam]) -> tuple[list, list]:
+    """What identifies each side's beams: their token ids when every beam of both sides has
+    them, else the SIDs in their text (a server that returns no ids, e.g. the public
+    ``flashrec`` 0.1.2, whose chat text also carries ``<|sid_begin|>`` / ``<|sid_end|>``)."""
+    if all(b.token_ids for b in ref) and all(b.token_ids for b in cand):
+        return [b.key for b in ref], [b.key for b in cand]
+    return [sid_key(b.text) for b in ref], [sid_key(b.text) for b in cand]
+
+
 def compare_beams(ref: list[Beam], cand: list[Beam]) -> dict[str, Any]:
     """Metrics of one case (reference beams vs candidate beams, both best first)."""
-    rk, ck = [b.key for b in ref], [b.key for b in cand]
+    rk, ck = beam_keys(ref, cand)
     shared = set(rk) & set(ck)
-    rs, cs = {b.key: b.score for b in ref}, {b.key: b.score for b in cand}
+    rs = {k: b.score for k, b in zip(rk, ref)}
+    cs = {k: b.score for k, b in zip(ck, cand)}
     diffs = [abs(rs[k] - cs[k]) for k in shared]
     first = next((i for i, (x, y) in enumerate(zip(rk, ck)) if x != y), None)
     if first is None and len(rk) != len(ck):
@@ -230,11 +249,12 @@ def diff_table(case: Case, max_rows: int = 12) -> str:
     ]
     rows = max(len(case.ref), len(case.cand))
     start = max(0, (case.metrics.get("first_diff_rank") or 0) - 2)
+    rk, ck = beam_keys(case.ref, case.cand)
     for i in range(start, min(rows, start + max_rows)):
         r = case.ref[i] if i < len(case.ref) else None
         c = case.cand[i] if i < len(case.cand) else None
         mark = " "
-        if r is None or c is None or r.key != c.key:
+        if r is None or c is None or rk[i] != ck[i]:
             mark = "!"
         elif abs(r.score - c.score) > 1e-6:
             mark = "~"

@@ -13,7 +13,14 @@ from typing import Any
 
 import aiohttp
 
-from harness.parity.candidates import Candidate, Plan, candidate_result, multi_result, parse_plan
+from harness.parity.candidates import (
+    Candidate,
+    Plan,
+    against_rows,
+    candidate_result,
+    multi_result,
+    parse_plan,
+)
 from harness.parity.fetch import (
     PROTOCOLS,
     CaseProgress,
@@ -27,7 +34,7 @@ from harness.parity.fetch import cases_from as _cases_from
 from harness.parity.saved import asked_key, load, save
 from harness.parity.servers import one_server
 
-_ROLE = {"flashrec": "candidate", "reference": "reference"}
+_ROLE = {"flashrec": "candidate", "reference": "reference", "engine": "candidate"}
 
 
 async def _fetch(spec: dict, url: str, prompts: list, ns: list[int], max_tokens: int | None,
@@ -84,8 +91,10 @@ def _run_candidate(
                 spec.get("device"),
                 cand.url,
                 float(spec.get("startup_timeout_s", 600)),
+                cand.engine,
             ) as (url, info):
-                asked = (ctx["prompts"], plan.ns, ctx["max_tokens"], ctx["protocols"])
+                tokens = (cand.engine.max_tokens if cand.engine else None) or ctx["max_tokens"]
+                asked = (ctx["prompts"], plan.ns, tokens, ctx["protocols"])
                 beams, _, _, _ = asyncio.run(_fetch(spec, url, *asked, cand.name, log))
         except Exception as exc:  # noqa: BLE001 - one candidate's failure is its row, not the stage's
             res = {"name": cand.name, "kind": cand.kind, "precision": cand.precision,
@@ -98,6 +107,7 @@ def _run_candidate(
         meta = {"url": url, "engine": info.get("engine"),
                 "duration_s": round(time.monotonic() - t0, 2)}  # fmt: skip
         save(path, key, beams, meta)
+    ctx["beams"][cand.name] = beams
     cases = _cases_from(ref, beams)
     res = candidate_result(cand, cases, plan.ns)
     res.update(meta)
@@ -113,11 +123,12 @@ def run_candidates(
     out: Path,
     log: Any = print,
     resume: bool = False,
+    engines: dict | None = None,
 ) -> dict:
     """The multi-candidate stage result (:func:`harness.parity.candidates.multi_result`).
     Every server's answers are saved under ``out/answers/``; ``resume`` reads back those of
     an earlier run that asked the same cases of a server started the same way."""
-    plan = parse_plan(spec)
+    plan = parse_plan(spec, engines)
     prompts = spec_prompts(spec, model_path)
     if not prompts:
         raise ValueError("parity: 'prompts' must be >= 1")
@@ -147,13 +158,20 @@ def run_candidates(
         log(f"parity: {ref_label}: {len(ref)} cases in {time.monotonic() - t0:.1f} s")
     ctx = {"model_path": model_path, "catalog": catalog, "out": out, "prompts": prompts,
            "max_tokens": max_tokens, "protocols": protocols, "resume": resume,
-           "cases_key": ref_key}  # fmt: skip
+           "cases_key": ref_key, "beams": {}}  # fmt: skip
     results, rows = [], []
     for cand in plan.candidates:
         res, cand_rows = _run_candidate(cand, spec, plan, ref, ctx, log)
         results.append(res)
         rows += cand_rows
     result = multi_result(plan, results, protocols, rows)
+    result["against"] = [
+        row
+        for c in plan.candidates
+        if c.against and c.against in ctx["beams"] and c.name in ctx["beams"]
+        for row in against_rows(c.name, c.against,
+                                _cases_from(ctx["beams"][c.against], ctx["beams"][c.name]), plan.ns)
+    ]  # fmt: skip
     result["reference"] = {
         "dtype": plan.reference_dtype,
         "url": ref_url,

@@ -42,9 +42,11 @@ def one_server(
     device: str | None = None,
     url: str | None = None,
     startup_timeout_s: float = 600,
+    engine: Any = None,
 ) -> Iterator[tuple[str, dict]]:
     """``(URL, /get_server_info)`` of one server: ``url`` when given, else a launched HF
-    reference (``role`` "reference") or FlashRec ("candidate") server, stopped on exit."""
+    reference (``role`` "reference") or FlashRec ("candidate") server, or ``engine`` (a
+    matrix's EngineSpec, e.g. a peer engine's own command), stopped on exit."""
     from harness.servers.launch import LaunchedServer
     from harness.spec.model import ResolvedModel
 
@@ -59,7 +61,7 @@ def one_server(
     if not model_path:
         raise ValueError(f"parity: no {role} URL and no model path to launch one on")
     model = ResolvedModel(model_path, catalog, "-", "path", 0)
-    engine = _engines(device, startup_timeout_s)[role]
+    engine = engine or _engines(device, startup_timeout_s)[role]
     srv = LaunchedServer(engine, dict(args), model, log_path)
     try:
         srv.launch()

@@ -70,6 +70,7 @@ def run_parity_stage(
     out_dir: str | Path = "parity",
     log: Any = print,
     resume: bool = False,
+    engines: dict | None = None,
 ) -> dict:
     """The ``parity:`` matrix stage (``resume``: the ``candidates:`` form reads back the
     answers an earlier, interrupted run saved; :mod:`harness.parity.saved`).
@@ -84,7 +85,8 @@ def run_parity_stage(
     (field overrides of :class:`Thresholds`), ``reference_dtype`` (the reference server's
     dtype, else the precision's), ``startup_timeout_s`` (600). With ``candidates`` (a list) the
     stage compares several candidates with one reference instead (:mod:`harness.parity.multi`,
-    keys in :mod:`harness.parity.candidates`). Returns the :func:`parity_result` dict (``status``
+    keys in :mod:`harness.parity.candidates`; ``engines``: the matrix's engines by name, for
+    candidates that name one). Returns the :func:`parity_result` dict (``status``
     "error" with ``error`` when the stage could not run), also written to
     ``out_dir/parity.json``.
     """
@@ -92,7 +94,7 @@ def run_parity_stage(
     t0 = time.monotonic()
     try:
         if "candidates" in spec:
-            result = run_candidates(spec, model_path, sid_vocab_file, out, log, resume)
+            result = run_candidates(spec, model_path, sid_vocab_file, out, log, resume, engines)
             return _finish(result, out, t0, log)
         if "ns" in spec and not spec["ns"]:
             raise ValueError("parity: 'ns' is empty: no beam width to compare")

@@ -2,8 +2,8 @@
 dataset (pass@k, position1_pass@k, recall@k by SID and by PID; invalid and duplicate rates;
 per task, with 95% intervals over samples).
 
-Exit codes: 0 ok; 2 bad input (dataset, mapping, options); 3 the server failed (every request,
-or its start).
+Exit codes: 0 ok; 2 bad input (dataset, mapping, options, a URL that is no http(s) URL); 3 the
+server failed (every request, its start, or the first few requests could not connect).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from harness.quality.run import (
     progress_printer,
     score,
 )
+from harness.spec.url import url_arg
 
 EXIT_OK, EXIT_USAGE, EXIT_SERVER = 0, 2, 3
 
@@ -40,7 +41,9 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("dataset", help="RecIF parquet file or folder, or a JSONL file")
     where = p.add_mutually_exclusive_group(required=True)
-    where.add_argument("--url", help="a running server (FlashRec, SGLang, the HF reference)")
+    where.add_argument(
+        "--url", type=url_arg, help="a running server (FlashRec, SGLang, the HF reference)"
+    )
     where.add_argument("--model-path", help="launch FlashRec on this checkpoint (127.0.0.1)")
     p.add_argument("--protocol", choices=["chat", "generate"], default="chat",
                    help="chat completions, or SGLang /generate (chat template + <|sid_begin|>)")  # fmt: skip
@@ -55,6 +58,9 @@ def parser() -> argparse.ArgumentParser:
                    "mapping, else the launched model's catalog)")  # fmt: skip
     p.add_argument("--sid2pid", help="SID -> item id mapping for the PID metrics (default: "
                    "sid2pid.json beside the dataset; without one, SID metrics only)")  # fmt: skip
+    p.add_argument("--packed-base", type=int, metavar="B",
+                   help="base the packed-integer SID keys of --sid2pid / --catalog were written "
+                   "in (default 8192, RecIF's; a launched server reads them alike)")  # fmt: skip
     p.add_argument("--tokenizer", help="chat template for --protocol generate (default: "
                    "--model-path, else the built-in ChatML)")  # fmt: skip
     p.add_argument("--served-model-name", default="default", help="the chat 'model' field")
@@ -142,6 +148,17 @@ async def _run(url: str, samples, opts: EvalOptions, renderer) -> list:
         return await ask(session, url, samples, opts, renderer, progress_printer(len(samples)))
 
 
+def _server_args(args: argparse.Namespace) -> dict:
+    """The launched server's flags: ``--server-arg`` pairs, and ``--packed-base`` so that it
+    reads the catalog's packed keys as the eval does."""
+    from harness.quality.serve import parse_args
+
+    out = parse_args(args.server_arg)
+    if args.packed_base is not None:
+        out.setdefault("packed_base", str(args.packed_base))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     from harness.load.sids import load_catalog_sids
     from harness.load.workload import PromptRenderer, load_tokenizer
@@ -154,12 +171,14 @@ def main(argv: list[str] | None = None) -> int:
         if not samples:
             raise ValueError("--limit leaves no sample")
         mapping = args.sid2pid or default_sid2pid(args.dataset)
-        pid_map = load_pid_map(mapping) if mapping else None
-        catalog_path = args.catalog or mapping
+        if args.packed_base is not None and args.packed_base < 2:
+            raise ValueError(f"--packed-base must be at least 2, got {args.packed_base}")
+        pid_map = load_pid_map(mapping, args.packed_base) if mapping else None
+        catalog_path = args.catalog or (str(mapping) if mapping else None)
         if catalog_path is None and args.model_path:
             model_catalog = Path(args.model_path) / "catalog.json"
             catalog_path = str(model_catalog) if model_catalog.is_file() else None
-        catalog = load_catalog_sids(catalog_path) if catalog_path else None
+        catalog = load_catalog_sids(catalog_path, args.packed_base) if catalog_path else None
         tok = args.tokenizer or args.model_path
         renderer = PromptRenderer(load_tokenizer(tok)) if args.protocol == "generate" else None
     except (ValueError, OSError) as exc:
@@ -175,14 +194,14 @@ def main(argv: list[str] | None = None) -> int:
         else:
             import tempfile
 
-            from harness.quality.serve import launched, parse_args
+            from harness.quality.serve import launched
 
             logs = args.out.parent if args.out else Path(tempfile.mkdtemp(prefix="flashrec-eval-"))
             log = logs / "eval-server.log"
             print(f"eval: server log {log}", file=sys.stderr)
             with launched(
                 "flashrec", args.model_path, catalog_path, log, args.device,
-                parse_args(args.server_arg),
+                _server_args(args),
             ) as srv:  # fmt: skip
                 answers = asyncio.run(_run(srv.base_url, samples, opts, renderer))
     except (RuntimeError, OSError) as exc:

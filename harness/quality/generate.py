@@ -10,8 +10,8 @@ that decodes like the reference then scores, at any k <= beams::
     pass@k(k>=1) = position1_pass@k = f,    recall@k = f / (1 + extra_answers)
 
 (``plant.json`` records these). Written: ``<out>/<task>/<task>_test.parquet`` (``messages``, a
-``metadata`` JSON with ``answer`` and ``answer_pid``), ``<out>/sid2pid.json`` (packed keys,
-1-3 items per SID, the mapped item is the most popular after down-sampling) and
+``metadata`` JSON with ``answer`` and ``answer_pid``), ``<out>/sid2pid.json`` (keys packed
+base 8192 as RecIF's, comma-separated codes for a codebook wider than that; 1-3 items per SID, the mapped item is the most popular after down-sampling) and
 ``<out>/plant.json``, which is also what keeps eval from ever taking it for the official set.
 """
 
@@ -29,7 +29,7 @@ import numpy as np
 
 from harness.load.sids import parse_sid
 from harness.quality.dataset import Sample
-from harness.quality.pids import pack
+from harness.quality.pids import RECIF_PACKED_BASE, pack
 from harness.quality.run import EvalOptions, ask, progress_printer
 
 SID_BEGIN, SID_END = "<|sid_begin|>", "<|sid_end|>"
@@ -58,7 +58,8 @@ def _sid2pid(codes: list[tuple[int, ...]], rng: np.random.Generator) -> tuple[di
             next_pid += 1
         items.sort(key=lambda v: -v["count"])  # the benchmark's files list by original count
         best = max(items, key=lambda v: v["count_after_downsample"])  # first of the ties
-        mapping[str(pack(sid))] = items
+        fits = max(sid) < RECIF_PACKED_BASE  # a wider codebook has no RecIF packed key
+        mapping[str(pack(sid)) if fits else ",".join(map(str, sid))] = items
         stand[sid] = best["pid"]
     return mapping, stand
 
@@ -151,6 +152,8 @@ def generate_dataset(
 
 
 def main(argv: list[str] | None = None) -> int:
+    from harness.spec.url import url_arg
+
     p = argparse.ArgumentParser(
         prog="flashrec-bench eval-dataset",
         description="Write a RecIF-shaped dataset with planted, knowable answers (see "
@@ -166,7 +169,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--task", default="video")
     p.add_argument("--beams", type=int, default=32, help="reference beams (the 'outside' set)")
     p.add_argument("--median-tokens", type=int, default=64, help="prompt length")
-    p.add_argument("--reference-url", help="a running reference server (default: launch one)")
+    p.add_argument(
+        "--reference-url", type=url_arg, help="a running reference server (default: launch one)"
+    )
     p.add_argument("--device", help="launched reference's device (cpu, cuda)")
     args = p.parse_args(argv)
     catalog = args.catalog or str(Path(args.model_path) / "catalog.json")

@@ -1,7 +1,9 @@
 """SID -> item id (PID) mapping for the benchmark's PID mode.
 
-``sid2pid.json`` (RecIF): keys are SIDs, packed ``c1*8192^2 + c2*8192 + c3`` or comma
-separated ``"c1,c2,c3"``; values are lists of ``{"pid", "count", "count_after_downsample"}``
+``sid2pid.json`` (RecIF): keys are SIDs, packed ``c1*8192^2 + c2*8192 + c3`` (or another
+base, ``packed_base``) or comma separated ``"c1,c2,c3"``, read by the catalog's own key
+decoder (``flashrec.sid.rows.decode_sid_keys``: one reading of a file everywhere); values are
+lists of ``{"pid", "count", "count_after_downsample"}``
 (``iid`` for goods). The most popular item after down-sampling stands for a SID (the
 benchmark's ``most_popular_after_downsampling``; its ties are broken at random there, here
 by list order, i.e. by original popularity, so that runs repeat). A ``pid2sid`` parquet or
@@ -17,8 +19,9 @@ from typing import Any
 
 import numpy as np
 
+from flashrec.sid.rows import RECIF_PACKED_BASE, RowError, decode_sid_keys, pack_sid
+
 Sid = tuple[int, ...]
-PACK_BASE = 8192
 PACK_DEPTH = 3
 
 
@@ -39,29 +42,25 @@ def _pick(value: Any) -> Any:
     return value[0]
 
 
-def _key(key: str) -> Sid:
-    if "," in key:
-        return tuple(int(c) for c in key.split(","))
-    packed = int(key)
-    codes = []
-    for _ in range(PACK_DEPTH):
-        packed, code = divmod(packed, PACK_BASE)
-        codes.append(code)
-    if packed:
-        raise ValueError(f"packed SID key {key} exceeds {PACK_BASE}^{PACK_DEPTH} - 1")
-    return tuple(reversed(codes))
+def _keys(path: Path, keys: list[str], packed_base: int | None) -> list[Sid]:
+    """The SIDs of sid2pid keys, decoded as every catalog reader decodes them."""
+    try:
+        codes, _ = decode_sid_keys(keys, PACK_DEPTH, packed_base)
+    except RowError as e:
+        where = "" if e.index is None else f"key {keys[e.index]!r}: "
+        raise ValueError(f"{path}: {where}{e.why}") from None
+    return [tuple(row) for row in codes.tolist()]
 
 
-def pack(sid: Sid) -> int:
-    """``(c1, c2, c3)`` -> the sid2pid.json key ``c1*8192^2 + c2*8192 + c3``."""
-    out = 0
-    for c in sid:
-        out = out * PACK_BASE + int(c)
-    return out
+def pack(sid: Sid, base: int | None = None) -> int:
+    """``(c1, c2, c3)`` -> the sid2pid.json key ``c1*B^2 + c2*B + c3``, ``B`` RecIF's 8192
+    unless given (``flashrec.sid.rows.pack_sid``)."""
+    return pack_sid(sid, RECIF_PACKED_BASE if base is None else base)
 
 
-def load_pid_map(path: str | Path) -> dict[Sid, Any]:
-    """SID -> the item id standing for it, from a sid2pid.json or a catalog with item ids."""
+def load_pid_map(path: str | Path, packed_base: int | None = None) -> dict[Sid, Any]:
+    """SID -> the item id standing for it, from a sid2pid.json or a catalog with item ids;
+    packed keys decode base ``packed_base`` (default RecIF's 8192)."""
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"{p}: no such PID mapping file")
@@ -73,18 +72,15 @@ def load_pid_map(path: str | Path) -> dict[Sid, Any]:
         if not isinstance(data, dict):
             raise ValueError(f"{p}: a sid2pid mapping is a JSON object of SID -> item list")
         out: dict[Sid, Any] = {}
-        for key, value in data.items():
-            try:
-                sid = _key(str(key))
-            except ValueError as exc:
-                raise ValueError(f"{p}: key {key!r}: {exc}") from None
-            pid = _pick(value)
-            if pid is not None:
-                out[sid] = pid
+        if data:
+            for sid, value in zip(_keys(p, list(data), packed_base), data.values()):
+                pid = _pick(value)
+                if pid is not None:
+                    out[sid] = pid
     else:
         from flashrec.sid.catalog import load_catalog
 
-        cat = load_catalog(p, keep_pids=True)
+        cat = load_catalog(p, keep_pids=True, packed_base=packed_base)
         if cat.pids is None:
             raise ValueError(f"{p}: the catalog lists no item ids, so it maps no SID to a PID")
         codes = np.asarray(cat.codes).tolist()

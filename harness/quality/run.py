@@ -25,6 +25,27 @@ from harness.quality.dataset import PUBLISHED, DatasetFile, Sample
 from harness.quality.metrics import metric_names, rate, sample_metrics, summarize_metric
 
 OFFICIAL_BEAMS, OFFICIAL_TOKENS, OFFICIAL_KS = 32, 3, (1, 32)
+# consecutive requests that could not reach the server before the rest are not sent: a dead
+# server or a wrong port is said at once, not after every sample has failed
+STOP_AFTER_CONNECT_FAILURES = 3
+# the client errors (Record.error's type name) of a request that never reached a server
+_CONNECT_ERRORS = (
+    "ClientConnectorError", "ClientConnectorDNSError", "ClientConnectorCertificateError",
+    "ClientConnectorSSLError", "ClientProxyConnectionError", "ConnectionRefusedError",
+)  # fmt: skip
+
+
+class ServerUnreachable(RuntimeError):
+    """Consecutive requests could not connect to the server: the evaluation stopped."""
+
+
+def connect_failed(rec: Record) -> bool:
+    """Whether a request failed without reaching the server (no connection made)."""
+    return (
+        rec.status == "error"
+        and rec.http_status is None
+        and rec.error.startswith(tuple(f"{name}:" for name in _CONNECT_ERRORS))
+    )
 
 
 @dataclass(frozen=True)
@@ -93,7 +114,9 @@ async def ask(
     renderer: PromptRenderer | None = None,
     on_done: Callable[[int], None] | None = None,
 ) -> list[Answer]:
-    """Every sample's beams, ``opts.concurrency`` requests in flight."""
+    """Every sample's beams, ``opts.concurrency`` requests in flight; after
+    :data:`STOP_AFTER_CONNECT_FAILURES` consecutive requests that could not connect, no more
+    are sent and :class:`ServerUnreachable` names the URL."""
     if opts.protocol not in PROTOCOLS:
         raise ValueError(f"protocol {opts.protocol!r}: not one of {', '.join(PROTOCOLS)}")
     if opts.protocol == "generate" and renderer is None:
@@ -104,9 +127,10 @@ async def ask(
     for i in range(len(samples)):
         queue.put_nowait(i)
     done = [0]
+    unreachable: list[str] = []  # the current run of connection failures' errors
 
     async def worker() -> None:
-        while not queue.empty():
+        while not queue.empty() and len(unreachable) < STOP_AFTER_CONNECT_FAILURES:
             i = queue.get_nowait()
             s = samples[i]
             text = renderer.render(s.messages) if opts.protocol == "generate" else None
@@ -125,11 +149,21 @@ async def ask(
             )  # fmt: skip
             if not rec.ok:
                 answers[i].error = f"{rec.status}: {rec.error[:200]}"
+            if connect_failed(rec):
+                unreachable.append(rec.error)
+            else:
+                unreachable.clear()
             done[0] += 1
             if on_done:
                 on_done(done[0])
 
     await asyncio.gather(*(worker() for _ in range(max(1, opts.concurrency))))
+    if len(unreachable) >= STOP_AFTER_CONNECT_FAILURES:
+        raise ServerUnreachable(
+            f"cannot connect to {base_url}: {len(unreachable)} consecutive requests failed to "
+            f"connect (first: {unreachable[0][:200]}); stopped after {done[0]} of "
+            f"{len(samples)} samples"
+        )
     parse = PROTOCOLS[opts.protocol][2]
     for i, raw in capture.bodies.items():
         try:

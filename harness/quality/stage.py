@@ -124,6 +124,13 @@ def cell_metrics(quality: dict | None) -> dict[str, dict]:
         }
     for name in ("invalid_rate", "duplicate_rate"):
         r = overall[name]
+        # not measured (harness.metrics.checked says why): no catalog to check SIDs against,
+        # or one beam per answer, where no duplicate can occur
+        beams = (quality.get("protocol") or {}).get("beam_width")
+        if (name == "invalid_rate" and not quality.get("catalog_checked")) or (
+            name == "duplicate_rate" and beams == 1
+        ):
+            continue
         out[f"quality_{name}"] = {
             "median": r["value"], "ci95_low": r["ci_low"], "ci95_high": r["ci_high"],
             "cv": float("nan"), "noise_band": 0.0, "n": r["n"], "values": [], "unit": "beams",

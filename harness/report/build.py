@@ -17,6 +17,7 @@ from typing import Any
 
 from harness import SCHEMA_VERSION
 from harness.load.client import EPOCH_UNIX, Record
+from harness.metrics.checked import malformed_note, unchecked
 from harness.metrics.flops import derived_metrics
 from harness.metrics.rounds import (
     KEY_METRICS,
@@ -30,21 +31,14 @@ from harness.metrics.rounds import (
 from harness.metrics.server import chain, round_extra
 from harness.quality.stage import cell_metrics as quality_cell_metrics
 from harness.quality.stage import report_entry as quality_report_entry
+from harness.report.engines import engine_comparison
+from harness.report.method import method_lines
 from harness.report.render_html import write_html
 from harness.report.render_md import write_markdown
 from harness.run.cell import CellResult
 from harness.run.environment import environment, machine
 from harness.spec.matrix import MatrixSpec
 from harness.spec.model import ResolvedModel
-
-RULES = [
-    "every server was started fresh by this run on the current checkout",
-    "fixed load per cell; warm-up requests never counted",
-    "prefix-cache temperature set identically before every round (radix: {radix})",
-    "traced rounds are extra rounds: their numbers never enter the statistics, and the next "
-    "round starts only after the trace files are complete and stable",
-    "noise band per cell = {band_k} x CV over its own rounds; changes inside it are noise",
-]
 
 
 def _clean(obj: Any) -> Any:
@@ -62,13 +56,13 @@ def _clean(obj: Any) -> Any:
 # with (harness.gate.gates.check_references); the tests hold them to what build_report writes
 REPORT_SECTIONS = (
     "schema_version", "run_id", "created", "clock_epoch_unix", "environment", "matrix", "model",
-    "measurement", "cells", "parity", "determinism", "gates", "targets", "summary", "files",
-    "interrupted",
+    "measurement", "cells", "engines", "parity", "determinism", "gates", "targets", "summary",
+    "files", "interrupted",
 )  # fmt: skip
 CELL_FIELDS = (
     "id", "engine", "params", "status", "error", "log_tail", "rounds", "round_metrics",
     "metrics", "notes", "trace", "excluded_requests", "warmup", "server", "duration_s",
-    "baseline", "mfu", "measured", "resumed", "quality",
+    "baseline", "mfu", "measured", "resumed", "quality", "unchecked",
 )  # fmt: skip
 
 
@@ -92,6 +86,11 @@ def cell_entry(res: CellResult, spec: MatrixSpec) -> dict:
         if clash:
             notes_q.append(f"{', '.join(clash)}: the quality eval's, not the workload's")
         metrics.update(q)
+    # metrics the run could not check, and why (harness.metrics.checked): a gate on one is
+    # no_data with the reason, never a pass
+    not_checked = unchecked(res, metrics, list(spec.quality.ks))
+    if res.status == "ok" and (malformed := malformed_note(res.records)):
+        notes_q.append(malformed)
     rounds = [
         {"round": rnd, "requests": len(recs), **round_metrics(recs, extra)}
         for rnd, recs in by_round(res.records).items()
@@ -121,6 +120,7 @@ def cell_entry(res: CellResult, spec: MatrixSpec) -> dict:
         "measured": res.measured or None,
         "resumed": res.resumed,
         "quality": quality_report_entry(res.quality),
+        "unchecked": not_checked,
     }
 
 
@@ -200,15 +200,8 @@ def build_report(
         if c["resumed"]:
             c["notes"].insert(0, resumed_note(c["measured"], machine()))
     traced = [c["id"] for c in cells if c["trace"]]
-    rules = [r.format(radix=spec.load.radix, band_k=spec.stats.band_k) for r in RULES]
+    rules = method_lines(spec, results, cells)  # each line from what the run did
     resumed = sum(c["resumed"] for c in cells)
-    if resumed:
-        rules[0] = (
-            f"every server was started fresh by the run that measured its cells; {resumed} of "
-            f"{len(cells)} cells were measured by an earlier run and resumed into this report "
-            "(--resume): the environment above is the run that wrote the report, each resumed "
-            "cell's own (when, machine, commit) is in its notes"
-        )
     return _clean(
         {
             "schema_version": SCHEMA_VERSION,
@@ -226,6 +219,13 @@ def build_report(
                 "resumed_cells": resumed,
             },
             "cells": cells,
+            "engines": engine_comparison(
+                cells,
+                [e.name for e in spec.engine_list],
+                spec.load.interleave_engines,
+                spec.stats.confidence,
+                spec.stats.bootstrap,
+            ),
             "parity": stages.get("parity", {"status": "not_configured"}),
             "determinism": stages.get("determinism", {"status": "not_configured"}),
             "gates": {"status": "none", "results": []},

@@ -1,6 +1,7 @@
 """Report plots as PNG bytes (matplotlib, Agg): QPS vs concurrency, latency CDFs, engines.
 
-Every function returns None when matplotlib is missing or the data has nothing to show.
+Every function returns None when matplotlib is missing or the data has nothing to show. Legends
+sit outside the axes, beside the points rather than over them.
 """
 
 from __future__ import annotations
@@ -34,6 +35,12 @@ def _png(fig) -> bytes:
     return buf.getvalue()
 
 
+def legend_outside(ax, fontsize: float = 7) -> None:
+    """The legend to the right of the axes, never over the plotted points (the PNG's tight
+    bounding box takes it in)."""
+    ax.legend(fontsize=fontsize, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
+
+
 def _label(params: dict, skip: tuple[str, ...]) -> str:
     return ", ".join(f"{k}={v}" for k, v in params.items() if k not in skip) or "all"
 
@@ -48,6 +55,12 @@ def _order(params: dict) -> tuple:
 def qps_vs_concurrency(report: dict) -> bytes | None:
     """QPS median (95% CI bars) against concurrency; one line per other-parameter combination
     (engine, beam width, quantization, ...)."""
+    fig = qps_figure(report)
+    return None if fig is None else _png(fig)
+
+
+def qps_figure(report: dict):
+    """The figure of :func:`qps_vs_concurrency` (None: nothing to plot)."""
     plt = _plt()
     cells = [c for c in report["cells"] if c["status"] == "ok" and "qps" in c["metrics"]]
     if plt is None or not any("concurrency" in c["params"] for c in cells):
@@ -73,13 +86,19 @@ def qps_vs_concurrency(report: dict) -> bytes | None:
     ax.set_xscale("log", base=2)
     ax.set_xticks(sorted(xs), [str(x) for x in sorted(xs)])
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    legend_outside(ax, 7)
     ax.set_title("QPS vs concurrency")
-    return _png(fig)
+    return fig
 
 
 def latency_cdf(report: dict, records: list[Record]) -> bytes | None:
     """Empirical CDF of measured request latency per cell (first 16 cells)."""
+    fig = latency_figure(report, records)
+    return None if fig is None else _png(fig)
+
+
+def latency_figure(report: dict, records: list[Record]):
+    """The figure of :func:`latency_cdf` (None: nothing to plot)."""
     plt = _plt()
     lat: dict[str, list[float]] = defaultdict(list)
     for r in records:
@@ -96,9 +115,9 @@ def latency_cdf(report: dict, records: list[Record]) -> bytes | None:
     ax.set_ylabel("fraction of requests")
     ax.set_xscale("log")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=6)
+    legend_outside(ax, 6)
     ax.set_title("Latency CDF (measured rounds)")
-    return _png(fig)
+    return fig
 
 
 def engines_side_by_side(report: dict) -> bytes | None:
@@ -127,7 +146,7 @@ def engines_side_by_side(report: dict) -> bytes | None:
         [_label(json.loads(k), ()) for k in keys], rotation=30, ha="right", fontsize=7
     )
     ax.set_ylabel("QPS (median)")
-    ax.legend()
+    legend_outside(ax, 8)
     ax.set_title("Engines side by side")
     return _png(fig)
 

@@ -3,11 +3,26 @@
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 
 from harness.report.render import gates_table, num
 from harness.report.render_md import md_table
+
+
+def change_pct(base: float | None, new: float | None) -> float | None:
+    """The change from ``base`` to ``new`` in % of ``|base|``: its sign is that of ``new -
+    base`` (a base of 0: 0 or an infinity); None without both values."""
+    if not all(isinstance(x, int | float) and math.isfinite(x) for x in (base, new)):
+        return None
+    if base == 0:
+        return 0.0 if new == 0 else math.copysign(math.inf, new)  # type: ignore[arg-type]
+    return 100 * (new - base) / abs(base)  # type: ignore[operator]
+
+
+def _pct(x: float | None) -> str:
+    return num(x, "+.1f") + ("%" if x is not None else "")
 
 
 def _p_text(r: dict) -> str:
@@ -18,10 +33,14 @@ def _p_text(r: dict) -> str:
 
 def print_regressions(comparison: dict) -> None:
     """One stderr line per regressed metric of a comparison."""
+    paired = comparison.get("paired")
     for r in comparison["regressions"]:
+        change = f"{_pct(change_pct(r['base'], r['new']))} medians"
+        if paired:  # the verdict's own estimate, named: its sign can differ from the medians'
+            change += f", paired change {r['delta_pct']:+.1f}%"
         print(
             f"REGRESSED {r['cell']} {r['metric']}: {r['base']:.4g} -> {r['new']:.4g} "
-            f"({r['delta_pct']:+.1f}%, band {r['band_pct']:.1f}%, {_p_text(r)})",
+            f"({change}, band {r['band_pct']:.1f}%, {_p_text(r)})",
             file=sys.stderr,
         )
 
@@ -55,6 +74,16 @@ def _between_runs_text(info: dict) -> str:
     )
 
 
+PAIRED_NOTE = (
+    "base and new are medians over the rounds (for a quality metric, means over the samples); "
+    "the change of medians is new / base - 1 of those. The paired change is what the verdict "
+    "and the gates judge: round i of both sides ran back to back, and it is the geometric mean "
+    "of the pairs' new / base ratios - 1 (with the Wilcoxon test their median; for a metric "
+    "with zeros, the mean of the pairs' differences over the base's mean). The two can differ "
+    "in sign: a mean of ratios is not a ratio of medians"
+)
+
+
 def write_compare_markdown(comparison: dict, path: Path) -> None:
     """compare.md: every compared metric with its verdict, regressions first."""
     b, n = comparison["base"], comparison["new"]
@@ -78,27 +107,25 @@ def write_compare_markdown(comparison: dict, path: Path) -> None:
             + "; ".join(f"{d['field']} ({d['base']!r} -> {d['new']!r})" for d in diffs)
             + ". Numbers from different models, workloads or loads do not measure the change."
         )
+    paired = bool(comparison.get("paired"))
+    if paired:
+        lines.append(f"- {PAIRED_NOTE}")
     lines.append("")
-    head = ["cell", "metric", "base", "new", "delta", "band", "p", "p (Holm)", "verdict"]
+    head = ["cell", "metric", "base", "new", "change of medians"]
+    head += ["paired change", "band (of the paired change)"] if paired else ["band"]
+    head += ["p", "p (Holm)", "verdict"]
     rows = []
     for c in comparison["cells"]:
         if c["status"] != "compared":
-            rows.append([c["id"], "-", "-", "-", "-", "-", "-", "-", c["status"]])
+            rows.append([c["id"], *["-"] * (len(head) - 2), c["status"]])
             continue
         for m, r in c["metrics"].items():
-            rows.append(
-                [
-                    c["id"],
-                    m,
-                    num(r.get("base"), ".4g"),
-                    num(r.get("new"), ".4g"),
-                    num(r.get("delta_pct"), "+.1f") + "%",
-                    num(r.get("band_pct"), ".1f") + "%",
-                    num(r.get("p_value"), ".3g"),
-                    num(r.get("p_adjusted"), ".3g"),
-                    r["verdict"],
-                ]
-            )
+            row = [c["id"], m, num(r.get("base"), ".4g"), num(r.get("new"), ".4g")]
+            row.append(_pct(change_pct(r.get("base"), r.get("new"))))
+            row += [_pct(r.get("delta_pct"))] if paired else []
+            row.append(num(r.get("band_pct"), ".1f") + "%")
+            row += [num(r.get("p_value"), ".3g"), num(r.get("p_adjusted"), ".3g"), r["verdict"]]
+            rows.append(row)
     order = {"regressed": 0, "improved": 1, "inconclusive": 2}
     rows.sort(key=lambda r: order.get(r[-1], 3))
     lines += md_table((head, rows))

@@ -59,7 +59,8 @@ def quality_eval_table(report: dict) -> Table | None:
         rows.append([
             c["id"], _param(c["params"], PRECISION_KEYS) or "", q["protocol"]["beam_width"],
             ci(f"recall@{k}"), ci(f"pass@{k}"), ci("position1_pass@1"),
-            f"{q['overall']['invalid_rate']['value']:.4f}",
+            # without a catalog the invalid rate was not measured: "-", never a 0
+            f"{q['overall']['invalid_rate']['value']:.4f}" if q.get("catalog_checked") else "-",
             "" if qps is None else f"{qps:.1f}", "" if p99 is None else f"{p99:.1f}",
             "ok" + (f" (plant {q['plant']['expected']['recall']:.3f})" if q.get("plant") else ""),
         ])  # fmt: skip

@@ -7,6 +7,7 @@ them.
 from __future__ import annotations
 
 from harness.metrics import host
+from harness.report.engines import ENGINES_NOTE, engines_table
 from harness.report.render import med_ci, num, ratio
 from harness.report.render_stages import Table
 
@@ -266,7 +267,7 @@ SERVER_TIMING_NOTE = (
     "with its engine in a process of its own: beams on the engine's host -> the server "
     "process), respond (where the server reports it: from there -> answer text built, i.e. "
     "result objects, the "
-    "hand-off to the event loop and JSON encoding); of respond, hand-off (where the server "
+    "hand-off to the event loop and JSON encoding). Of respond, hand-off (where the server "
     "reports it): the part up to the request's handler holding the result on the event "
     "loop, the rest being the answer's encoding. Outside the server = client latency - "
     "their sum (hand-off not counted again): HTTP and event-loop time on both sides (and, "
@@ -317,6 +318,7 @@ def _targets_title(report: dict) -> str:
 
 # (title or title(report), table builder, note) of the optional sections, in report order
 SECTIONS = (
+    ("Engines side by side", engines_table, ENGINES_NOTE),
     ("HF transformers baseline (same run)", baseline_table, BASELINE_NOTE),
     ("Model-FLOP utilisation", mfu_table, MFU_NOTE),
     ("Where the latency goes (Server-Timing)", server_timing_table, SERVER_TIMING_NOTE),

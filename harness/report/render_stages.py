@@ -12,6 +12,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from harness.determinism.stephash import divergence_words, verdict_words, where_words
+
 Table = tuple[list[str], list[list[str]]]
 Block = tuple[str, Table]
 
@@ -106,6 +108,11 @@ def _candidate_blocks(parity: dict) -> list[Block]:
             for r in parity.get("table") or []]  # fmt: skip
     if rows:
         out.append((title, (["candidate", "precision", "n", *TABLE_COLUMNS], rows)))
+    cols = ("n", "cases", "errors", "top1_agreement", "overlap_mean", "max_score_diff")
+    against = [[str(r.get("candidate")), str(r.get("against")), *(_num(r.get(k)) for k in cols)]
+               for r in parity.get("against") or []]  # fmt: skip
+    if against:  # a candidate (a peer engine) against another one (ours)
+        out.append(("candidate against candidate", (["candidate", "against", *cols], against)))
     rules = [[*(_num(c.get(k)) for k in RULE_COLUMNS), _rule_result(c)]
              for c in parity.get("rules") or []]  # fmt: skip
     if rules:
@@ -162,6 +169,26 @@ RUN_FLAGS = (
 )
 
 
+# a localisation's fields said in words (harness.determinism.stephash): no dict shown as such
+LOCALISATION_WORDS = {
+    "verdicts": ("first divergence", verdict_words),
+    "first_divergence_at": ("where", where_words),
+    "first_divergence": (
+        "drifting requests explained",
+        lambda rows: "; ".join(divergence_words(e) for e in rows) or "-",
+    ),
+}
+
+
+def _localisation(loc: dict) -> list[list[str]]:
+    """A localisation's rows: its counts and lists as they are, its verdicts in words."""
+    rows = _pairs(loc, skip=tuple(LOCALISATION_WORDS))
+    for key, (label, words) in LOCALISATION_WORDS.items():
+        if key in loc:
+            rows.append([label, words(loc[key])])
+    return rows
+
+
 def determinism_blocks(det: dict) -> list[Block]:
     """The determinism stage: each mode's drift counts, its drifting requests (first 20), the
     localisation of any drift, and the run's settings."""
@@ -176,7 +203,7 @@ def determinism_blocks(det: dict) -> list[Block]:
         out.append(("drifting requests", (["mode", *DRIFT_ROWS], drifting)))
     for mode, loc in (det.get("localisation") or {}).items():
         if isinstance(loc, dict) and loc:
-            out.append((f"localisation ({mode})", (["field", "value"], _pairs(loc))))
+            out.append((f"localisation ({mode})", (["field", "value"], _localisation(loc))))
     run = [[label, "yes" if det[key] else "no"] for key, label in RUN_FLAGS
            if isinstance(det.get(key), bool)]  # fmt: skip
     if run:

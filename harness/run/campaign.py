@@ -25,6 +25,7 @@ from harness.metrics.flops import ceiling_for, mfu_info
 from harness.metrics.host import BUSY_NOTE
 from harness.run.cell import CellContext, CellResult, run_cell, safe_name
 from harness.run.environment import content_hash, measured_stamp, take_host_probe
+from harness.run.interleave import Interleaved
 from harness.run.outdir import set_aside_old_report
 from harness.run.progress import Progress
 from harness.servers.launch import LaunchedServer, Server, ServerError, make_server
@@ -136,10 +137,12 @@ def plan(spec: MatrixSpec, cells: list[Cell], model: ResolvedModel | None) -> st
             lines.append(
                 f"  {c.id}: n={k.beam_width} {load} requests={k.requests} "
                 f"warmup={k.warmup_requests} radix={k.radix} prompt~{k.median_tokens} "
-                f"max_tokens={k.max_tokens or 'depth+1'}" + extras
+                f"max_tokens={c.engine.max_tokens or k.max_tokens or 'depth+1'}" + extras
             )
     starts = sum(1 for g in groups if g[0].engine.launched)
     lines.append(f"{len(cells)} cell(s), {starts} server start(s), {spec.load.rounds} round(s)")
+    if spec.load.interleave_engines:  # servers listed above start per cell, kept while flags match
+        lines.append("engines interleaved: all of a cell's servers up at once, rounds alternating")
     if hf is not None and hf.enabled:
         lines.append(
             f"HF baseline after each server group: dtype {hf.dtype}, max_kv_gib "
@@ -279,7 +282,7 @@ class _Campaign:
         self.run_baselines(group, results)
 
     def max_tokens(self, cell: Cell) -> int:
-        return cell.client.max_tokens or self.checker.levels + 1
+        return cell.engine.max_tokens or cell.client.max_tokens or self.checker.levels + 1
 
     def mfu_info(self, cell: Cell) -> dict:
         assert self.spec.mfu is not None
@@ -387,6 +390,9 @@ class _Campaign:
     async def run(self, cells: list[Cell], results: dict[str, CellResult]) -> None:
         connector = aiohttp.TCPConnector(limit=0, force_close=False)
         async with aiohttp.ClientSession(connector=connector) as session:
+            if self.spec.load.interleave_engines:  # every engine's server of a cell up at once
+                await Interleaved(self).run(session, cells, results)
+                return
             for group in group_by_server(cells):
                 todo = [c for c in group if c.id not in results]
                 if todo:

@@ -114,7 +114,8 @@ async def _check_server(ctx: CellContext, records: list[Record], timeout_s: floa
     if code is not None:
         raise CellFailure(f"server exited with code {code}")
     failed = [r for r in records if not r.ok]
-    if failed and not await healthy(ctx.session, ctx.server.base_url, timeout_s):
+    health = ctx.server.engine.health_path
+    if failed and not await healthy(ctx.session, ctx.server.base_url, timeout_s, health):
         # a crashing server drops its connections a moment before the process is gone: give
         # it a little time so the cell reports the exit code rather than a generic failure
         for _ in range(20):

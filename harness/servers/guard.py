@@ -13,6 +13,7 @@ after ``--grace-s`` SIGKILL. The guard exits with CMD's code.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import subprocess
@@ -20,6 +21,10 @@ import sys
 import time
 
 from flashrec.parentwatch import PARENT_WATCH_ENV, watch_fd
+
+# the launcher's name for CMD's own environment (harness.servers.launch.GUARD_ENV; not
+# imported from there: the guard stays light)
+GUARD_CHILD_ENV = "FLASHREC_GUARD_CHILD_ENV"
 
 
 def _stop_group(grace_s: float) -> None:
@@ -45,8 +50,13 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
     raw = os.environ.pop(PARENT_WATCH_ENV, "")
+    # CMD's own environment (its PYTHONPATH may hold another package named flashrec, which
+    # this guard must not import): the launcher hands it over apart from the guard's
+    own = json.loads(os.environ.pop(GUARD_CHILD_ENV, "") or "{}")
     # CMD gets default dispositions back (an ignored signal would otherwise be inherited)
-    child = subprocess.Popen(cmd, restore_signals=True, preexec_fn=_default_signals)
+    child = subprocess.Popen(
+        cmd, restore_signals=True, preexec_fn=_default_signals, env={**os.environ, **own}
+    )
     if raw:
         fd = int(raw)
         os.set_inheritable(fd, False)

@@ -145,6 +145,7 @@ class HFReference:
         dtype: torch.dtype = torch.float32,
         prefill_chunk: int | None = None,
         search: str | None = None,
+        packed_base: int | None = None,
     ) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -152,9 +153,14 @@ class HFReference:
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(device).eval()
         self.vocab_size = ModelConfig.from_path(model_path).vocab_size
         # the layout comes from --sid or the tokenizer; the catalog is read once, under it (a
-        # trailing end code dropped, packed keys in its codebook size, depth checked)
+        # trailing end code dropped, packed keys base packed_base (default 8192, never the
+        # codebook size), depth checked), as the engine reads it
         self.layout = resolve_sid_layout(self.tokenizer, sid)
-        catalog = load_catalog(sid_vocab_file, layout=self.layout) if sid_vocab_file else None
+        catalog = (
+            load_catalog(sid_vocab_file, layout=self.layout, packed_base=packed_base)
+            if sid_vocab_file
+            else None
+        )
         self.depth = catalog.depth if catalog is not None else self.layout.num_levels
         self.prefixes = _prefix_table(catalog.codes) if catalog is not None else None
         self.scope, self.length_penalty, self.device = logprob_scope, length_penalty, device

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import json
 import os
 import signal
 import socket
@@ -30,6 +31,8 @@ from harness.spec.model import ResolvedModel
 from harness.spec.serve_args import flags
 
 _LIVE: set[int] = set()
+# a ``kind: command`` server's own environment, JSON, read by harness.servers.guard for CMD
+GUARD_ENV = "FLASHREC_GUARD_CHILD_ENV"
 
 
 class ServerError(RuntimeError):
@@ -209,7 +212,16 @@ class LaunchedServer(Server):
 
         argv = self.command()
         link = ParentLink()
-        env = {**os.environ, **self.extra_env, **self.engine.env, "PYTHONUNBUFFERED": "1"}
+        own = {**self.extra_env, **self.engine.env, "PYTHONUNBUFFERED": "1"}
+        if self.engine.pythonpath:
+            rest = own.get("PYTHONPATH", os.environ.get("PYTHONPATH"))
+            own["PYTHONPATH"] = os.pathsep.join([*self.engine.pythonpath, *([rest] if rest else [])])
+        if self.engine.kind == "command":
+            # the guard imports the harness's own modules: the server's environment (its own
+            # PYTHONPATH, which may hold another package named flashrec) is for CMD alone
+            env = {**os.environ, "PYTHONUNBUFFERED": "1", GUARD_ENV: json.dumps(own)}
+        else:
+            env = {**os.environ, **own}
         env.update(link.env)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")
@@ -255,7 +267,8 @@ class LaunchedServer(Server):
                 raise ServerError(f"server exited with code {code} during start", self.log_tail())
             try:
                 timeout = aiohttp.ClientTimeout(total=2.0)
-                async with session.get(f"{self.base_url}/health", timeout=timeout) as r:
+                url = f"{self.base_url}{self.engine.health_path}"
+                async with session.get(url, timeout=timeout) as r:
                     if r.status == 200:
                         return
             except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
@@ -306,11 +319,13 @@ async def fetch_info(session: aiohttp.ClientSession, base_url: str) -> dict:
     return {}
 
 
-async def healthy(session: aiohttp.ClientSession, base_url: str, timeout_s: float = 5.0) -> bool:
-    """Whether ``/health`` answers 200 within ``timeout_s``."""
+async def healthy(
+    session: aiohttp.ClientSession, base_url: str, timeout_s: float = 5.0, path: str = "/health"
+) -> bool:
+    """Whether the health URL (``path``, default ``/health``) answers 200 within ``timeout_s``."""
     try:
         timeout = aiohttp.ClientTimeout(total=timeout_s)
-        async with session.get(f"{base_url}/health", timeout=timeout) as r:
+        async with session.get(f"{base_url}{path}", timeout=timeout) as r:
             return r.status == 200
     except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
         return False

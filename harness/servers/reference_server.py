@@ -279,6 +279,12 @@ def add_reference_server_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model-path", required=True, help="HF checkpoint directory")
     parser.add_argument("--sid-vocab-file", help="catalog of valid SIDs (trie constraint)")
     parser.add_argument("--sid", help="override the SID layout (as flashrec --sid)")
+    parser.add_argument(
+        "--packed-base",
+        type=int,
+        default=None,
+        help="base of the catalog's packed-integer keys (as flashrec --packed-base; default 8192)",
+    )
     parser.add_argument("--host", default="127.0.0.1", help="bind address (keep it on loopback)")
     parser.add_argument("--port", type=int, default=8001, help="bind port (0 = pick a free one)")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
@@ -391,6 +397,7 @@ def run_reference_server(args: argparse.Namespace) -> int:
         dtype=getattr(torch, args.dtype),
         prefill_chunk=args.prefill_chunk,
         search=args.search,
+        packed_base=args.packed_base,
     )
     _log.info(
         "HF reference loaded: %s (%s, %s, scope %s, prefill chunk %s, search %s)",

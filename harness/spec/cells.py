@@ -17,7 +17,7 @@ import operator
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness.spec.matrix import EngineSpec, MatrixSpec, Scalar, SpecError
+from harness.spec.matrix import EngineSpec, MatrixSpec, Scalar, SpecError, close_hint
 from harness.spec.serve_args import check_flashrec_args, flashrec_serve_args
 
 # client setting name -> ClientSettings attribute
@@ -310,6 +310,7 @@ def expand_cells(spec: MatrixSpec) -> list[Cell]:
     Raises :class:`SpecError` (with the field, and line 0) for bad link / exclude rules.
     """
     _check_scopes(spec)
+    _check_unlaunched_axes(spec)
     cells: list[Cell] = []
     seen: set[str] = set()
     checked: dict[str, str | None] = {}  # flag set -> flashrec serve's objection (None: ok)
@@ -324,6 +325,7 @@ def expand_cells(spec: MatrixSpec) -> list[Cell]:
                         raise SpecError("", 0, f"link.{name}", str(exc)) from None
                 else:
                     params[name] = rule
+            _engine_links(spec, engine, params)
             if _excluded(spec, params):
                 continue
             if not engine.launched:
@@ -344,7 +346,10 @@ def expand_cells(spec: MatrixSpec) -> list[Cell]:
                     if k != "engine" and scope_of(k, spec) in ("server", "both"):
                         server_args[k] = v
             if engine.kind == "flashrec":
-                server_args = _flashrec_args(cell_id, server_args, checked)
+                try:
+                    server_args = _flashrec_args(cell_id, server_args, checked)
+                except SpecError as exc:
+                    raise _place_unknown_flag(spec, engine, exc) from None
             cells.append(
                 Cell(
                     id=cell_id,
@@ -358,6 +363,22 @@ def expand_cells(spec: MatrixSpec) -> list[Cell]:
             )
     order = {key: i for i, key in reversed(list(enumerate(c.server_key for c in cells)))}
     return sorted(cells, key=lambda c: order[c.server_key])
+
+
+def _engine_links(spec: MatrixSpec, engine: EngineSpec, params: dict[str, Scalar]) -> None:
+    """Add ``engine.link``'s values to one of its cells' parameters (a None value adds
+    nothing): the knobs this engine's own docs recommend for the cell."""
+    i = spec.engine_list.index(engine)
+    for name, rule in engine.link.items():
+        where = f"engines.{i}.link.{name}" if spec.engines is not None else f"engine.link.{name}"
+        if name in param_names(spec) or name == "engine":
+            raise SpecError("", 0, where, "an engine's link cannot redefine an axis")
+        try:
+            value = evaluate(rule, params) if isinstance(rule, str) else rule
+        except (ValueError, SyntaxError, TypeError, ZeroDivisionError) as exc:
+            raise SpecError("", 0, where, str(exc)) from None
+        if value is not None:
+            params[name] = value
 
 
 def group_by_server(cells: list[Cell]) -> list[list[Cell]]:
@@ -394,3 +415,68 @@ def _flashrec_args(
     if checked[key] is not None:
         raise SpecError("", 0, "cells", f"cell {cell_id}: flashrec serve: {checked[key]}")
     return args
+
+
+def _serve_options() -> list[str]:
+    """The parameter names ``flashrec serve`` has a flag for."""
+    from flashrec.config import ServerConfig
+
+    return [f.name for f in dataclasses.fields(ServerConfig)]
+
+
+def _origin(spec: MatrixSpec, engine: EngineSpec, name: str) -> tuple[str, str]:
+    """Where parameter ``name`` is set (its field path) and what it is there."""
+    if name in spec.axes:
+        return f"axes.{name}", "axis"
+    for i, entry in enumerate(spec.cells or []):
+        if name in entry:
+            return f"cells.{i}.{name}", "cell parameter"
+    if name in spec.link:
+        return f"link.{name}", "link"
+    if name in engine.link:
+        prefix = "engine" if spec.engine is not None else f"engines.{spec.engine_list.index(engine)}"
+        return f"{prefix}.link.{name}", "engine link"
+    if spec.engine is not None:
+        return f"engine.args.{name}", "server arg"
+    return f"engines.{spec.engine_list.index(engine)}.args.{name}", "server arg"
+
+
+def _place_unknown_flag(spec: MatrixSpec, engine: EngineSpec, exc: SpecError) -> SpecError:
+    """A flag ``flashrec serve`` does not know, reported at the line of the parameter that
+    made it (the axis, link, cell entry or engine arg), with the closest known name: a
+    misspelled client setting (``concurency``) becomes a server flag, else reported only as
+    the server's "unrecognized arguments"."""
+    _, sep, rest = exc.message.partition("unrecognized arguments: ")
+    if not sep:
+        return exc
+    names = [w[2:].replace("-", "_") for w in rest.split() if w.startswith("--")]
+    args = {*param_names(spec), *spec.link, *engine.args, *engine.link}
+    for name in names:
+        name = name if name in args else name.removeprefix("no_")
+        if name not in args:
+            continue
+        field_path, what = _origin(spec, engine, name)
+        known = [*CLIENT_KEYS, *BOTH_KEYS, *_serve_options()]
+        hint = close_hint(name, known)
+        message = (
+            f"{what} '{name}' is neither a client setting nor a flashrec serve flag "
+            f"({hint}); {exc.message}"
+        )
+        return SpecError("", 0, field_path, message)
+    return exc
+
+
+def _check_unlaunched_axes(spec: MatrixSpec) -> None:
+    """With no launched engine, a server-scope axis has nothing to set and every cell would
+    drop it: a misspelled client setting (``concurency``) would be ignored without a word."""
+    if any(e.launched for e in spec.engine_list):
+        return
+    for name in param_names(spec):
+        if scope_of(name, spec) == "server":
+            field_path, what = _origin(spec, spec.engine_list[0], name)
+            hint = close_hint(name, [*CLIENT_KEYS, *BOTH_KEYS])
+            raise SpecError(
+                "", 0, field_path,
+                f"{what} '{name}' is not a client setting ({hint}), and no engine launches a "
+                "server whose flag it could be (external servers take client settings only)",
+            )  # fmt: skip

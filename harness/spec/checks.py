@@ -3,7 +3,7 @@ and ``targets:`` (goals reported as met or missed)."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -99,3 +99,28 @@ class TargetSpec(SpecModel):
     def label(self) -> str:
         """The target's display name."""
         return self.name or f"{self.metric} {self.op} {self.value:g}"
+
+
+def check_parity_engines(parity: Any, names: list[str]) -> None:
+    """A parity candidate's ``engine`` and ``against`` name a matrix engine or another
+    candidate: checked at load, not when the stage starts after every cell has run."""
+    extra = (parity.model_extra or {}) if parity is not None else {}
+    cands = extra.get("candidates")
+    if not isinstance(cands, list):
+        return
+    cand_names = [c.get("name") for c in cands if isinstance(c, dict)]
+    for i, c in enumerate(cands):
+        if not isinstance(c, dict):
+            continue
+        if c.get("engine") is not None and c["engine"] not in names:
+            raise ValueError(
+                f"parity.candidates[{i}].engine: {c['engine']!r} is not an engine of this "
+                f"matrix (known: {', '.join(names)})"
+            )
+        if c.get("against") is not None and (
+            c["against"] not in cand_names or c["against"] == c.get("name")
+        ):
+            raise ValueError(
+                f"parity.candidates[{i}].against: {c['against']!r} names no other candidate "
+                f"(candidates: {cand_names})"
+            )

@@ -7,8 +7,10 @@ an error. Cell expansion (axes, link, exclude) lives in :mod:`harness.spec.cells
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
+import typing
 from pathlib import Path
 from typing import Any, Literal, Union
 
@@ -17,8 +19,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from harness.spec.base import NAME as _NAME
 from harness.spec.base import SpecModel
-from harness.spec.checks import GateSpec, TargetSpec
+from harness.spec.checks import GateSpec, TargetSpec, check_parity_engines
 from harness.spec.quality import QualitySpec
+from harness.spec.url import check_url
 
 Scalar = Union[bool, int, float, str, None]
 _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(:-([^}]*))?\}")
@@ -58,7 +61,16 @@ class EngineSpec(SpecModel):
     url: str | None = None
     protocol: Literal["chat", "generate"] = "chat"
     args: dict[str, Scalar] = {}
+    # per-engine derived server flags (expressions over the cell's parameters, like ``link``):
+    # each engine gets the knobs its own docs recommend for a cell; a None value is omitted
+    link: dict[str, Scalar] = {}
     env: dict[str, str] = {}
+    # folders put first on the launched server's PYTHONPATH (a peer installed with --target)
+    pythonpath: list[str] = []
+    health_path: str = Field("/health", pattern=r"^/")
+    # this engine's requests' max_tokens over load.max_tokens (the public flashrec 0.1.2 counts
+    # SID codes only: give it the catalog's depth, where ours takes depth + 1 for <|sid_end|>)
+    max_tokens: int | None = Field(None, ge=1)
     device: str | None = None
     host: str = "127.0.0.1"
     port: int | None = None
@@ -68,6 +80,11 @@ class EngineSpec(SpecModel):
     tokenizer: str | None = None
     startup_timeout_s: float = Field(600.0, gt=0)
     stop_timeout_s: float = Field(20.0, gt=0)
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, v: str | None) -> str | None:
+        return check_url(v, "url") if v is not None else v
 
     @model_validator(mode="after")
     def _check_kind(self) -> EngineSpec:
@@ -165,6 +182,9 @@ class LoadSpec(SpecModel):
     request_timeout_s: float = Field(120.0, gt=0)
     cell_timeout_s: float | None = Field(None, gt=0)
     cooldown_s: float = Field(0.0, ge=0)
+    # several engines: every engine's server of a cell up at once, rounds alternating between
+    # them (A1 B1 B2 A2 ...), so drift and other load hit all engines alike
+    interleave_engines: bool = False
 
 
 class TraceSpec(SpecModel):
@@ -206,6 +226,20 @@ class StageSpec(BaseModel):
 
     model_config = ConfigDict(extra="allow", frozen=True)
     enabled: bool = True
+
+    @model_validator(mode="after")
+    def _urls(self) -> StageSpec:
+        """A running server's URL (``reference_url``, ``candidate_url``, a candidate's ``url``)
+        is checked here, at load time, not when the stage first sends to it."""
+        extra = self.model_extra or {}
+        urls = [(k, extra[k]) for k in ("reference_url", "candidate_url") if extra.get(k)]
+        candidates = extra.get("candidates")
+        for i, c in enumerate(candidates if isinstance(candidates, list) else []):
+            if isinstance(c, dict) and c.get("url"):
+                urls.append((f"candidates[{i}].url", c["url"]))
+        for key, url in urls:
+            check_url(str(url), key)
+        return self
 
 
 class HFBaselineSpec(SpecModel):
@@ -293,6 +327,9 @@ class MatrixSpec(SpecModel):
                 raise ValueError("'cells' is empty")
             if any("engine" in c for c in self.cells):
                 raise ValueError("'cells' entries cannot set 'engine' (use 'engines')")
+        if self.load.interleave_engines and len(names) < 2:
+            raise ValueError("load.interleave_engines needs at least two 'engines'")
+        check_parity_engines(self.parity, names)
         needs_model = [e.name for e in self.engine_list if e.kind == "flashrec"]
         if needs_model and self.model is None:
             raise ValueError(f"engine(s) {needs_model} launch FlashRec and need 'model'")
@@ -308,9 +345,10 @@ class MatrixSpec(SpecModel):
 
 
 def _locations(node: yaml.Node, path: tuple = (), out: dict | None = None) -> dict:
-    """Map every key path of a composed YAML document to its 1-based line."""
+    """Map every key path of a composed YAML document to its 1-based line: a key's own line,
+    not that of its value (a block below the key starts a line later)."""
     out = {} if out is None else out
-    out[path] = node.start_mark.line + 1
+    out.setdefault(path, node.start_mark.line + 1)
     if isinstance(node, yaml.MappingNode):
         seen: set = set()
         for key, value in node.value:
@@ -377,6 +415,34 @@ def _field(loc: tuple, locations: dict) -> str:
     return ".".join(str(p) for p in cur)
 
 
+def close_hint(name: str, known: list[str]) -> str:
+    """``did you mean 'y'?`` for the known name closest to ``name``, else the known ones."""
+    close = difflib.get_close_matches(name, known, n=1)
+    return f"did you mean '{close[0]}'?" if close else f"known: {', '.join(known)}"
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The section model inside a field's annotation (``X | None``, ``list[X]``, ...)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _known_keys(loc: tuple) -> list[str]:
+    """The keys the section at ``loc`` (a validation error's path) takes."""
+    model: type[BaseModel] | None = MatrixSpec
+    for part in loc:
+        if isinstance(part, int) or model is None:
+            continue  # a list item: the list's model
+        info = model.model_fields.get(part)
+        model = _model_in(info.annotation) if info is not None else None
+    return list(model.model_fields) if model is not None else []
+
+
 def parse_spec(text: str, source: str = "<string>") -> tuple[MatrixSpec, dict]:
     """Parse and validate matrix text; returns the spec and its key-path -> line map."""
     try:
@@ -402,7 +468,10 @@ def parse_spec(text: str, source: str = "<string>") -> tuple[MatrixSpec, dict]:
         issues = []
         for err in exc.errors():
             loc = tuple(err["loc"])
-            issues.append((line_of(locations, loc), _field(loc, locations), err["msg"]))
+            msg = err["msg"]
+            if err["type"] == "extra_forbidden" and loc and isinstance(loc[-1], str):
+                msg = f"{msg} ({close_hint(loc[-1], _known_keys(loc[:-1]))})"
+            issues.append((line_of(locations, loc), _field(loc, locations), msg))
         raise SpecError(source, *issues[0], more=issues[1:]) from None
     return spec, locations
 

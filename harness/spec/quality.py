@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from harness.spec.base import NAME as _NAME
 from harness.spec.base import SpecModel
+from harness.spec.url import check_url
 
 
 class QualityGenerateSpec(SpecModel):
@@ -22,6 +23,11 @@ class QualityGenerateSpec(SpecModel):
     median_tokens: int = Field(64, ge=1)
     device: str | None = None  # the reference's device; default: the engine's
     reference_url: str | None = None  # a running reference server instead of a launched one
+
+    @field_validator("reference_url")
+    @classmethod
+    def _url(cls, v: str | None) -> str | None:
+        return check_url(v, "reference_url") if v is not None else v
 
 
 class QualitySpec(SpecModel):

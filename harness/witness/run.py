@@ -51,6 +51,7 @@ LAT_COUNT = 'flashrec_request_latency_seconds_count{endpoint="chat"}'
 
 def parser() -> argparse.ArgumentParser:
     from harness.quick import add_server_arg
+    from harness.spec.url import url_arg
 
     p = argparse.ArgumentParser(
         prog="flashrec-bench witness",
@@ -59,7 +60,7 @@ def parser() -> argparse.ArgumentParser:
         "(docs/harness.md, Witness).",
     )
     where = p.add_mutually_exclusive_group(required=True)
-    where.add_argument("--url", help="a running server, e.g. http://127.0.0.1:8000")
+    where.add_argument("--url", type=url_arg, help="a running server, e.g. http://127.0.0.1:8000")
     where.add_argument("--model-path", help="launch a FlashRec server on this checkpoint")
     p.add_argument(
         "--tokenizer",
@@ -114,7 +115,7 @@ def read_bench(out: Path) -> dict[str, Any]:
     m = cell["metrics"]
     got = {k: m[k]["median"] for k in (*METRICS, "latency_mean_ms") if k in m}
     got["errors"] = m["error_rate"]["median"]
-    got["invalid_rate"] = m["invalid_rate"]["median"]
+    got["invalid_rate"] = (m.get("invalid_rate") or {}).get("median")  # None: no catalog
     got["beams_mean"] = m["beams_mean"]["median"]
     return got
 

@@ -23,6 +23,17 @@ def fake_engine(*args: str, name: str = "fake", **extra) -> dict:
     }
 
 
+def fake_catalog(tmp_path: Path, size: int = 60) -> Path:
+    """A catalog file (list-of-lists JSON) of ``size`` 3-level SIDs: a fake server given it
+    (``--sid-vocab-file``) answers only these, and a matrix given it (``catalog: {path}``)
+    checks every beam against them."""
+    import json
+
+    path = tmp_path / "fake_catalog.json"
+    path.write_text(json.dumps([[i % 8, i // 8 % 8, i] for i in range(size)]))
+    return path
+
+
 def write_matrix(tmp_path: Path, matrix: dict, name: str = "m.yaml") -> Path:
     path = tmp_path / name
     path.write_text(yaml.safe_dump(matrix, sort_keys=False))

@@ -63,7 +63,10 @@ def test_quick_run_against_a_server_writes_a_rerunnable_matrix(tmp_path, fake_ur
     for c in cells.values():
         assert c["status"] == "ok" and c["metrics"]["qps"]["n"] == 3
         assert c["metrics"]["beams_mean"]["median"] == 4
-    assert rep["gates"]["status"] == "pass"
+    # no --catalog: invalid SIDs were not checked, so that gate has no data (never a pass)
+    gates = {g["name"]: g for g in rep["gates"]["results"]}
+    assert gates["no-errors"]["status"] == "pass"
+    assert gates["no-invalid-sids"]["status"] == "no_data" and rep["gates"]["status"] == "no_data"
     # the written matrix is an ordinary matrix: it runs again as it is
     again = tmp_path / "again"
     assert run_cli(str(out / "matrix.yaml"), "--out", str(again), "--rounds", "1") == 0
@@ -88,6 +91,36 @@ def test_quick_launches_flashrec_on_a_model_path(tmp_path, tiny_model, marker):
     assert cell["status"] == "ok" and cell["metrics"]["invalid_rate"]["median"] == 0
     assert cell["server"]["info"]["config"]["batch_slots"] == 8
     assert processes_with(marker) == []
+
+
+def test_quick_on_a_model_without_a_catalog_does_not_pass_invalid_sids(tmp_path, synth_model):
+    """The reproducer: a tiny model synthesised without a catalog serves unconstrained; quick
+    on it shows invalid SIDs as '-' (not 0.0%) and the no-invalid-sids gate as no_data with
+    the reason, not pass; the error gate, which was checked, still passes."""
+    model = synth_model("tiny")
+    assert not (model / "catalog.json").exists()
+    out = tmp_path / "q"
+    argv = ["--model-path", str(model), "--device", "cpu", "--beam-width", "4",
+            "--requests", "4", "--warmup", "1", "--rounds", "1", "--prompt-tokens", "48",
+            "--out", str(out)]  # fmt: skip
+    assert run_cli("quick", *argv) == 0
+    assert "catalog" not in yaml.safe_load((out / "matrix.yaml").read_text())
+    rep = json.loads((out / "report.json").read_text())
+    (cell,) = rep["cells"]
+    assert cell["status"] == "ok" and "invalid_rate" not in cell["metrics"]
+    assert "no catalog" in cell["unchecked"]["invalid_rate"]
+    gates = {g["name"]: g for g in rep["gates"]["results"]}
+    assert gates["no-invalid-sids"]["status"] == "no_data"
+    assert "no catalog: invalid SIDs not checked" in gates["no-invalid-sids"]["reason"]
+    assert gates["no-errors"]["status"] == "pass"
+    md = (out / "REPORT.md").read_text()
+    assert "| no-invalid-sids | no_data | no catalog: invalid SIDs not checked" in md
+    assert "no-invalid-sids | pass" not in md
+    lines = md.splitlines()
+    head = next(i for i, line in enumerate(lines) if "| invalid SIDs |" in line)
+    cols, row = [x.strip() for x in lines[head].split("|")], lines[head + 2]
+    assert row.startswith(f"| {cell['id']} |")
+    assert [x.strip() for x in row.split("|")][cols.index("invalid SIDs")] == "-"
 
 
 def test_help_shows_the_defaults(capsys):

@@ -13,6 +13,9 @@ can be shown to catch them. Nothing here ships in ``flashrec/``.
   earlier one's prompt slots (harness/determinism must catch and localise it).
 - ``FLASHREC_CALIB_SPIN_US``: a busy-wait after every ``Scheduler.step`` (CPU work like a
   real regression, for the gate's calibration).
+- ``FLASHREC_TEST_RELOAD_GATE``: a file path; every catalog hot reload (``Engine.build_catalog``)
+  first waits until that file exists (at most ``GATE_MAX_S``; meanwhile ``<path>.waiting``
+  exists): a reload held in flight while the test shuts the server down.
 
 ``sitecustomize.py`` beside this file installs the plants at interpreter start where one of
 the variables is set; each patch lands when its engine module is first imported (an import
@@ -31,7 +34,8 @@ STEP_GATE_ENV = "FLASHREC_TEST_STEP_GATE"
 GATE_MAX_S = 120.0  # a test that never opens its gate fails on its own timeouts, not hangs
 ID_CACHE_ENV = "FLASHREC_TEST_PLANT_ID_CACHE"
 SPIN_ENV = "FLASHREC_CALIB_SPIN_US"
-ENVS = (STEP_DELAY_ENV, STEP_GATE_ENV, ID_CACHE_ENV, SPIN_ENV)
+RELOAD_GATE_ENV = "FLASHREC_TEST_RELOAD_GATE"
+ENVS = (STEP_DELAY_ENV, STEP_GATE_ENV, ID_CACHE_ENV, SPIN_ENV, RELOAD_GATE_ENV)
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
@@ -132,6 +136,21 @@ def spinning_step(step, spin_us: float):
     return spin_step
 
 
+def gated_build(build, gate: str):
+    """``Engine.build_catalog`` that first waits until the file ``gate`` exists (and says it
+    waits: the file ``gate`` + ``.waiting`` appears)."""
+
+    def gated(self, *args, **kwargs):
+        open(gate + ".waiting", "a").close()
+        deadline = time.monotonic() + GATE_MAX_S
+        while not os.path.exists(gate) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return build(self, *args, **kwargs)
+
+    gated.planted = True
+    return gated
+
+
 def install_from_env(environ=os.environ) -> list[str]:
     """Install the plants whose variables are set (non-zero); returns their variables."""
     installed = []
@@ -161,4 +180,12 @@ def install_from_env(environ=os.environ) -> list[str]:
 
         after_import("flashrec.engine.scheduler", patch_step)
         installed.append(SPIN_ENV)
+    reload_gate = environ.get(RELOAD_GATE_ENV, "")
+    if reload_gate:
+
+        def patch_engine(mod) -> None:
+            mod.Engine.build_catalog = gated_build(mod.Engine.build_catalog, reload_gate)
+
+        after_import("flashrec.engine.engine", patch_engine)
+        installed.append(RELOAD_GATE_ENV)
     return installed

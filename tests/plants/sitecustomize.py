@@ -5,7 +5,7 @@ costs three environment lookups."""
 
 import os
 
-if any(os.environ.get(k) for k in ("FLASHREC_TEST_STEP_DELAY_MS", "FLASHREC_TEST_STEP_GATE", "FLASHREC_TEST_PLANT_ID_CACHE", "FLASHREC_CALIB_SPIN_US")):  # fmt: skip
+if any(os.environ.get(k) for k in ("FLASHREC_TEST_STEP_DELAY_MS", "FLASHREC_TEST_STEP_GATE", "FLASHREC_TEST_PLANT_ID_CACHE", "FLASHREC_CALIB_SPIN_US", "FLASHREC_TEST_RELOAD_GATE")):  # fmt: skip
     import flashrec_plants
 
     flashrec_plants.install_from_env()

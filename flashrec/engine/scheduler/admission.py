@@ -1,6 +1,7 @@
 """Admission: the waiting queue, its order (longest prefix match with aging, or FCFS) and the
 requests admitted each step under the beam-row slot budget, the prefill token budget and the
-prompt KV pool."""
+prompt KV pool. Each request's inputs are checked and made into its per-request values here,
+one request at a time: a request the engine cannot run fails alone, before it joins a batch."""
 
 from __future__ import annotations
 
@@ -10,22 +11,25 @@ import time
 import numpy as np
 
 from flashrec.engine.meta import host_to_device
-from flashrec.engine.request import GenRequest
+from flashrec.engine.request import EngineError, GenRequest, check_request_limits
 from flashrec.engine.scheduler.cache import CacheManager
-from flashrec.engine.scheduler.state import ReqState
+from flashrec.engine.scheduler.state import Finished, ReqState
 
 
 class AdmissionManager:
     """Owns ``waiting`` (requests not yet admitted). ``admit()`` takes requests in order
-    while they fit; the first that does not fit stops admission (no overtaking)."""
+    while they fit; the first that does not fit stops admission (no overtaking). A request
+    whose inputs the engine cannot hold leaves the queue into ``rejected`` (with its error)."""
 
-    def __init__(self, cfg, cache: CacheManager, depth: int, device) -> None:
+    def __init__(self, cfg, cache: CacheManager, depth: int, device, vocab_size: int) -> None:
         self.cfg = cfg
         self.cache = cache
         self.kv = cache.kv
         self.depth = depth
         self.device = device
+        self.vocab_size = vocab_size
         self.waiting: list[GenRequest] = []
+        self.rejected: Finished = []  # taken by the scheduler's step (``take_rejected``)
 
     def add(self, req: GenRequest) -> None:
         self.waiting.append(req)
@@ -49,13 +53,43 @@ class AdmissionManager:
         fresh.sort(key=lambda r: (-len(radix.match(r.input_ids[:-1])[0]), r.arrival))
         return sorted(aged, key=lambda r: r.arrival) + fresh
 
+    def take_rejected(self) -> Finished:
+        """The requests refused since the last call, each with its error."""
+        out, self.rejected = self.rejected, []
+        return out
+
+    def prepare(self, req: GenRequest) -> np.ndarray:
+        """The request's seed as an int64 array, once its inputs are checked against what the
+        engine can hold (limits, temperature, seed, token ids): ValueError otherwise. Front
+        ends check these first; this holds for requests that bypassed them, so that one
+        request's input never fails the batch it would have joined."""
+        check_request_limits(req, self.kv.rows.size, self.cfg.max_seq_len, self.kv.pool_tokens)
+        ids = req.input_ids
+        if not ids:
+            raise ValueError("the prompt is empty")
+        lo, hi = min(ids), max(ids)
+        if lo < 0 or hi >= self.vocab_size:
+            bad = lo if lo < 0 else hi
+            raise ValueError(f"token id {bad} is outside the vocabulary [0, {self.vocab_size})")
+        seed = req.seed if req.seed is not None else random.getrandbits(62)
+        return np.asarray([seed], dtype=np.int64)
+
     def admit(self) -> list[ReqState]:
         """Admit waiting requests: beam rows and prompt slots allocated (cached prefix locked),
-        rows copied to the device in one pinned asynchronous copy."""
+        rows copied to the device in one pinned asynchronous copy. A request that fails
+        ``prepare`` is refused alone (into ``rejected``) and admission goes on."""
         admitted: list[ReqState] = []
         seeds: list[np.ndarray] = []
         budget = self.cfg.max_prefill_tokens
         for req in self.order():
+            try:
+                seed = self.prepare(req)
+            except Exception as exc:  # noqa: BLE001 - this request fails, not the step
+                self.waiting.remove(req)
+                if not isinstance(exc, ValueError):  # not a refusal: an engine error
+                    exc = EngineError(f"{type(exc).__name__}: {exc}")
+                self.rejected.append((req, exc))
+                continue
             if req.n > self.kv.rows.num_free:
                 break
             slots, node = self.cache.match(req)
@@ -71,7 +105,7 @@ class AdmissionManager:
             st.private_slots = self.kv.tokens.alloc(need)
             st.prompt_slots = list(slots) + st.private_slots
             st.rows_np = np.asarray(self.kv.rows.alloc(req.n), dtype=np.int64)
-            seeds.append(np.asarray([req.seed if req.seed is not None else random.getrandbits(62)]))
+            seeds.append(seed)
             budget -= need
             admitted.append(st)
             self.waiting.remove(req)

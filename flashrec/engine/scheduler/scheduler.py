@@ -25,6 +25,7 @@ class Scheduler:
     """Continuous batching of beam rows. Each :meth:`step`::
 
         admit    waiting requests in order, under the row, prefill-token and KV budgets
+                 (a request whose inputs the engine cannot hold is answered alone)
         prefill  the admitted prompts in one forward; their first beams
         decode   ONE forward over every running request's rows; their next beams
         retire   finished requests: rows and slots freed, results copied to the host
@@ -44,7 +45,8 @@ class Scheduler:
         self.depth = runner.depth
         self.kv = runner.kv
         self.device = runner.device
-        self.radix = RadixCache() if cfg.resolved_enable_prefix_cache else None
+        max_nodes = cfg.prefix_cache_max_nodes or None  # 0: bounded by the KV pool only
+        self.radix = RadixCache(max_nodes) if cfg.resolved_enable_prefix_cache else None
         self.stats = SchedulerStats()
         self._text = SidText(tokenizer, layout)
         # shorter radix matches are recomputed (--prefix-cache-min-match); with prefill graphs
@@ -54,7 +56,9 @@ class Scheduler:
             min_match = max(min_match, BUCKET)
         self.cache = CacheManager(self.kv, self.radix, min_match, self.stats)
         self.debug = StepDebug(self.kv)
-        self.admission = AdmissionManager(cfg, self.cache, self.depth, self.device)
+        self.admission = AdmissionManager(
+            cfg, self.cache, self.depth, self.device, runner.model_config.vocab_size
+        )
         expander = BeamExpander(self.kv, layout, self.depth, self.debug)
         self.prefill = PrefillManager(runner, self.cache, expander, self.debug, self.stats)
         self.decode = DecodeManager(runner, self.cache, expander, self.debug, self.depth)
@@ -156,6 +160,7 @@ class Scheduler:
             admitted = self.admission.admit()
             for st in admitted:
                 st.catalog = self.catalog
+        out.extend(self.admission.take_rejected())  # inputs the engine cannot hold: alone
         if admitted:
             out.extend(self.prefill.run(admitted, self.running))
         out.extend(self.decode.run(self.running))

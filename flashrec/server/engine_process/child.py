@@ -187,9 +187,9 @@ class _Child:
             fut.add_done_callback(functools.partial(self._finished, i, req.rid))
         elif kind is Cancel:
             self.loop.cancel(msg.rid)
-        elif kind is Call:
+        elif kind is Call:  # a daemon: a call still running (a catalog read) holds no exit
             threading.Thread(
-                target=self._call, args=(i, msg), name=f"flashrec-call-{msg.name}"
+                target=self._call, args=(i, msg), name=f"flashrec-call-{msg.name}", daemon=True
             ).start()
         else:
             _log.error("unknown message %r from front end %d", kind.__name__, i)

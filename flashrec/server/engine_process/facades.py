@@ -7,7 +7,7 @@ from collections.abc import Callable
 from concurrent.futures import CancelledError, Future
 from typing import Any
 
-from flashrec.engine.request import EngineError, GenRequest, QueueFullError
+from flashrec.engine.request import EngineError, GenRequest, QueueFullError, check_request_limits
 from flashrec.server.engine_process.proxy import EngineProcess, EngineProcessError
 
 
@@ -55,9 +55,8 @@ class RemoteEngine:
         )
 
     def check_request(self, r: GenRequest) -> None:
-        """The engine's own checks (``Engine.check_request``), on the values it reported."""
-        from flashrec.engine.engine import check_request_limits
-
+        """The engine's own checks (``Engine.check_request``), on the values it reported
+        (imported with this module, not at the first request: ready means ready)."""
         check_request_limits(r, self.max_beam_rows, self.config.max_seq_len, self.pool_tokens)
 
     def server_info(self) -> dict[str, Any]:
@@ -103,10 +102,10 @@ class RemoteLoop:
     def flush_cache(self) -> int:
         return self.proc.call("flush_cache")
 
-    def reload_catalog(self, path: str) -> dict[str, Any]:
+    def reload_catalog(self, path: str, packed_base: int | None = None) -> dict[str, Any]:
         """Catalog hot reload in the engine process: built on a call thread there, swapped
         on its engine thread between steps."""
-        return self.proc.call("reload_catalog", path, timeout=None)
+        return self.proc.call("reload_catalog", path, packed_base, timeout=None)
 
     def warmup(self) -> None:
         self.proc.call("warmup", timeout=None)

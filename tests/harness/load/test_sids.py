@@ -9,7 +9,6 @@ import pytest
 
 from harness.load.sids import (
     SidChecker,
-    _read_catalog_fallback,
     load_catalog_sids,
     parse_sid,
     parse_sid_list,
@@ -62,6 +61,11 @@ def test_catalog_readers(tmp_path):
     lists.write_text(json.dumps([[1, 2, 3], [4, 5, 6]]))
     text = tmp_path / "t.txt"
     text.write_text("# sids\n1,2,3\n<s_a_4><s_b_5><s_c_6>\n")
-    for p in (comma, lists, text):
-        assert _read_catalog_fallback(p) == {(1, 2, 3), (4, 5, 6)}
+    packed = tmp_path / "sid2pid.json"  # RecIF packs base 8192, or the base the reader is told
+    packed.write_text(json.dumps({str((1 * 8192 + 2) * 8192 + 3): [], "4,5,6": []}))
+    packed64 = tmp_path / "p64.json"
+    sids = [(1, 2, 3), (4, 5, 6)]
+    packed64.write_text(json.dumps({str((a * 64 + b) * 64 + c): [] for a, b, c in sids}))
+    for p in (comma, lists, text, packed):
         assert load_catalog_sids(p) == {(1, 2, 3), (4, 5, 6)}
+    assert load_catalog_sids(packed64, packed_base=64) == {(1, 2, 3), (4, 5, 6)}

@@ -10,6 +10,8 @@ from harness.spec.matrix import StatsSpec
 
 
 def rec(rnd, phase, i, t0, t1, status="ok", **kw) -> Record:
+    """A request whose beams were checked against a catalog (as the client fills it)."""
+    kw.setdefault("sids_checked", True)
     return Record("c", rnd, phase, i, i, t0, t1, status=status, beams=kw.pop("beams", 4), **kw)
 
 

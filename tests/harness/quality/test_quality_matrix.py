@@ -112,7 +112,8 @@ def test_cpu_copy_of_the_h200_quality_matrix(tmp_path, confident_model):
     assert set(cells) == {(n, q) for n in (4, 32) for q in ("bf16", "fp8")}
     for (n, q), c in cells.items():
         assert c["status"] == "ok" and c["quality"]["status"] == "ok", (n, q, c.get("error"))
-        args = c["server"]["info"]["config"]
+        info = c["server"]["info"]
+        args = {**info["config"], **info["config_requested"]}  # the flags as the cell set them
         assert args["kv_cache_dtype"] == ("fp8_e4m3" if q == "fp8" else "auto")
         assert args["batch_slots"] == min(max(800, 16 * n), 8192)
     assert rep["gates"]["status"] == "pass", rep["gates"]

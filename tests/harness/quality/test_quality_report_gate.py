@@ -21,6 +21,7 @@ def _quality(values: list[float]) -> dict:
     rate = {"value": 0.0, "ci_low": 0.0, "ci_high": 0.1, "ci": "wilson", "count": 0, "n": 64}
     return {
         "status": "ok",
+        "catalog_checked": True,
         "protocol": {"beam_width": 32},
         "overall": {
             "metrics": {"recall@32": m},

@@ -4,6 +4,7 @@ blocks."""
 
 from __future__ import annotations
 
+import html
 import re
 
 from harness.parity.compare import Beam, Case, Thresholds, compare_beams, parity_result
@@ -79,7 +80,7 @@ def test_stage_and_trace_sections_are_tables(tmp_path):
     write_html(report, [], tmp_path / "report.html")
     page = (tmp_path / "report.html").read_text()
     for title, end in (("<h2>Traces", "<h2>Parity"), ("<h2>Parity", "<h2>Determinism"),
-                       ("<h2>Determinism", "<h2>Gates")):  # fmt: skip
+                       ("<h2>Determinism", "</body>")):  # fmt: skip
         part = _section(page, title, end)
         assert "<pre>" not in part and "<table>" in part, part[:300]
         assert "{" not in re.sub(r"<[^>]+>", "", part), "no JSON left in " + title
@@ -89,9 +90,10 @@ def test_stage_and_trace_sections_are_tables(tmp_path):
     assert "<td>2</td><td>1,2,2</td><td>-0.200000</td><td>1,2,9</td>" in parity
     assert "different beam" in parity and "score differs" in parity
     assert "ranked beams differ from rank 2" in parity  # the failures, one per row
-    det = _section(page, "<h2>Determinism", "<h2>Gates")
+    det = _section(page, "<h2>Determinism", "</body>")
     assert "<td>sequential</td><td>2</td><td>8</td><td>0</td><td>1</td>" in det
-    assert "localisation (sequential)" in det and "first_step=2" in det
+    assert "localisation (sequential)" in det
+    assert "<td>first divergence</td><td>2 requests with verdict &#x27;first_step&#x27;</td>" in det
     traces = _section(page, "<h2>Traces", "<h2>Parity")
     assert "<td>cell-1.trace.json.gz</td><td>1,234</td><td>7</td><td>99</td><td>cpu</td>" in traces
     assert "top CPU ops: aten::matmul 2.5 ms" in traces
@@ -142,3 +144,49 @@ def test_determinism_run_flags_as_written_by_the_run(tmp_path):
         tmp_path / "REPORT.md"
     ).read_text()
     write_html(report, [], tmp_path / "report.html")
+
+
+def _explained() -> list[dict]:
+    """62 requests whose replays first differ in a step's outputs (numerics) and one whose
+    inputs differ, as the localisation explains them (first_divergence on step hashes)."""
+    from harness.determinism import StepHash, first_divergence
+
+    base = [StepHash(0, "prefill", "i0", "o0"), StepHash(1, "decode", "i1", "o1")]
+    numerics = [StepHash(0, "prefill", "i0", "o0"), StepHash(1, "decode", "i1", "X")]
+    state = [StepHash(0, "prefill", "i0", "o0"), StepHash(1, "decode", "Y", "o1")]
+    out = [{"index": i, "processes": [0, 1], **first_divergence(base, numerics)} for i in range(62)]
+    return out + [{"index": 62, "processes": [0, 1], **first_divergence(base, state)}]
+
+
+def test_determinism_localisation_is_said_in_words(tmp_path):
+    """The localisation's verdict counts read as words in the console line and in both report
+    formats, never as a Python dict ("{'numerics': 62}")."""
+    from harness.determinism.run import localisation_line, tally_divergences
+
+    explained = _explained()
+    loc = {"replays": 1, "reproduced": list(range(63)), "not_reproduced": [],
+           **tally_divergences(explained), "first_divergence": explained[:10]}  # fmt: skip
+    line = localisation_line("concurrent", loc, 70)
+    assert line == (
+        "determinism: concurrent localisation: 63 of 70 drifting requests drifted again in the "
+        "step-hash replay; 62 requests first diverged in numerics (equal step inputs, different "
+        "outputs); 1 request first diverged in host-side state (a step's inputs differ)"
+    )
+    det = {**DETERMINISM, "localisation": {"concurrent": loc}}
+    rows = dict(dict(determinism_blocks(det))["localisation (concurrent)"][1])
+    assert rows["first divergence"] == line.split("replay; ", 1)[1]
+    assert rows["where"] == (
+        "numerics at step 1 (decode): 62 requests; inputs differ: host-side state at step 1 "
+        "(decode): 1 request"
+    )
+    assert rows["drifting requests explained"].startswith(
+        "request 0 (process 0 vs 1): numerics at step 1 (decode); request 1 "
+    )
+    report = {**_report(), "determinism": det}
+    write_markdown(report, tmp_path / "REPORT.md")
+    write_html(report, [], tmp_path / "report.html")
+    md = _section((tmp_path / "REPORT.md").read_text(), "## Determinism", "## Gates")
+    page = _section((tmp_path / "report.html").read_text(), "<h2>Determinism", "</body>")
+    for text in (md, html.unescape(re.sub(r"<[^>]+>", "", page))):
+        assert "62 requests first diverged in numerics" in text
+        assert "{" not in text and "'numerics'" not in text, text

@@ -1,0 +1,139 @@
+"""Engines side by side (a matrix of several ``engines``): per cell every engine's QPS, p50,
+p99, invalid-SID and duplicate rates and beams per answer, and each engine's ratio to the first
+engine with its bootstrap interval (rounds paired where ``load.interleave_engines`` ran them
+seconds apart). A cell an engine could not serve stays in the table with its error and the
+last line of its log."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from harness.metrics.stats import ratio_ci
+from harness.report.render import med_ci, num, pct
+from harness.report.render_stages import Table
+
+RATIO_METRICS = ("qps", "latency_p50_ms", "latency_p99_ms")
+SHOWN = (*RATIO_METRICS, "invalid_rate", "duplicate_rate", "beams_mean")
+HIGHER_IS_BETTER = {"qps": True, "latency_p50_ms": False, "latency_p99_ms": False}
+
+
+def point_of(cell_id: str) -> str:
+    """A cell id without its engine (``flashrec,beam_width=50`` -> ``beam_width=50``)."""
+    return cell_id.split(",", 1)[1] if "," in cell_id else ""
+
+
+def log_line(tail: str) -> str:
+    """The last non-empty line of a log tail (what a failed cell's row shows)."""
+    lines = [x.strip() for x in (tail or "").splitlines() if x.strip()]
+    return lines[-1][:300] if lines else ""
+
+
+def _rounds(cell: dict, metric: str) -> dict[int, float]:
+    return {
+        int(r["round"]): float(r[metric])
+        for r in cell.get("round_metrics") or []
+        if r.get(metric) is not None and int(r.get("round", -1)) >= 0
+    }
+
+
+def _verdict(metric: str, lo: float, hi: float, base: str, other: str) -> str:
+    """Who is ahead on ``metric`` by the interval of other / base: ``level`` when it holds 1."""
+    if not (lo == lo and hi == hi):  # NaN
+        return "no data"
+    better = HIGHER_IS_BETTER[metric]
+    if lo > 1:
+        return f"{other} ahead" if better else f"{base} ahead"
+    if hi < 1:
+        return f"{base} ahead" if better else f"{other} ahead"
+    return "level (interval holds 1)"
+
+
+def engine_comparison(cells: list[dict], engines: list[str], interleaved: bool,
+                      confidence: float = 0.95, n_boot: int = 2000) -> dict[str, Any] | None:  # fmt: skip
+    """report.json's ``engines`` section (None with fewer than two engines): ``base`` (the
+    first engine), ``interleaved``, and one row per point with each engine's entry and each
+    other engine's ``ratios`` (other / base per metric: ``ratio``, ``ci_low``, ``ci_high``,
+    ``paired``, ``verdict``)."""
+    if len(engines) < 2:
+        return None
+    base = engines[0]
+    by_point: dict[str, dict[str, dict]] = {}
+    for c in cells:
+        by_point.setdefault(point_of(c["id"]), {})[str(c.get("engine"))] = c
+    rows = []
+    for point, got in by_point.items():
+        entries = {}
+        for name in engines:
+            c = got.get(name)
+            if c is None:
+                entries[name] = {"status": "not run"}
+                continue
+            m = c.get("metrics") or {}
+            entries[name] = {
+                "id": c["id"],
+                "status": c["status"],
+                **({"error": c.get("error"), "log_line": log_line(c.get("log_tail", ""))}
+                   if c["status"] != "ok" else {}),  # fmt: skip
+                **{k: m.get(k) for k in SHOWN if m.get(k) is not None},
+            }
+        ratios: dict[str, dict] = {}
+        b = got.get(base)
+        for name in engines[1:]:
+            o = got.get(name)
+            if not b or not o or b["status"] != "ok" or o["status"] != "ok":
+                continue
+            ratios[name] = {}
+            for metric in RATIO_METRICS:
+                rb, ro = _rounds(b, metric), _rounds(o, metric)
+                shared = sorted(set(rb) & set(ro))
+                paired = interleaved and len(shared) >= 2
+                xs = [rb[i] for i in shared] if paired else list(rb.values())
+                ys = [ro[i] for i in shared] if paired else list(ro.values())
+                r, lo, hi = ratio_ci(xs, ys, paired, confidence, n_boot)
+                ratios[name][metric] = {"ratio": r, "ci_low": lo, "ci_high": hi,
+                                        "paired": paired, "rounds": len(xs),
+                                        "verdict": _verdict(metric, lo, hi, base, name)}  # fmt: skip
+        rows.append({"point": point, "engines": entries, "ratios": ratios})
+    return {"base": base, "engines": engines, "interleaved": interleaved, "rows": rows}
+
+
+def _ratio_text(r: dict | None) -> str:
+    if not r or r.get("ratio") is None:
+        return "-"
+    return f"{num(r['ratio'], '.3f')} [{num(r['ci_low'], '.3f')}, {num(r['ci_high'], '.3f')}]"
+
+
+def engines_table(report: dict) -> Table | None:
+    """One row per point x engine; the ratio columns are the engine's to the first engine."""
+    sec = report.get("engines")
+    if not sec:
+        return None
+    base = sec["base"]
+    head = ["cell", "engine", "status", "QPS", "p50 ms", "p99 ms", "invalid", "dup",
+            "beams/answer", f"QPS / {base}", f"p50 / {base}", f"p99 / {base}", "QPS verdict"]  # fmt: skip
+    rows = []
+    for row in sec["rows"]:
+        for name, e in row["engines"].items():
+            r = row["ratios"].get(name) or {}
+            status = e["status"]
+            if status != "ok" and e.get("error"):
+                status += f": {e['error'][:160]}" + (f" (log: {e['log_line']})" if e.get("log_line") else "")
+            rows.append([
+                row["point"] or "-", name, status, med_ci(e.get("qps")),
+                med_ci(e.get("latency_p50_ms"), ".1f"), med_ci(e.get("latency_p99_ms"), ".1f"),
+                pct((e.get("invalid_rate") or {}).get("median")),
+                pct((e.get("duplicate_rate") or {}).get("median")),
+                num((e.get("beams_mean") or {}).get("median"), ".1f"),
+                *[_ratio_text(r.get(m)) for m in RATIO_METRICS],
+                (r.get("qps") or {}).get("verdict", "-" if name != base else "(base)"),
+            ])  # fmt: skip
+    return head, rows
+
+
+ENGINES_NOTE = (
+    "Every engine on the same cells, the same prompts and load. Ratios are this engine's median "
+    "over the first engine's, with a bootstrap interval: paired by round where the rounds were "
+    "interleaved (load.interleave_engines: each round of one engine seconds from the other's), "
+    "else resampled per engine. A verdict names an engine ahead only when the interval excludes "
+    "1. A cell an engine could not serve shows its error and the last line of its log."
+)
