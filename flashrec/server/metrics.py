@@ -43,6 +43,13 @@ ENGINE_METRICS = (
         "KV pool tokens held by the radix prefix cache (referenced or not).",
     ),
     (
+        "prefix_cache_nodes",
+        "flashrec_prefix_cache_nodes",
+        "gauge",
+        "Nodes of the radix prefix cache (at most --prefix-cache-max-nodes besides those "
+        "running requests hold).",
+    ),
+    (
         "prefix_hit_tokens_total",
         "flashrec_prefix_cache_hit_tokens_total",
         "counter",

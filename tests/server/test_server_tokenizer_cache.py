@@ -11,11 +11,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from server_helpers import server_config
 from tokenizer_helpers import mixed_texts, qwen_like_tokenizer
 from transformers import AutoTokenizer
 
 from flashrec.engine.engine import private_prompt_builder
 from flashrec.prompt import encode_text
+from flashrec.server.engine_process.proxy import EngineClient
 
 
 @pytest.fixture(params=["synthetic", "qwen-like"])
@@ -40,6 +42,17 @@ def test_builder_copies_share_the_engine_tokenizers_model(tok, tiny_checkpoint: 
     assert tok.backend_tokenizer.truncation is None
     assert copies[1].backend_tokenizer.truncation is None
     copies[0].backend_tokenizer.no_truncation()
+
+
+def test_engine_process_front_end_copies_share_one_model(tiny_checkpoint: Path) -> None:
+    """With ``--engine-process`` the front end preloads its copies (``load_tokenizers``):
+    they share its tokenizer's model too."""
+    client = EngineClient(server_config(str(tiny_checkpoint), tokenizer_workers=3), None)
+    client.load_tokenizers()
+    tok, copies = client.tokenizers[0], client.tokenizers[1:]
+    assert len(copies) == 4  # the front end's own, two more threads, the large-prompt lane
+    tok.backend_tokenizer.model.dropout = 0.25
+    assert [c.backend_tokenizer.model.dropout for c in copies] == [0.25] * 4
 
 
 def test_shared_model_encodes_the_same_from_many_threads(tok, tiny_checkpoint: Path) -> None:

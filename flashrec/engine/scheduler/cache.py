@@ -50,7 +50,9 @@ class CacheManager:
         return True
 
     def publish(self, st: ReqState) -> None:
-        """Insert the prompt into the radix cache; keep only the slots it did not take."""
+        """Insert the prompt into the radix cache; keep only the slots it did not take. The
+        cache is then trimmed to its node cap (``--prefix-cache-max-nodes``), this prompt's
+        path locked, and what that evicts goes back to the pool."""
         if self.radix is None:
             return
         new_node, dup = self.radix.insert(st.req.input_ids, st.prompt_slots)
@@ -58,6 +60,9 @@ class CacheManager:
         self.radix.unlock(st.node)
         st.node = new_node
         st.private_slots = dup
+        trimmed = self.radix.trim()
+        if trimmed:
+            self.kv.tokens.free(trimmed)
 
     def release(self, st: ReqState) -> None:
         """Free the request's beam rows and private prompt slots; unlock its radix node."""

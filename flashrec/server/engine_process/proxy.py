@@ -64,10 +64,11 @@ class EngineClient:
     def load_tokenizers(self) -> None:
         """This process's tokenizer (the beams' SID text), then the copies ``take_tokenizer``
         hands out: the front end's own, one per prompt-building thread beyond the first and
-        one for the large-prompt lane (``--tokenizer-workers``; see the server's backend)."""
+        one for the large-prompt lane (``--tokenizer-workers``; see the server's backend).
+        The copies share ``tok``'s model, so one bounded word cache (``share_word_cache``)."""
         import copy
 
-        from flashrec.prompt import load_tokenizer
+        from flashrec.prompt import load_tokenizer, share_word_cache
 
         tok = load_tokenizer(self.config.model_path)
         out = [tok]
@@ -76,6 +77,7 @@ class EngineClient:
                 out.append(copy.deepcopy(tok))
             except Exception:  # noqa: BLE001 - one that cannot be copied: loaded per builder
                 break
+            share_word_cache(out[-1], tok)
         self.tokenizers = out
 
     def take_tokenizer(self) -> Any | None:
