@@ -23,13 +23,18 @@ def load_tokenizer(model_path: str):
     return AutoTokenizer.from_pretrained(model_path)
 
 
+WORD_CACHE_WORDS = 10_000  # the tokenizers library's default BPE word cache, in words
+
+
 def share_word_cache(clone: Any, tokenizer: Any) -> bool:
     """Point ``clone``'s Rust model at ``tokenizer``'s, so that the copies of the server's
-    prompt-building threads share one BPE word cache (the tokenizers library keeps up to
-    10,000 words per model: one per copy grew host memory that many words per thread under
-    distinct prompts). The model is only read while serving and its cache never blocks (a
-    busy cache is skipped); each copy keeps its own truncation and padding state. False
-    where either has no Rust backend or the model cannot be set."""
+    prompt-building threads share one model and so one word-cache capacity
+    (``bound_word_cache``). Before tokenizers 0.23 the model held one BPE word cache of up
+    to 10,000 words, and a model per copy grew host memory that many words per thread under
+    distinct prompts; since 0.23 (huggingface/tokenizers#2028) the cache is per thread and
+    per model, so a thread that borrows every copy in turn would hold one cache per copy.
+    The model is only read while serving; each copy keeps its own truncation and padding
+    state. False where either has no Rust backend or the model cannot be set."""
     src = getattr(tokenizer, "backend_tokenizer", None)
     dst = getattr(clone, "backend_tokenizer", None)
     if src is None or dst is None or src is dst:
@@ -39,6 +44,29 @@ def share_word_cache(clone: Any, tokenizer: Any) -> bool:
     except Exception:  # noqa: BLE001 - another backend: the copy keeps a model of its own
         return False
     return True
+
+
+def bound_word_cache(tokenizer: Any, threads: int) -> int | None:
+    """Cap the BPE word cache of ``tokenizer``'s Rust model (its copies' too, where they
+    share it: ``share_word_cache``) at ``WORD_CACHE_WORDS // threads`` words, so that the
+    caches of ``threads`` threads encoding through it hold at most ``WORD_CACHE_WORDS`` words
+    in all. Since tokenizers 0.23 every thread keeps a cache of its own (thread-local, never
+    evicted, filled up to the model's capacity): distinct prompts grew each prompt-building
+    thread by up to 10,000 words (an entry costs its word's bytes plus about 32 bytes per
+    byte of it, so ~0.4 KB for a short word, ~8 KB for a 255-byte one). With an older
+    library, one cache behind a lock, this only makes that one cache smaller. Returns the
+    words per thread, or None where the model has no resizable cache (not BPE, or no Rust
+    backend)."""
+    model = getattr(getattr(tokenizer, "backend_tokenizer", None), "model", None)
+    resize = getattr(model, "_resize_cache", None)
+    if resize is None:
+        return None
+    words = max(1, WORD_CACHE_WORDS // max(1, int(threads)))
+    try:
+        resize(words)
+    except Exception:  # noqa: BLE001 - a model that cannot resize keeps its own capacity
+        return None
+    return words
 
 
 def encode_text(tokenizer: Any, text: str) -> list[int]:

@@ -293,12 +293,17 @@ NOTES = [
     ),
     (
         "--tokenizer-workers",
-        "The copies share the engine tokenizer's model, so one BPE word cache (the tokenizers "
-        "library keeps up to 10,000 words per model, a few MB): host memory does not grow by "
-        "one such cache per thread under distinct prompts. Each copy keeps its own truncation "
-        "and padding state.",
-        "各副本共用引擎 tokenizer 的模型，因此只有一个 BPE 词缓存（tokenizers 库每个模型最多缓存 "
-        "10,000 个词，几 MB）：互不相同的 prompt 不会让每个线程各自的缓存都把主机内存撑大。每个副本仍"
+        "The copies share the engine tokenizer's model, whose BPE word cache is capped at "
+        "10,000 words over all the prompt-building threads (the workers and the large-prompt "
+        "lane: 2,000 words each with 4 workers). Since tokenizers 0.23 each thread keeps a cache "
+        "of its own, filled up to the model's capacity and never evicted: at the library's "
+        "10,000 words a thread, distinct prompts grew the front end by up to that many words "
+        "per thread (~0.4 KB a short word, ~7 KB a 200-byte one). Each copy keeps its own "
+        "truncation and padding state.",
+        "各副本共用引擎 tokenizer 的模型，其 BPE 词缓存在所有构建 prompt 的线程（各 worker 与大 "
+        "prompt 通道；4 个 worker 时每线程 2,000 词）之间合计最多 10,000 个词。tokenizers 0.23 起"
+        "每个线程各有一份缓存，填到模型容量为止且从不淘汰：按库默认每线程 10,000 词，互不相同的 "
+        "prompt 会让前端每个线程最多多占这么多词（短词约 0.4 KB，200 字节的词约 7 KB）。每个副本仍"
         "保有自己的截断与 padding 状态。",
     ),
     (

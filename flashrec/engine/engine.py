@@ -34,8 +34,8 @@ def private_prompt_builder(
     tokenizer, model_path: str, layout, vocab_size: int
 ) -> Callable[..., list[int]]:
     """``build_prompt_ids`` over a private copy of ``tokenizer`` (loaded again from
-    ``model_path`` where it cannot be copied), sharing its model and so its one bounded
-    word cache; shared with the engine-process front end."""
+    ``model_path`` where it cannot be copied), sharing its model and so its word-cache
+    capacity (``prompt.bound_word_cache``); shared with the engine-process front end."""
     try:
         tok = copy.deepcopy(tokenizer)
     except Exception:  # noqa: BLE001 - a tokenizer that cannot be copied is loaded again

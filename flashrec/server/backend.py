@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from flashrec.engine.request import EngineError, GenRequest, GenResult, QueueFullError
-from flashrec.prompt import PromptTooLong, build_prompt_ids, length_guard
+from flashrec.prompt import PromptTooLong, bound_word_cache, build_prompt_ids, length_guard
 from flashrec.server import responses
 from flashrec.server.errors import bad_request, busy, internal
 from flashrec.server.protocol import Limits, check_prompt
@@ -126,6 +126,7 @@ class Backend:
     _waiting_lock: threading.Lock = field(init=False, default_factory=threading.Lock)
     _ids: Any = field(init=False, default_factory=itertools.count)
     respond: Any = field(init=False, default=None)  # RespondPool with --respond-workers
+    word_cache_words: int | None = field(init=False, default=None)  # per thread (prompt.py)
 
     def __post_init__(self) -> None:
         n = max(1, int(self.tokenizer_workers))
@@ -146,6 +147,10 @@ class Backend:
         for i in range(n):
             self._builders.put(own if i == 0 or make is None else make())
         self._large_builder = own if make is None else make()
+        if make is not None and tokenizer is not None:
+            # the copies share the tokenizer's model, whose word cache every thread keeps
+            # for itself (tokenizers >= 0.23): n threads + the large lane, one bound in all
+            self.word_cache_words = bound_word_cache(tokenizer, n + 1)
         if self.respond_workers > 0:
             from flashrec.server.respond_pool import RespondPool
 

@@ -1,12 +1,18 @@
 """The server's prompt-building threads each hold a tokenizer copy, and the copies share the
-engine tokenizer's Rust model, so one BPE word cache (the tokenizers library keeps up to
-10,000 words per model). With a model per copy, distinct prompts grew host memory by that
+engine tokenizer's Rust model. Before tokenizers 0.23 that was one BPE word cache (up to
+10,000 words per model); with a model per copy, distinct prompts grew host memory by that
 many words per thread (``--tokenizer-workers`` 4: four caches filling for ~40,000 distinct
-words). Each copy still encodes exactly as the engine's tokenizer does.
+words). Since 0.23 the cache is per thread (and per model), so the shared model's capacity
+is cut to 10,000 words over the threads (``bound_word_cache``): measured here as the
+memory one thread's cache takes. Each copy still encodes exactly as the engine's tokenizer
+does.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -16,8 +22,10 @@ from tokenizer_helpers import mixed_texts, qwen_like_tokenizer
 from transformers import AutoTokenizer
 
 from flashrec.engine.engine import private_prompt_builder
-from flashrec.prompt import encode_text
+from flashrec.prompt import WORD_CACHE_WORDS, bound_word_cache, encode_text
+from flashrec.server.backend import Backend
 from flashrec.server.engine_process.proxy import EngineClient
+from flashrec.server.protocol import Limits
 
 
 @pytest.fixture(params=["synthetic", "qwen-like"])
@@ -68,3 +76,87 @@ def test_shared_model_encodes_the_same_from_many_threads(tok, tiny_checkpoint: P
         got = list(pool.map(run, range(4)))
     for j in range(4):
         assert got[j] == want[j::4]
+
+
+class _Mallinfo2(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena", "ordblks", "smblks", "hblks", "hblkhd",
+            "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost",
+        )
+    ]  # fmt: skip
+
+
+def _malloc_in_use() -> int | None:
+    """Bytes malloc has handed out and not had back, over every arena (glibc 2.33+)."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    fn = getattr(libc, "mallinfo2", None)
+    if fn is None:
+        return None
+    fn.restype = _Mallinfo2
+    info = fn()
+    return info.uordblks + info.hblkhd
+
+
+def _cache_growth(tok, words: int) -> int:
+    """Bytes still allocated after one new thread encodes ``words`` distinct words with
+    ``tok``, measured before the thread ends (its word cache is freed with the thread)."""
+    out: list[int] = []
+
+    def run() -> None:
+        for i in range(50):  # the thread's first allocations (its cache map, buffers)
+            encode_text(tok, f"warm {i}")
+        before = _malloc_in_use()
+        for i in range(words):
+            encode_text(tok, "word " + "".join(chr(97 + int(c)) for c in f"{i:08d}") * 4)
+        out.append(_malloc_in_use() - before)
+
+    t = threading.Thread(target=run)
+    t.start()
+    t.join()
+    return out[0]
+
+
+class _TokenizerEngine:
+    """What ``Backend`` reads of an engine to build prompts with real tokenizer copies."""
+
+    layout = None
+    vocab_size = 1000
+
+    def __init__(self, tokenizer, path: str) -> None:
+        self.tokenizer, self.path = tokenizer, path
+
+    def prompt_builder(self):
+        return private_prompt_builder(self.tokenizer, self.path, None, self.vocab_size)
+
+
+def test_bound_word_cache_splits_the_words_over_the_threads(tiny_checkpoint: Path) -> None:
+    tok = AutoTokenizer.from_pretrained(tiny_checkpoint)
+    assert bound_word_cache(tok, 5) == WORD_CACHE_WORDS // 5
+    assert bound_word_cache(tok, 0) == WORD_CACHE_WORDS
+    assert bound_word_cache(object(), 4) is None  # no Rust backend: nothing to bound
+
+
+def test_backend_bounds_each_threads_word_cache(tiny_checkpoint: Path) -> None:
+    """With 4 prompt-building threads (+ the large lane) a thread's word cache stops at
+    10,000 / 5 words: 6,000 distinct words leave a third of what an unbounded tokenizer
+    keeps (its cache takes all 6,000)."""
+    if _malloc_in_use() is None:
+        pytest.skip("needs glibc's mallinfo2")
+    path = str(tiny_checkpoint)
+    free = AutoTokenizer.from_pretrained(tiny_checkpoint)  # the library's own capacity
+    unbounded = _cache_growth(free, 6000)
+    engine = _TokenizerEngine(AutoTokenizer.from_pretrained(tiny_checkpoint), path)
+    limits = Limits(
+        max_beam_rows=8, vocab_size=1000, max_seq_len=4096, default_n=2, default_max_tokens=3
+    )
+    be = Backend(engine=engine, loop=None, limits=limits, tokenizer_workers=4)
+    try:
+        assert be.word_cache_words == WORD_CACHE_WORDS // 5
+        copy = be._large_builder.args[0]  # a copy sharing the engine tokenizer's model
+        bounded = _cache_growth(copy, 6000)
+    finally:
+        be.close()
+    assert unbounded > 6000 * 200  # each cached word costs hundreds of bytes
+    assert bounded < 0.5 * unbounded, (bounded, unbounded)

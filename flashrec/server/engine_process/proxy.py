@@ -65,7 +65,8 @@ class EngineClient:
         """This process's tokenizer (the beams' SID text), then the copies ``take_tokenizer``
         hands out: the front end's own, one per prompt-building thread beyond the first and
         one for the large-prompt lane (``--tokenizer-workers``; see the server's backend).
-        The copies share ``tok``'s model, so one bounded word cache (``share_word_cache``)."""
+        The copies share ``tok``'s model, so one word-cache capacity (``share_word_cache``; the
+        server's backend splits it over its threads: ``bound_word_cache``)."""
         import copy
 
         from flashrec.prompt import load_tokenizer, share_word_cache
