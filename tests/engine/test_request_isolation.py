@@ -1,6 +1,7 @@
 """One request's input never fails its batch-mates: a request whose values the engine cannot
 hold (a temperature beyond float32, a seed beyond int64, a token id outside the vocabulary,
-more beams than rows) is refused alone at admission, with a ValueError naming the value,
+more beams than rows) is refused alone on arrival (``Scheduler.add``), with a ValueError
+naming the value,
 while a request admitted in the same step completes with the beams it gets alone.
 
 The requests go straight to the scheduler (``Scheduler.add``), past the front ends' checks
@@ -100,6 +101,17 @@ def test_a_request_the_engine_cannot_hold_fails_alone(engine: Engine, field: str
     # nothing leaked: every beam row and prompt slot the two held is free again
     assert engine.scheduler.used_rows == 0
     assert engine.scheduler.kv_used_tokens == 0
+
+
+def test_a_lone_refused_request_is_answered_by_the_next_step(engine: Engine) -> None:
+    """Refused on arrival with nothing else queued, it is still work: the engine loop steps
+    only while ``has_work()``, and a refusal nobody steps for would never be answered."""
+    sched = engine.scheduler
+    sched.add(_bad(engine, BAD["seed"][0]))
+    assert sched.has_work()
+    got = sched.step()
+    assert [(req.rid, type(res)) for req, res in got] == [("bad", ValueError)]
+    assert not sched.has_work()
 
 
 @pytest.mark.parametrize("field", sorted(set(BAD) - {"token id"} | set(OUT_OF_RANGE)))

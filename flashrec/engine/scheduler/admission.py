@@ -1,7 +1,8 @@
 """Admission: the waiting queue, its order (longest prefix match with aging, or FCFS) and the
 requests admitted each step under the beam-row slot budget, the prefill token budget and the
 prompt KV pool. Each request's inputs are checked and made into its per-request values here,
-one request at a time: a request the engine cannot run fails alone, before it joins a batch."""
+one request at a time, on arrival: a request the engine cannot run fails alone, before it
+joins a batch."""
 
 from __future__ import annotations
 
@@ -32,6 +33,15 @@ class AdmissionManager:
         self.rejected: Finished = []  # taken by the scheduler's step (``take_rejected``)
 
     def add(self, req: GenRequest) -> None:
+        """Queue ``req``, or refuse it alone (into ``rejected``) when ``check`` fails: once,
+        on arrival, not at every step it waits."""
+        try:
+            self.check(req)
+        except Exception as exc:  # noqa: BLE001 - this request fails, not the step
+            if not isinstance(exc, ValueError):  # not a refusal: an engine error
+                exc = EngineError(f"{type(exc).__name__}: {exc}")
+            self.rejected.append((req, exc))
+            return
         self.waiting.append(req)
 
     def cancel(self, rid: str) -> bool:
@@ -58,11 +68,11 @@ class AdmissionManager:
         out, self.rejected = self.rejected, []
         return out
 
-    def prepare(self, req: GenRequest) -> np.ndarray:
-        """The request's seed as an int64 array, once its inputs are checked against what the
-        engine can hold (limits, temperature, seed, token ids): ValueError otherwise. Front
-        ends check these first; this holds for requests that bypassed them, so that one
-        request's input never fails the batch it would have joined."""
+    def check(self, req: GenRequest) -> None:
+        """ValueError unless ``req``'s inputs fit what the engine can hold (limits,
+        temperature, seed, token ids). Front ends check these first; this holds for requests
+        that bypassed them, so that one request's input never fails the batch it would have
+        joined."""
         check_request_limits(req, self.kv.rows.size, self.cfg.max_seq_len, self.kv.pool_tokens)
         ids = req.input_ids
         if not ids:
@@ -71,25 +81,15 @@ class AdmissionManager:
         if lo < 0 or hi >= self.vocab_size:
             bad = lo if lo < 0 else hi
             raise ValueError(f"token id {bad} is outside the vocabulary [0, {self.vocab_size})")
-        seed = req.seed if req.seed is not None else random.getrandbits(62)
-        return np.asarray([seed], dtype=np.int64)
 
     def admit(self) -> list[ReqState]:
         """Admit waiting requests: beam rows and prompt slots allocated (cached prefix locked),
-        rows copied to the device in one pinned asynchronous copy. A request that fails
-        ``prepare`` is refused alone (into ``rejected``) and admission goes on."""
+        rows copied to the device in one pinned asynchronous copy (every waiting request passed
+        ``check`` in ``add``)."""
         admitted: list[ReqState] = []
         seeds: list[np.ndarray] = []
         budget = self.cfg.max_prefill_tokens
         for req in self.order():
-            try:
-                seed = self.prepare(req)
-            except Exception as exc:  # noqa: BLE001 - this request fails, not the step
-                self.waiting.remove(req)
-                if not isinstance(exc, ValueError):  # not a refusal: an engine error
-                    exc = EngineError(f"{type(exc).__name__}: {exc}")
-                self.rejected.append((req, exc))
-                continue
             if req.n > self.kv.rows.num_free:
                 break
             slots, node = self.cache.match(req)
@@ -105,7 +105,8 @@ class AdmissionManager:
             st.private_slots = self.kv.tokens.alloc(need)
             st.prompt_slots = list(slots) + st.private_slots
             st.rows_np = np.asarray(self.kv.rows.alloc(req.n), dtype=np.int64)
-            seeds.append(seed)
+            seed = req.seed if req.seed is not None else random.getrandbits(62)
+            seeds.append(np.asarray([seed], dtype=np.int64))
             budget -= need
             admitted.append(st)
             self.waiting.remove(req)

@@ -133,7 +133,8 @@ class Scheduler:
         return self.kv.tokens.num_used - self.cache.evictable_tokens - self.kv_reserved_tokens
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running or self._pending)
+        # a request refused on arrival is answered by the next step
+        return bool(self.waiting or self.running or self._pending or self.admission.rejected)
 
     def flush_pending(self, exc: BaseException | None = None):
         """Results held back by ``--overlap-results`` (finished now), or ``exc`` for each of
