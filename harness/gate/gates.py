@@ -8,7 +8,6 @@ filters that could match nothing.
 
 from __future__ import annotations
 
-import difflib
 import math
 import operator
 from typing import Any
@@ -16,7 +15,14 @@ from typing import Any
 from harness.metrics.rounds import DIRECTIONS, QUALITY_PREFIXES, direction
 from harness.spec.cells import Cell, expand_cells, matches, reference_index
 from harness.spec.checks import GateSpec, relative_overrides
-from harness.spec.matrix import MatrixSpec, SpecError, line_of, load_spec, relocate
+from harness.spec.matrix import (
+    MatrixSpec,
+    SpecError,
+    close_hint,
+    line_of,
+    load_spec,
+    relocate,
+)
 
 OPS = {
     "<": operator.lt,
@@ -50,9 +56,7 @@ def metric_names(ks: list[int]) -> list[str]:
 
 
 def unknown(name: str, known: list[str], what: str) -> str:
-    close = difflib.get_close_matches(name, known, n=1)
-    hint = f"did you mean '{close[0]}'?" if close else f"known: {', '.join(known)}"
-    return f"'{name}' is not {what} ({hint})"
+    return f"'{name}' is not {what} ({close_hint(name, known)})"
 
 
 def filter_problem(filt: str, cells: list, what: str = "cell") -> str | None:
