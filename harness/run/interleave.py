@@ -2,7 +2,8 @@
 
 ::
 
-    per point (a cell's parameters without the engine), every engine's server up at once:
+    per point (a cell's parameters without the engine), every engine's server up at once
+    (started side by side):
       round 0: A, B, C      round 1: C, B, A      round 2: A, B, C ...
         visit = warm-up, radix preparation, one measured round numbered r
       traced round (each engine whose cell is traced), quality eval (first visit)
@@ -16,6 +17,7 @@ and the other engines go on.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from typing import Any
 
@@ -125,12 +127,16 @@ class Interleaved:
         for n, c in todo.items():
             res[n].burst = c.client.concurrency if c.client.mode == "burst" else 0
             res[n].closed = c.client.concurrency if c.client.mode == "closed" else 0
-        up = {}
-        for n, c in todo.items():
-            srv = await self.server(session, c, res[n])
-            if srv is not None:
-                up[n] = srv
+        # every engine starts at once (a peer's start can take minutes: loading, graphs, its
+        # own warm-up); ports are picked one after the other before any of them starts
         names = list(todo)
+        started = await asyncio.gather(
+            *(self.server(session, todo[n], res[n]) for n in names), return_exceptions=True
+        )
+        for out in started:  # raised once every start has ended, so none is left running
+            if isinstance(out, BaseException):
+                raise out
+        up = {n: srv for n, srv in zip(names, started) if srv is not None}
         for rnd in range(self.c.rounds):
             self.c.progress.set_phase(f"round {rnd + 1}/{self.c.rounds}")
             for n in names if rnd % 2 == 0 else names[::-1]:
