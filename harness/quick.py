@@ -248,7 +248,8 @@ def build_matrix(args: argparse.Namespace, argv: list[str] | None = None) -> dic
 
 
 def main(argv: list[str]) -> int:
-    from harness.cli import run_id, run_main
+    from harness.cli.run import main as run_main
+    from harness.cli.run import run_id
     from harness.spec.matrix import SpecError, parse_spec
 
     args = parser().parse_args(argv)

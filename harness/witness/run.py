@@ -268,7 +268,7 @@ class Run:
         return path
 
     def bench_round(self, matrix: Path, rnd: int | str) -> dict:
-        from harness.cli import run_main
+        from harness.cli.run import main as run_main
 
         out = self.out / "flashrec-bench" / f"round-{rnd}"
         code = run_main([str(matrix), "--out", str(out)])
@@ -386,7 +386,7 @@ def _launch(args: argparse.Namespace, out: Path, split: tuple[set, set] | None):
 
 
 def main(argv: list[str]) -> int:
-    from harness.cli import run_id
+    from harness.cli.run import run_id
     from harness.servers.launch import ServerError, install_signal_handlers
 
     args = parser().parse_args(argv)

@@ -126,7 +126,7 @@ def test_compare_lists_what_makes_two_runs_incomparable():
 
 
 def test_compare_cli_require_comparable(tmp_path):
-    from harness.cli import compare_main
+    from harness.cli.compare import main as compare_main
 
     a, b = tmp_path / "a", tmp_path / "b"
     for d, radix in ((a, "cold"), (b, "warm")):
@@ -501,7 +501,7 @@ def test_run_with_a_missing_path_fails_and_all_failed_never_passes(tmp_path, mar
 
 
 def test_compare_metrics_must_name_metrics_the_reports_have(tmp_path, capsys):
-    from harness.cli import compare_main
+    from harness.cli.compare import main as compare_main
 
     d = tmp_path / "a"
     d.mkdir()
