@@ -1,7 +1,7 @@
 """flashrec-bench: declarative benchmark matrices for FlashRec and other beam servers.
 
-Data flows one way: spec -> cells -> runs -> records -> metrics -> report -> gate.
-See ``docs/harness.md`` for the YAML schema, the CLI and the report format.
+Data flows one way: spec -> run -> judge -> write (records -> metrics -> report).
+See ``docs/harness.md`` (guide) and ``docs/harness-reference.md`` (every matrix key).
 """
 
 from __future__ import annotations

@@ -12,7 +12,12 @@ in-function imports too: a circle closed by one (as ``engine.request`` importing
 
 The harness gets the same two cycle checks, a third over its packages (each module folded
 into its wing: ``harness.load.client`` -> ``harness.load``), and may import nothing of the
-engine or the server (it talks to servers over HTTP).
+engine or the server (it talks to servers over HTTP). Its registries name modules as
+``"module:function"`` strings imported on use (the run's stages, the CLI's subcommands): each
+must name a function that exists, and the stage registry's entries count as its in-function
+imports.
+Its wings are listed (:data:`HARNESS_WINGS`), each importing only wings listed before it, and
+the CLI (``harness.cli``) is imported by nothing but ``python -m harness``.
 
 The layer rules (the packages below the engine, layers and the KV cache among them, know
 nothing of the engine or the server; kernels nothing of those or the layers; the engine nothing
@@ -23,6 +28,7 @@ ones included.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -93,14 +99,37 @@ def _targets(module: str, node: ast.Import | ast.ImportFrom) -> list[str]:
     return out
 
 
-def imports(module: str, *, load_time_only: bool) -> set[str]:
-    """The names ``module`` imports (any package, not only ours)."""
+# modules that name others as "module:function" strings, imported on use (importlib); the
+# stage registry's entries count as its imports (the CLI's table sits above everything: its
+# subcommands reuse the matrix run, whose help lists the table)
+REGISTRIES = ("harness.run.stages", "harness.cli.commands")
+IMPORTING_REGISTRIES = ("harness.run.stages",)
+_ENTRY = re.compile(r"^(harness(?:\.\w+)*):(\w+)$")
+
+
+def registered(module: str) -> list[tuple[str, str]]:
+    """The ``(module, function)`` pairs a registry module names as ``"module:function"``."""
     tree = ast.parse(MODULES[module].read_text(encoding="utf-8"), str(MODULES[module]))
-    return {
+    return [
+        (m.group(1), m.group(2))
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str)
+        if (m := _ENTRY.match(node.value))
+    ]
+
+
+def imports(module: str, *, load_time_only: bool) -> set[str]:
+    """The names ``module`` imports (any package, not only ours); a registry's entries count
+    as in-function imports."""
+    tree = ast.parse(MODULES[module].read_text(encoding="utf-8"), str(MODULES[module]))
+    out = {
         target
         for node in _import_nodes(tree.body, load_time_only=load_time_only)
         for target in _targets(module, node)
     }
+    if not load_time_only and module in IMPORTING_REGISTRIES:
+        out.update(target for target, _ in registered(module))
+    return out
 
 
 def _within(name: str, package: str) -> bool:
@@ -228,6 +257,15 @@ def test_engine_imports_nothing_of_the_server():
     assert _upward("flashrec.engine", ("flashrec.server",)) == {}
 
 
+def test_the_engine_interface_is_a_leaf():
+    """``flashrec.server.engine_api`` (what the server needs of an engine) imports nothing of
+    flashrec when loaded: the engine satisfies it by shape, and a module it imported would sit
+    between the server and every engine."""
+    m = "flashrec.server.engine_api"
+    assert m in MODULES
+    assert sorted(t for t in imports(m, load_time_only=True) if _within(t, "flashrec")) == []
+
+
 def test_kernels_import_nothing_of_the_engine_server_or_layers():
     forbidden = ("flashrec.engine", "flashrec.server", "flashrec.layers")
     assert _upward("flashrec.kernels", forbidden) == {}
@@ -288,3 +326,86 @@ def test_harness_checks_see_planted_violations(tmp_path, monkeypatch):
     assert _upward("harness", ("flashrec.engine", "flashrec.server")) == {
         "harness.zz_b.m": ["flashrec.engine"]
     }
+
+
+def test_registry_entries_name_functions_that_exist():
+    # a registry entry is a string, so nothing else notices a moved or renamed target
+    for registry in REGISTRIES:
+        entries = registered(registry)
+        assert entries, registry
+        for module, func in entries:
+            assert module in MODULES, f"{registry}: no module {module}"
+            tree = ast.parse(MODULES[module].read_text(encoding="utf-8"))
+            defined = {
+                n.name for n in tree.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)
+            }
+            assert func in defined, f"{registry}: {module} defines no {func}"
+    assert "harness.quality.stage" in imports("harness.run.stages", load_time_only=False)
+    assert "harness.quality.stage" not in imports("harness.run.stages", load_time_only=True)
+
+
+# the harness's packages, bottom up: each imports only those listed before it (function-level
+# imports and registry entries counted); a new package takes its place here
+HARNESS_WINGS = (
+    "harness",  # the package root: the report's schema version
+    "harness.names",  # the names a matrix may refer to (metrics, report sections, cell fields)
+    "harness.spec",  # matrix YAML -> validated spec -> cells
+    "harness.load",  # SIDs, prompts, one request per protocol, the load loops
+    "harness.servers",  # server processes, the HF reference and its HTTP server
+    "harness.trace",  # profiler traces: capture and summary
+    "harness.metrics",  # records -> metrics, the server's and the host's counters
+    "harness.baseline",  # HF generate per cell, in its own process
+    "harness.parity",  # the parity stage: beams against a reference
+    "harness.quality",  # the per-cell quality stage and ``eval``
+    "harness.determinism",  # the determinism stage: fresh processes, bit for bit
+    "harness.run",  # the run: cells on servers, then the stages
+    "harness.report",  # report.json and its renderings
+    "harness.judge",  # gates, targets, two runs compared, the A/B gate
+    "harness.quick",  # the matrix of ``flashrec-bench quick``
+    "harness.witness",  # GuideLLM beside flashrec-bench on one cell
+    "harness.cli",  # the command line: wires the above, imported by nothing
+    "harness.__main__",  # ``python -m harness``
+)
+
+
+def _wing_order_violations(graph: dict[str, set[str]]) -> dict[str, list[str]]:
+    rank = {w: i for i, w in enumerate(HARNESS_WINGS)}
+    return {
+        w: sorted(t for t in targets if rank.get(t, len(rank)) >= rank.get(w, -1))
+        for w, targets in graph.items()
+        if any(rank.get(t, len(rank)) >= rank.get(w, -1) for t in targets)
+    }
+
+
+def test_harness_wings_are_listed_and_import_only_wings_below():
+    graph = _package_graph(_graph("harness", load_time_only=False))
+    assert sorted(graph) == sorted(HARNESS_WINGS)
+    assert _wing_order_violations(graph) == {}
+
+
+def _cli_importers() -> dict[str, list[str]]:
+    """Modules outside ``harness.cli`` that import it (``python -m harness`` excepted)."""
+    return {
+        m: hits
+        for m, hits in _upward("harness", ("harness.cli",)).items()
+        if not _within(m, "harness.cli") and m != "harness.__main__"
+    } | _upward("flashrec", ("harness.cli",))
+
+
+def test_nothing_imports_the_cli():
+    # the CLI wires the library; a library module that reaches back into it (to run a matrix,
+    # to reuse a parser) makes the path double back
+    assert _cli_importers() == {}
+
+
+def test_wing_and_cli_checks_see_planted_violations(tmp_path, monkeypatch):
+    # a planted library module importing the CLI, and the spec importing the run (upward)
+    a = tmp_path / "a.py"
+    a.write_text("def f():\n    from harness.cli.run import main\n")
+    b = tmp_path / "b.py"
+    b.write_text("import harness.run.campaign\n")
+    monkeypatch.setitem(MODULES, "harness.quick.zz_a", a)
+    monkeypatch.setitem(MODULES, "harness.spec.zz_b", b)
+    assert _cli_importers() == {"harness.quick.zz_a": ["harness.cli.run"]}
+    graph = _package_graph(_graph("harness", load_time_only=False))
+    assert _wing_order_violations(graph)["harness.spec"] == ["harness.run"]

@@ -11,9 +11,12 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flashrec.engine.request import ReloadBusyError
+
+if TYPE_CHECKING:
+    from flashrec.engine.engine import Engine
 
 log = logging.getLogger("flashrec")
 
@@ -24,7 +27,7 @@ class CatalogReloader:
     engine thread between steps) and answers with the new catalog's identity and timings.
     Counts reloads by outcome (ok / rejected / busy) and keeps the last swap's time."""
 
-    def __init__(self, engine: Any, call: Callable[[Callable[[], Any]], Future]) -> None:
+    def __init__(self, engine: Engine, call: Callable[[Callable[[], Any]], Future]) -> None:
         self.engine = engine
         self.call = call
         self._lock = threading.Lock()  # held by the one reload running

@@ -152,6 +152,11 @@ class Engine:
             self.tokenizer, self.config.model_path, self.layout, self.vocab_size
         )
 
+    def prompt_builders(self, count: int) -> list[Callable[..., list[int]]]:
+        """``count`` builders for as many threads: ``build_prompt``'s own, then copies."""
+        own = functools.partial(build_prompt_ids, self.tokenizer, self.layout, self.vocab_size)
+        return [own, *(self.prompt_builder() for _ in range(count - 1))]
+
     def new_request(
         self,
         input_ids: list[int],

@@ -1,5 +1,9 @@
 """The engine thread: owns the scheduler, steps it while there is work, and hands results to
-front ends through futures. Every scheduler, model and profiler call happens on this thread."""
+front ends through futures. Every scheduler, model and profiler call happens on this thread.
+
+``EngineLoop`` is also the engine as the server sees it in this process (the server's
+``ServedEngine``, matched by shape: the engine imports nothing of the server): the engine's
+facts and prompt building are handed on from ``Engine``."""
 
 from __future__ import annotations
 
@@ -13,6 +17,8 @@ from typing import Any
 from flashrec.engine.catalogs import CatalogReloader
 from flashrec.engine.engine import Engine
 from flashrec.engine.request import GenRequest, GenResult, QueueFullError
+from flashrec.profiler import ProfileController
+from flashrec.sid.layout import SidLayout
 
 log = logging.getLogger("flashrec")
 
@@ -43,7 +49,34 @@ class EngineLoop:
         self._thread = threading.Thread(target=self._run, name="flashrec-engine", daemon=True)
         self._snapshot: dict[str, int] = {}
         self.reloader = CatalogReloader(engine, self.call_on_engine_thread)
+        self.profiler = ProfileController(self)
         self._take_snapshot()
+
+    # ---- the engine's facts and prompts (any thread; a builder on one thread at a time) --
+    @property
+    def layout(self) -> SidLayout:
+        return self.engine.layout
+
+    @property
+    def vocab_size(self) -> int:
+        return self.engine.vocab_size
+
+    @property
+    def max_beam_rows(self) -> int:
+        return self.engine.max_beam_rows
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.engine.tokenizer
+
+    def prompt_builders(self, count: int) -> list[Callable[..., list[int]]]:
+        return self.engine.prompt_builders(count)
+
+    def sid_text_table(self) -> dict[int, str]:
+        return self.engine.sid_text_table()
+
+    def server_info(self) -> dict[str, Any]:
+        return self.engine.server_info()
 
     # ---- front-end API (any thread) -----------------------------------------------------
     def start(self) -> None:
@@ -79,6 +112,15 @@ class EngineLoop:
 
     def add_step_hook(self, fn: Callable[[int], None]) -> None:
         self._hooks.append(fn)
+
+    def freeze_gc(self) -> int:
+        """Nothing: the engine shares the server's process, whose own freeze covers it."""
+        return 0
+
+    def metrics_snapshot(self) -> tuple[dict[str, int], str, None]:
+        """``(stats, profiler state, None)``: what ``/metrics`` reads of the engine (its GC
+        counters are the process's own)."""
+        return self.stats(), self.profiler.state, None
 
     def reload_catalog(self, path: str, packed_base: int | None = None) -> dict[str, Any]:
         """Catalog hot reload (``CatalogReloader.reload``); call it off the engine thread."""

@@ -8,5 +8,7 @@ Every op ``<name>`` comes as ``<name>_ref``, ``<name>_triton`` and the dispatche
 - ``silu_fp8``: SiLU(gate) * up, optionally fused with per-token FP8 quant
 - ``qk_rope_kv``: per-head q/k RMSNorm + NeoX RoPE in place + KV-cache write
 - ``beam_attention``: shared-prompt beam-decode attention
+- ``invariant``: the batch-invariant GEMMs of ``--deterministic`` (``matmul_nt``, ``linear``,
+  ``fp8_linear_batch_invariant``)
 - ``backend``: Triton availability and dispatch; ``tl/``: the Triton kernels (lazy imports)
 """

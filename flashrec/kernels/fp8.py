@@ -12,6 +12,7 @@ be multiples of 16; M (tokens) is free.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import torch
 
@@ -22,6 +23,7 @@ __all__ = [
     "FP8_MAX",
     "SCALE_FLOOR",
     "dequantize",
+    "fp8_gemm_supported",
     "fp8_linear",
     "fp8_linear_ref",
     "fp8_linear_scaled_mm",
@@ -151,13 +153,17 @@ def fp8_linear_ref(
     w_scale: torch.Tensor,
     bias: torch.Tensor | None = None,
     out_dtype: torch.dtype = torch.bfloat16,
+    matmul_nt: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """``(x_fp8 * x_scale) @ (w_fp8 * w_scale).T`` in float32, cast to ``out_dtype``, + bias.
 
     Shapes: x_fp8 [M, K], x_scale [M, 1], w_fp8 [N, K], w_scale [N, 1] -> [M, N]. The bias is
     added after the cast, in ``out_dtype``, exactly as :func:`fp8_linear_scaled_mm` does.
+    ``matmul_nt(a, b)``: the fp32 product ``a @ b.T`` (default one library GEMM; the
+    batch-invariant path passes its fixed-order one).
     """
-    out = (dequantize(x_fp8, x_scale) @ dequantize(w_fp8, w_scale).t()).to(out_dtype)
+    x, w = dequantize(x_fp8, x_scale), dequantize(w_fp8, w_scale)
+    out = (x @ w.t() if matmul_nt is None else matmul_nt(x, w)).to(out_dtype)
     if bias is not None:
         out = out + bias.to(out_dtype)
     return out
@@ -213,14 +219,17 @@ def fp8_linear(
 ) -> torch.Tensor:
     """FP8 linear: ``_scaled_mm`` on FP8-capable GPUs (sm_89+) for bf16 output, else the
     float32 reference (CPU, older GPUs, other output dtypes). ``out``: the [M, N] result
-    goes there (written by the GEMM on the fast path, copied otherwise)."""
+    goes there (written by the GEMM on the fast path, copied otherwise). The library picks its
+    GEMM kernel by shape, so a row's bits may depend on the batch; ``--deterministic`` takes
+    :func:`flashrec.kernels.invariant.fp8_linear_batch_invariant` instead."""
     fast = out_dtype == torch.bfloat16 and x_fp8.is_cuda
-    if fast and _fp8_gemm_supported(x_fp8.device.index):
+    if fast and fp8_gemm_supported(x_fp8.device.index):
         return fp8_linear_scaled_mm(x_fp8, x_scale, w_fp8, w_scale, bias, out_dtype, out)
     res = fp8_linear_ref(x_fp8, x_scale, w_fp8, w_scale, bias, out_dtype)
     return res if out is None else out.copy_(res)
 
 
 @functools.cache
-def _fp8_gemm_supported(device_index: int | None) -> bool:
+def fp8_gemm_supported(device_index: int | None) -> bool:
+    """Whether CUDA device ``device_index`` runs FP8 GEMMs (sm_89+: Ada, Hopper and later)."""
     return torch.cuda.get_device_capability(device_index) >= (8, 9)

@@ -3,7 +3,8 @@ same whatever other rows share the call, how many there are and where the row si
 
 Library GEMMs pick their kernel (tile shape, split-K, the gemv path of a few rows) from the
 shape, so a beam's logits change with the batch it decodes in. Inside :func:`batch_invariant`
-the linear layers and the LM head go through :func:`matmul_nt` instead:
+the linear layers and the LM head go through :func:`linear`, :func:`fp8_linear_batch_invariant`
+and :func:`matmul_nt` instead:
 
 - CUDA (Triton): one kernel binary per weight shape (``tl/matmul.py``: a fixed tile, one
   sequential K loop, no split-K), whatever M is; FP8 W8A8 applies both row scales to the fp32
@@ -22,8 +23,16 @@ import threading
 import torch
 
 from flashrec.kernels.backend import use_triton
+from flashrec.kernels.fp8 import fp8_gemm_supported, fp8_linear_ref
 
-__all__ = ["CPU_ROWS", "active", "batch_invariant", "fp8_linear", "linear", "matmul_nt"]
+__all__ = [
+    "CPU_ROWS",
+    "active",
+    "batch_invariant",
+    "fp8_linear_batch_invariant",
+    "linear",
+    "matmul_nt",
+]
 
 CPU_ROWS = 16
 """Rows per library GEMM on the chunked path: every call has this shape (a multiple of the
@@ -120,19 +129,20 @@ def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch
     return out if bias is None else out + bias.to(out.dtype)
 
 
-def fp8_linear(
+def fp8_linear_batch_invariant(
     x_fp8: torch.Tensor,
     x_scale: torch.Tensor,
     w_fp8: torch.Tensor,
     w_scale: torch.Tensor,
     bias: torch.Tensor | None = None,
     out_dtype: torch.dtype = torch.bfloat16,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """W8A8 linear (per-token x per-channel scales), batch-invariant: the Triton kernel on
-    FP8-capable GPUs, else the float32 reference product, chunked."""
-    from flashrec.kernels.fp8 import _fp8_gemm_supported, dequantize
-
-    if use_triton(x_fp8, w_fp8) and _fp8_gemm_supported(x_fp8.device.index):
-        return _triton(x_fp8, w_fp8, bias, x_scale.float(), w_scale.float(), out_dtype)
-    out = _chunked(dequantize(x_fp8, x_scale), dequantize(w_fp8, w_scale)).to(out_dtype)
-    return out if bias is None else out + bias.to(out_dtype)
+    """:func:`flashrec.kernels.fp8.fp8_linear` (W8A8, per-token x per-channel scales) with a
+    fixed reduction order per row: the Triton kernel on FP8-capable GPUs, else the float32
+    reference product, chunked. ``out``: the [M, N] result is copied there."""
+    if use_triton(x_fp8, w_fp8) and fp8_gemm_supported(x_fp8.device.index):
+        res = _triton(x_fp8, w_fp8, bias, x_scale.float(), w_scale.float(), out_dtype)
+    else:
+        res = fp8_linear_ref(x_fp8, x_scale, w_fp8, w_scale, bias, out_dtype, matmul_nt=_chunked)
+    return res if out is None else out.copy_(res)

@@ -85,7 +85,5 @@ class Linear(nn.Module):
         """GEMM on an activation that was already quantized per token upstream."""
         assert self.is_fp8, "forward_fp8 on an unquantized Linear"
         w, s, b = self.weight, self.weight_scale, self.bias
-        if invariant.active():
-            res = invariant.fp8_linear(x_fp8, a_scale, w, s, b, out_dtype=out_dtype)
-            return res if out is None else out.copy_(res)
-        return fp8k.fp8_linear(x_fp8, a_scale, w, s, b, out_dtype=out_dtype, out=out)
+        linear = invariant.fp8_linear_batch_invariant if invariant.active() else fp8k.fp8_linear
+        return linear(x_fp8, a_scale, w, s, b, out_dtype=out_dtype, out=out)

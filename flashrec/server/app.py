@@ -1,11 +1,12 @@
 """The application and the serving process.
 
-``create_app`` wires the handlers (``handlers.py``) over an engine and its loop. ``Server``
-owns one serving process; start-up order (``/health`` is 503 until the last step)::
+``create_app`` wires the endpoints (``generation``, ``control``) over a ``ServedEngine``
+(``engine_api``): ``EngineLoop`` in this process, or ``RemoteEngine`` over an engine process.
+``Server`` owns one serving process; start-up order (``/health`` is 503 until the last step)::
 
     preflight (the port is free, the checkpoint and catalog are regular files)
-      -> Engine(config) -> EngineLoop(engine) -> bind HOST:PORT, print the URL line
-      -> loop.start() -> loop.warmup() -> ready
+      -> EngineLoop(Engine(config)) -> bind HOST:PORT, print the URL line
+      -> engine.start() -> engine.warmup() -> ready
 
 Routes (see ``docs/api.md``)::
 
@@ -15,8 +16,8 @@ Routes (see ``docs/api.md``)::
 
 On SIGTERM or SIGINT: new generation requests get 503 (every answer then closes its
 connection), in-flight requests get up to ``--shutdown-timeout-s`` to finish
-(``loop.drain``); those still held at the deadline are cancelled and answered 503. Then a
-running profile is written, the listener closes, the loop stops, and the process exits 0.
+(``engine.drain``); those still held at the deadline are cancelled and answered 503. Then a
+running profile is written, the listener closes, the engine stops, and the process exits 0.
 
 Connections are ``wire.Connection``: header and body read timeouts, JSON parse errors, and
 request bodies decoded by the server (aiohttp's decompression is off).
@@ -34,64 +35,62 @@ import signal
 import sys
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING
 
 from aiohttp import HttpVersion11, web
 
 from flashrec import boundedread
 from flashrec.config import ServerConfig, add_config_args, config_from_args
-from flashrec.profiler import ProfileController
-from flashrec.server import handlers
+from flashrec.server import control, generation, handlers
 from flashrec.server.backend import Backend
+from flashrec.server.engine_api import ServedEngine
 from flashrec.server.errors import APIError
 from flashrec.server.frontends import ASK_TIMEOUT_S, FrontendGroup, Member, Snapshot
 from flashrec.server.gcwatch import GcWatch, freeze_startup_objects
 from flashrec.server.handlers import STATE, ServerState
-from flashrec.server.metrics import ServerMetrics
 from flashrec.server.site import CLOSE_GRACE_S, Site, check_port, start_site
+
+if TYPE_CHECKING:
+    from multiprocessing.connection import Connection
+
+    from flashrec.server.engine_process import EngineClient
+    from flashrec.server.engine_process.messages import Ready
 
 _log = logging.getLogger("flashrec.server")
 
 URL_LINE = "FlashRec serving on http://{host}:{port}"
 
 
-def create_app(engine: Any, loop: Any, config: ServerConfig) -> web.Application:
-    """The application over a built ``Engine`` and ``EngineLoop``.
+def create_app(engine: ServedEngine, config: ServerConfig) -> web.Application:
+    """The application over a built engine (``EngineLoop`` or ``RemoteEngine``).
 
     ``/health`` reports ok once ``app[STATE].backend.ready`` is set (``Server`` does it after
     warm-up).
     """
-    h = handlers
     app = web.Application(
-        client_max_size=int(config.max_body_bytes), middlewares=[h.error_middleware]
+        client_max_size=int(config.max_body_bytes), middlewares=[handlers.error_middleware]
     )
     backend = Backend(
         engine=engine,
-        loop=loop,
-        limits=h.limits_for(engine, config),
+        limits=handlers.limits_for(engine, config),
+        model_path=config.model_path,
         tokenizer_workers=config.tokenizer_workers,
         respond_workers=config.respond_workers,
     )
-    app[STATE] = ServerState(
-        backend=backend,
-        config=config,
-        metrics=ServerMetrics(),
-        # an engine in its own process brings its profiler's front (engine_process.py)
-        profiler=getattr(loop, "profiler", None) or ProfileController(loop),
-        model_name=h.model_name(config),
-    )
+    app[STATE] = ServerState(backend=backend, config=config, model_name=handlers.model_name(config))
+    gen, ctl = generation, control
     routes = (
-        ("GET", "/health", h.health),
-        ("GET", "/v1/models", h.models),
-        ("GET", "/get_server_info", h.server_info),
-        ("GET", "/metrics", h.metrics),
-        ("POST", "/v1/chat/completions", h.chat_completions),
-        ("POST", "/generate", h.generate),
-        ("POST", "/flush_cache", h.flush_cache),
-        ("GET", "/flush_cache", h.flush_cache),
-        ("POST", "/start_profile", h.start_profile),
-        ("POST", "/stop_profile", h.stop_profile),
-        ("POST", "/update_catalog", h.update_catalog),
+        ("GET", "/health", ctl.health),
+        ("GET", "/v1/models", ctl.models),
+        ("GET", "/get_server_info", ctl.server_info),
+        ("GET", "/metrics", ctl.metrics),
+        ("POST", "/v1/chat/completions", gen.chat_completions),
+        ("POST", "/generate", gen.generate),
+        ("POST", "/flush_cache", ctl.flush_cache),
+        ("GET", "/flush_cache", ctl.flush_cache),
+        ("POST", "/start_profile", ctl.start_profile),
+        ("POST", "/stop_profile", ctl.stop_profile),
+        ("POST", "/update_catalog", ctl.update_catalog),
     )
     for method, path, handler in routes:
         app.router.add_route(method, path, handler, expect_handler=expect_continue)
@@ -134,20 +133,18 @@ def _freeze_startup(watch: GcWatch | None) -> None:
 
 
 async def start_engine(st: ServerState, warmup: bool, group: FrontendGroup | None = None) -> None:
-    """Start the engine loop and the other front ends (``group``), run the warm-up
-    (``loop.warmup()``), then mark the server (every front end) ready."""
+    """Start the engine and the other front ends (``group``), run the warm-up
+    (``engine.warmup()``), then mark the server (every front end) ready."""
     be = st.backend
-    await asyncio.to_thread(be.loop.start)
+    await asyncio.to_thread(st.engine.start)
     if group is not None:
         await asyncio.to_thread(group.start)
     if warmup:
         t0 = time.perf_counter()
-        await asyncio.to_thread(be.loop.warmup)
+        await asyncio.to_thread(st.engine.warmup)
         _log.info("warm-up done in %.2f s", time.perf_counter() - t0)
     if st.config.gc_freeze:
-        freeze_engine = getattr(be.loop, "freeze_gc", None)  # an engine process: there too
-        if freeze_engine is not None:
-            await asyncio.to_thread(freeze_engine)
+        await asyncio.to_thread(st.engine.freeze_gc)  # an engine process: there too
         _freeze_startup(st.gc)
     be.ready = True
     if group is not None:
@@ -167,7 +164,7 @@ async def drain(st: ServerState, timeout_s: float) -> bool:
     be = st.backend
     be.draining = True
     deadline = time.monotonic() + timeout_s
-    done = bool(await asyncio.to_thread(be.loop.drain, timeout_s))
+    done = bool(await asyncio.to_thread(st.engine.drain, timeout_s))
     # The engine is idle; give the handlers a moment to write their answers.
     while be.active_handlers and time.monotonic() < deadline:
         await asyncio.sleep(0.01)
@@ -178,19 +175,22 @@ class Server:
     """One serving process: bind, warm up, serve until :meth:`request_stop`, drain.
 
     ``run`` owns an event loop; ``request_stop`` may be called from any thread (or a signal).
+    ``process``: the pipe to the engine process when ``engine`` runs in one (its exit stops
+    the server; front end 0's also holds the other front ends' pipes).
     """
 
     def __init__(
         self,
-        engine: Any,
-        loop: Any,
+        engine: ServedEngine,
         config: ServerConfig,
+        process: EngineClient | None = None,
         member: Member | None = None,
         port: int | None = None,
     ) -> None:
         self.config = config
-        self.loop = loop
-        self.app = create_app(engine, loop, config)
+        self.engine = engine
+        self.process = process
+        self.app = create_app(engine, config)
         self.state: ServerState = self.app[STATE]
         # a spawned front end (``member``) binds the port front end 0 bound
         self.member = member
@@ -203,9 +203,8 @@ class Server:
         self._aloop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
         self.exit_code = 0
-        proc = getattr(loop, "proc", None)  # an engine in its own process
-        if proc is not None:
-            proc.on_death = self._engine_died
+        if process is not None:
+            process.on_death = self._engine_died
 
     def _engine_died(self, why: str) -> None:
         """The engine process (or another front end) exited under us: not healthy any more;
@@ -226,7 +225,7 @@ class Server:
         """This front end's ``/metrics`` part, taken on its event loop from any thread."""
 
         async def take() -> Snapshot:
-            return handlers.snapshot(self.state)
+            return control.snapshot(self.state)
 
         assert self._aloop is not None
         return asyncio.run_coroutine_threadsafe(take(), self._aloop).result(ASK_TIMEOUT_S)
@@ -241,11 +240,10 @@ class Server:
             st.frontends = self.member
             self.member.bound()
             return
-        spare = getattr(getattr(self.loop, "proc", None), "frontend_conns", None)
-        if self.config.api_server_count > 1 and spare:
-            self.group = FrontendGroup(
-                self.config, self.loop.proc, self.port, self._snapshot, frontend_main
-            )
+        proc = self.process
+        if self.config.api_server_count > 1 and proc is not None and proc.frontend_conns:
+            assert self.port is not None
+            self.group = FrontendGroup(self.config, proc, self.port, self._snapshot, frontend_main)
             self.group.on_death = self._engine_died
             st.frontends = self.group
 
@@ -304,9 +302,7 @@ class Server:
                     self._aloop.add_signal_handler(sig, self._stop.set)
         if st.gc is None:
             st.gc = GcWatch().install(cfg.gc_gen0_threshold)
-        add_hook = getattr(self.loop, "add_step_hook", None)
-        if add_hook is not None:
-            add_hook(st.gc.report_slow)  # logged on the engine thread, outside any collection
+        self.engine.add_step_hook(st.gc.report_slow)  # logged outside any collection
         if self.member is not None:
             starting = asyncio.ensure_future(start_member(st, self.member))
         else:
@@ -354,7 +350,7 @@ class Server:
             try:
                 await site.cleanup()
             finally:
-                await asyncio.to_thread(self.loop.stop)
+                await asyncio.to_thread(self.engine.stop)
                 be.close()
                 if st.gc is not None:
                     st.gc.uninstall()
@@ -365,11 +361,16 @@ class Server:
         _log.info("stopped")
 
 
-def serve(engine: Any, loop: Any, config: ServerConfig, **frontend: Any) -> int:
-    """Serve ``engine`` through ``loop`` on this (main) thread until SIGTERM / SIGINT, on the
-    event loop ``--event-loop`` names (``frontend``: a spawned front end's ``member`` and
-    ``port``, see ``Server``)."""
-    server = Server(engine, loop, config, **frontend)
+def serve(
+    engine: ServedEngine,
+    config: ServerConfig,
+    process: EngineClient | None = None,
+    member: Member | None = None,
+    port: int | None = None,
+) -> int:
+    """Serve ``engine`` on this (main) thread until SIGTERM / SIGINT, on the event loop
+    ``--event-loop`` names (``process``, ``member``, ``port``: see ``Server``)."""
+    server = Server(engine, config, process, member, port)
     kind = config.resolved_event_loop
     _log.info("event loop: %s", kind)
     if kind == "uvloop":
@@ -381,8 +382,8 @@ def serve(engine: Any, loop: Any, config: ServerConfig, **frontend: Any) -> int:
 
 
 def run_server(config: ServerConfig) -> int:
-    """Build the engine and its loop from ``config`` (in a process of its own with
-    ``--engine-process``) and serve; returns the exit code."""
+    """Build the engine from ``config`` (in a process of its own with ``--engine-process``)
+    and serve; returns the exit code."""
     problem = preflight(config)
     if problem is not None:  # before anything loads: a model load may take minutes
         _log.error("%s", problem)
@@ -394,17 +395,15 @@ def run_server(config: ServerConfig) -> int:
         from flashrec.server.engine_process import EngineProcessError, start_engine_process
 
         try:
-            engine, loop = start_engine_process(config)
+            remote = start_engine_process(config)
         except EngineProcessError as exc:
             _log.error("%s", exc)
             return 1
-        return serve(engine, loop, config)
+        return serve(remote, config, process=remote.proc)
     from flashrec.engine.engine import Engine
     from flashrec.engine.loop import EngineLoop
 
-    engine = Engine(config)
-    loop = EngineLoop(engine)
-    return serve(engine, loop, config)
+    return serve(EngineLoop(Engine(config)), config)
 
 
 def preflight(config: ServerConfig) -> str | None:
@@ -425,7 +424,13 @@ def preflight(config: ServerConfig) -> str | None:
 
 
 def frontend_main(
-    index: int, conn: Any, ctl: Any, config: ServerConfig, info: Any, port: int, log_level: int
+    index: int,
+    conn: Connection,
+    ctl: Connection,
+    config: ServerConfig,
+    info: Ready,
+    port: int,
+    log_level: int,
 ) -> None:
     """Entry point of front end ``index`` of ``--api-server-count`` (a ``multiprocessing``
     spawn target, see ``frontends``): serve ``port`` over the engine pipe ``conn`` until front
@@ -435,15 +440,14 @@ def frontend_main(
         stream=sys.stderr,
         format=f"%(asctime)s %(levelname)s %(name)s[frontend-{index}]: %(message)s",
     )
-    from flashrec.server.engine_process import EngineClient, RemoteEngine, RemoteLoop
+    from flashrec.server.engine_process import EngineClient, RemoteEngine
 
     sys.setswitchinterval(config.gil_switch_interval_ms / 1000.0)
     member = Member(index, ctl).start()
     client = EngineClient(config, conn)
     client.load_tokenizers()
     client.connect(info)
-    loop = RemoteLoop(client, config)
-    sys.exit(serve(RemoteEngine(client), loop, config, member=member, port=port))
+    sys.exit(serve(RemoteEngine(client), config, process=client, member=member, port=port))
 
 
 def add_serve_args(parser: argparse.ArgumentParser) -> None:

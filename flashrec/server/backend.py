@@ -1,10 +1,11 @@
-"""The engine as the HTTP layer sees it: build a prompt, run a request, cancel, drain.
+"""The request path of both generation endpoints: a parsed request in, its answer out (prompts
+built, engine requests submitted and awaited, token counts, the body), over a ``ServedEngine``.
 
 All engine work happens on other threads: prompt building (chat template + tokenization) on
 ``--tokenizer-workers`` threads, beam search on the ``EngineLoop`` thread. The event loop only
 awaits. A HF fast tokenizer must not be used by two threads at once, so each prompt-building
 thread borrows one of as many builders, each over its own tokenizer copy
-(``engine.prompt_builder()``); the Rust encoder releases the GIL, so they run in parallel.
+(``engine.prompt_builders``: the first thread gets the engine's own); the Rust encoder releases the GIL, so they run in parallel.
 
 Work per prompt is bounded before it is spent: a text that provably cannot fit
 ``--max-seq-len`` (``prompt.LengthGuard``: its bytes over the most bytes one token stands
@@ -14,31 +15,35 @@ in it, more are a 503), so large inputs never hold the threads that ordinary pro
 ``/health`` turns 503 (degraded) while an ordinary prompt has waited ``stall_limit_s`` for a
 thread.
 
-NOTE: a ``concurrent.futures.Future`` from ``loop.submit`` is never cancelled from here (the
+NOTE: a ``concurrent.futures.Future`` from ``engine.submit`` is never cancelled from here (the
 engine thread owns it and will resolve it); an abandoned request is withdrawn with
-``loop.cancel(rid)`` instead, which frees its rows within one engine step.
+``engine.cancel(rid)`` instead, which frees its rows within one engine step.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import functools
 import itertools
 import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
+import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flashrec.engine.request import EngineError, GenRequest, GenResult, QueueFullError
-from flashrec.prompt import PromptTooLong, bound_word_cache, build_prompt_ids, length_guard
+from flashrec.prompt import LengthGuard, PromptTooLong, bound_word_cache, length_guard
 from flashrec.server import responses
+from flashrec.server.engine_api import PromptBuilder, ServedEngine
 from flashrec.server.errors import bad_request, busy, internal
-from flashrec.server.protocol import Limits, check_prompt
+from flashrec.server.metrics import ServerMetrics
+from flashrec.server.protocol import ChatRequest, GenerateRequest, Limits, check_prompt
+
+if TYPE_CHECKING:
+    from flashrec.server.respond_pool import RespondPool
 
 _log = logging.getLogger("flashrec.server")
 
@@ -54,7 +59,7 @@ LARGE_LANE_DEPTH = 2  # large prompts being built or waiting at once; another on
 STALL_LIMIT_S = 10.0  # an ordinary prompt waiting this long for a thread: /health degraded
 
 
-def prompt_chars(kwargs: dict) -> int:
+def prompt_chars(kwargs: dict[str, Any]) -> int:
     """The characters of text a ``build_prompt`` call will encode (its messages' contents or
     its text; raw ids are none), read without validating them."""
     text = kwargs.get("text")
@@ -73,7 +78,7 @@ def prompt_chars(kwargs: dict) -> int:
     return total
 
 
-async def await_engine(fut: Future) -> Any:
+async def await_engine(fut: Future[GenResult]) -> GenResult:
     """Await a ``concurrent.futures.Future`` without ever cancelling it.
 
     Cancelling the awaiting task leaves ``fut`` to the engine thread (unlike
@@ -102,13 +107,27 @@ async def await_engine(fut: Future) -> Any:
     return await waiter
 
 
+@dataclass(frozen=True)
+class Answer:
+    """A generation request's answer: its engine results (for ``/generate``, the returned
+    beams), the seconds its prompts took to build, when the results reached the event loop,
+    and the body: JSON text, or the events of a stream."""
+
+    results: list[GenResult]
+    tokenize_s: float
+    back: float
+    body: str | list[bytes]
+
+
 @dataclass
 class Backend:
-    """Engine + loop + limits, with the request path used by every generation handler."""
+    """The engine, the request limits and the served-token counters, with the request path
+    of every generation handler (``answer``)."""
 
-    engine: Any
-    loop: Any
+    engine: ServedEngine
     limits: Limits
+    metrics: ServerMetrics = field(default_factory=ServerMetrics)
+    model_path: str | None = None  # the checkpoint (respond workers load its tokenizer)
     ready: bool = False
     draining: bool = False
     inflight: set[str] = field(default_factory=set)
@@ -117,15 +136,15 @@ class Backend:
     respond_workers: int = 0
     stall_limit_s: float = STALL_LIMIT_S
     _tok: ThreadPoolExecutor = field(init=False)
-    _builders: queue.SimpleQueue = field(init=False)
+    _builders: queue.SimpleQueue[PromptBuilder] = field(init=False)
     _large: ThreadPoolExecutor = field(init=False)
-    _large_builder: Callable[..., list[int]] = field(init=False)
+    _large_builder: PromptBuilder = field(init=False)
     _large_depth: int = field(init=False, default=0)
-    _guard: Any = field(init=False, default=None)  # prompt.LengthGuard of a real tokenizer
+    _guard: LengthGuard | None = field(init=False, default=None)  # of a real tokenizer
     _waiting: dict[int, float] = field(init=False, default_factory=dict)  # id -> queued at
     _waiting_lock: threading.Lock = field(init=False, default_factory=threading.Lock)
-    _ids: Any = field(init=False, default_factory=itertools.count)
-    respond: Any = field(init=False, default=None)  # RespondPool with --respond-workers
+    _ids: itertools.count[int] = field(init=False, default_factory=itertools.count)
+    respond: RespondPool | None = field(init=False, default=None)  # --respond-workers
     word_cache_words: int | None = field(init=False, default=None)  # per thread (prompt.py)
 
     def __post_init__(self) -> None:
@@ -134,37 +153,67 @@ class Backend:
         self._large = ThreadPoolExecutor(1, thread_name_prefix="flashrec-tokenize-large")
         self._builders = queue.SimpleQueue()
         # the engine's own tokenizer serves the first thread; every other one, and the large
-        # lane, gets a copy (an engine without ``prompt_builder``, e.g. a test fake, shares
-        # its build_prompt and has no length guard)
-        own: Callable[..., list[int]] = lambda **kw: self.engine.build_prompt(**kw)  # noqa: E731
-        make = getattr(self.engine, "prompt_builder", None)
-        tokenizer = getattr(self.engine, "tokenizer", None)
-        if make is not None and tokenizer is not None:
-            own = functools.partial(
-                build_prompt_ids, tokenizer, self.engine.layout, self.engine.vocab_size
-            )
+        # lane, gets a copy sharing its model (whose word cache every thread keeps for itself,
+        # tokenizers >= 0.23: n threads + the large lane, one bound in all)
+        engine = self.engine
+        tokenizer = engine.tokenizer
+        if tokenizer is not None:
             self._guard = length_guard(tokenizer, self.limits.max_seq_len)
-        for i in range(n):
-            self._builders.put(own if i == 0 or make is None else make())
-        self._large_builder = own if make is None else make()
-        if make is not None and tokenizer is not None:
-            # the copies share the tokenizer's model, whose word cache every thread keeps
-            # for itself (tokenizers >= 0.23): n threads + the large lane, one bound in all
+        *ordinary, self._large_builder = engine.prompt_builders(n + 1)
+        for build in ordinary:
+            self._builders.put(build)
+        if tokenizer is not None:
             self.word_cache_words = bound_word_cache(tokenizer, n + 1)
         if self.respond_workers > 0:
             from flashrec.server.respond_pool import RespondPool
 
-            table = getattr(self.engine, "sid_text_table", dict)()
-            model_path = getattr(getattr(self.engine, "config", None), "model_path", None)
+            table = engine.sid_text_table()
             # an engine without a tokenizer has no table, and its beams' text is ""
             self.respond = RespondPool(
-                int(self.respond_workers), table, model_path if table else None
+                int(self.respond_workers), table, self.model_path if table else None
             )
             try:
                 self.respond.start()
             except BaseException:
                 self.respond.close()
                 raise
+
+    async def answer(self, req: ChatRequest | GenerateRequest, model: str, t0: float) -> Answer:
+        """Build the prompts of a parsed request, run their engine requests and build the
+        body (``model``: the served model, a chat answer's unless the request names one;
+        ``t0``: when a ``/generate`` request arrived, for its ``e2e_latency``). Errors are
+        ``APIError``s; a cancelled wait withdraws every request."""
+        t_tok = time.perf_counter()
+        p = req.params
+        gens = []
+        for prompt in req.prompt_inputs():  # one engine request per prompt, for either protocol
+            ids = await self.build_prompt(prompt.param, **prompt.kwargs)
+            rid = f"{req.rid_prefix}{uuid.uuid4().hex}"
+            gens.append(GenRequest(rid, ids, p.n, p.max_tokens, p.temperature, p.seed))
+        t_tok = time.perf_counter() - t_tok  # prompt building (the requests made at once)
+        results = await self.generate(gens)
+        back = time.monotonic()  # the results are the handler's, on the event loop
+        if isinstance(req, ChatRequest):
+            self._count(results)
+            (result,) = results
+            model = req.model or model
+            if req.stream:
+                return Answer(results, t_tok, back, list(responses.chat_stream(result, model)))
+            return Answer(results, t_tok, back, await self.chat_json(result, model))
+        results = [responses.returned(r, req.params.num_return) for r in results]  # best n of k
+        latency = time.perf_counter() - t0
+        self._count(results)
+        if req.stream:
+            outs = [responses.generate_result(r, latency) for r in results]
+            events = [responses.sse(outs if req.batched else outs[0]), b"data: [DONE]\n\n"]
+            return Answer(results, t_tok, back, events)
+        texts = await asyncio.gather(*(self.generate_json(r, latency) for r in results))
+        return Answer(results, t_tok, back, f"[{', '.join(texts)}]" if req.batched else texts[0])
+
+    def _count(self, results: list[GenResult]) -> None:
+        for r in results:
+            self.metrics.completion_tokens += r.completion_tokens
+            self.metrics.cached_tokens += r.cached_tokens
 
     async def chat_json(self, result: GenResult, model: str) -> str:
         """A chat completion's JSON body (``--respond-workers``: a worker builds a wide one)."""
@@ -179,7 +228,7 @@ class Backend:
             return await self.respond.generate_json(result, latency)
         return responses.generate_result_json(result, latency)
 
-    def _build(self, kwargs: dict, ticket: int) -> list[int]:
+    def _build(self, kwargs: dict[str, Any], ticket: int) -> list[int]:
         """On a prompt-building thread: borrow a builder (never shared by two threads; there
         are as many builders as threads), build, give it back."""
         with self._waiting_lock:
@@ -190,7 +239,7 @@ class Backend:
         finally:
             self._builders.put(build)
 
-    def _build_large(self, kwargs: dict) -> list[int]:
+    def _build_large(self, kwargs: dict[str, Any]) -> list[int]:
         return self._large_builder(**kwargs)  # one thread: the builder is never shared
 
     @property
@@ -222,8 +271,9 @@ class Backend:
             raise busy("the server is still warming up")
 
     async def build_prompt(self, param: str, **kwargs: Any) -> list[int]:
-        """``engine.build_prompt(**kwargs)`` off the event loop; bad input is a 400 on
-        ``param``; the result is checked against ``--max-seq-len`` and the vocabulary."""
+        """The prompt ``kwargs`` describe, built off the event loop on a builder of its own; bad
+        input is a 400 on ``param``; the result is checked against ``--max-seq-len`` and the
+        vocabulary."""
         aloop = asyncio.get_running_loop()
         if self._guard is not None:
             kwargs = {**kwargs, "guard": self._guard}
@@ -247,7 +297,7 @@ class Backend:
         check_prompt(ids, self.limits, param)
         return ids
 
-    async def _run_large(self, kwargs: dict) -> list[int]:
+    async def _run_large(self, kwargs: dict[str, Any]) -> list[int]:
         """A large prompt on the large lane; 503 while ``LARGE_LANE_DEPTH`` already are (a
         prompt counts until its thread is done with it, even once its client has gone)."""
         with self._waiting_lock:
@@ -265,16 +315,11 @@ class Backend:
         with self._waiting_lock:
             self._large_depth -= 1
 
-    def submit(self, req: GenRequest) -> Future:
-        """``loop.submit`` with the errors mapped: queue full -> 503, bad request -> 400.
-
-        ``engine.check_request`` (n, prompt vs. KV pool) runs first where the engine has it.
-        """
+    def submit(self, req: GenRequest) -> Future[GenResult]:
+        """``engine.submit`` with the errors mapped: queue full -> 503, a request the engine
+        can never serve (its checks: n, prompt vs. KV pool) -> 400."""
         try:
-            check = getattr(self.engine, "check_request", None)
-            if check is not None:
-                check(req)
-            fut = self.loop.submit(req)
+            fut = self.engine.submit(req)
         except QueueFullError as exc:
             raise busy(f"the request queue is full ({exc})") from None
         except ValueError as exc:
@@ -282,10 +327,10 @@ class Backend:
         self.inflight.add(req.rid)
         return fut
 
-    async def result(self, rid: str, fut: Future) -> GenResult:
+    async def result(self, rid: str, fut: Future[GenResult]) -> GenResult:
         """Wait for ``fut``; a cancelled wait (client gone) cancels ``rid`` in the engine."""
         try:
-            res: GenResult = await await_engine(fut)
+            res = await await_engine(fut)
         except asyncio.CancelledError:
             self.withdraw(rid)
             raise
@@ -312,7 +357,7 @@ class Backend:
         """Cancel ``rid`` in the engine if it is still in flight (idempotent)."""
         if rid in self.inflight:
             self.inflight.discard(rid)
-            self.loop.cancel(rid)
+            self.engine.cancel(rid)
 
     async def generate(self, reqs: list[GenRequest]) -> list[GenResult]:
         """Submit every request, then wait for all; any failure cancels the others.
@@ -323,7 +368,7 @@ class Backend:
         if len(reqs) == 1:
             (req,) = reqs
             return [await self.result(req.rid, self.submit(req))]
-        waits: list[asyncio.Task] = []
+        waits: list[asyncio.Task[GenResult]] = []
         try:
             for req in reqs:
                 fut = self.submit(req)

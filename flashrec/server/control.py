@@ -1,25 +1,43 @@
-"""Control calls that may run long (a catalog reload) as the shutdown sees them: on a daemon
-thread that no exit waits for, and in flight like a generation, so that the drain waits for
-them up to ``--shutdown-timeout-s`` and then answers them 503."""
+"""The control and introspection endpoints: ``/health``, ``/v1/models``, ``/get_server_info``,
+``/metrics``, ``/flush_cache``, ``/start_profile``, ``/stop_profile``, ``/update_catalog``.
+
+A control call that may run long (a catalog reload) runs on a daemon thread that no exit waits
+for (``detached``), and in flight like a generation (``in_flight``), so that the drain waits for
+it up to ``--shutdown-timeout-s`` and then answers it 503.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import copy
+import json
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
-from flashrec.server.errors import busy
+from aiohttp import web
+
+from flashrec.engine.request import ReloadBusyError
+from flashrec.profiler import ProfileError
+from flashrec.server import protocol
+from flashrec.server.errors import APIError, bad_request, busy
+from flashrec.server.frontends import Snapshot
+from flashrec.server.handlers import STATE, ServerState
+from flashrec.server.metrics import ServerMetrics
+from flashrec.server.server_info import server_info_body
+from flashrec.server.wire import read_json
+
+T = TypeVar("T")
 
 
-def detached(fn: Callable[..., Any], *args: Any, name: str) -> asyncio.Future:
+def detached(fn: Callable[..., T], *args: Any, name: str) -> asyncio.Future[T]:
     """``fn(*args)`` on a daemon thread of its own, as an awaitable: unlike ``to_thread``
     (the loop's executor, joined at exit), a call that never returns cannot hold the
     process's exit."""
     aloop = asyncio.get_running_loop()
     fut = aloop.create_future()
 
-    def settle(value: Any, exc: BaseException | None) -> None:
+    def settle(value: T | None, exc: BaseException | None) -> None:
         if fut.done():
             return
         if exc is None:
@@ -41,8 +59,8 @@ def detached(fn: Callable[..., Any], *args: Any, name: str) -> asyncio.Future:
     return fut
 
 
-async def in_flight(st: Any, call: asyncio.Future, what: str) -> Any:
-    """Await ``call`` as an in-flight request of the server state ``st`` (``ServerState``):
+async def in_flight(st: ServerState, call: asyncio.Future[T], what: str) -> T:
+    """Await ``call`` as an in-flight request of the server whose state is ``st``:
     past the drain deadline it is cancelled and this raises 503 naming ``what``."""
     task = asyncio.current_task()
     assert task is not None
@@ -58,3 +76,145 @@ async def in_flight(st: Any, call: asyncio.Future, what: str) -> Any:
     finally:
         st.backend.active_handlers -= 1
         st.held.discard(task)
+
+
+async def health(request: web.Request) -> web.Response:
+    """``GET /health``: 200 ``{"status": "ok"}`` once warm; 503 before, while draining, and
+    ``degraded`` (with a ``reason``) while a prompt has waited too long for a thread."""
+    be = request.app[STATE].backend
+    if be.healthy:
+        reason = be.degraded()
+        if reason is None:
+            return web.json_response({"status": "ok"})
+        return web.json_response({"status": "degraded", "reason": reason}, status=503)
+    status = "draining" if be.draining else "starting"
+    return web.json_response({"status": status}, status=503)
+
+
+async def models(request: web.Request) -> web.Response:
+    """``GET /v1/models``: the one served model."""
+    st = request.app[STATE]
+    return web.json_response(
+        {
+            "object": "list",
+            "data": [
+                {
+                    "id": st.model_name,
+                    "object": "model",
+                    "created": int(st.started),
+                    "owned_by": "flashrec",
+                    "root": st.config.model_path,
+                    "max_model_len": st.config.max_seq_len,
+                }
+            ],
+        }
+    )
+
+
+async def server_info(request: web.Request) -> web.Response:
+    """``GET /get_server_info``: effective configuration, SID layout, limits, versions."""
+    info = await server_info_body(request.app[STATE], request)
+    return web.json_response(info, dumps=lambda o: json.dumps(o, default=str))
+
+
+def snapshot(st: ServerState, copy_metrics: bool = True) -> Snapshot:
+    """This front end's part of ``/metrics`` (on the event loop: its counters are copied, unless
+    ``copy_metrics`` is False: read at once by this event loop, not sent to another front end)."""
+    be = st.backend
+    return Snapshot(
+        frontend=st.frontend_index,
+        metrics=copy.deepcopy(st.metrics) if copy_metrics else st.metrics,
+        gc=st.gc.metrics() if st.gc is not None else None,
+        inflight=len(be.inflight),
+        ready=be.healthy,
+        draining=be.draining,
+    )
+
+
+async def metrics(request: web.Request) -> web.Response:
+    """``GET /metrics``: Prometheus text."""
+    st = request.app[STATE]
+    try:  # an engine process answers in one call over the pipe: off the event loop
+        stats, profiler_state, engine_gc = await asyncio.to_thread(st.engine.metrics_snapshot)
+        others = await asyncio.to_thread(st.frontends.others) if st.frontends else []
+    except Exception as exc:  # noqa: BLE001 - the engine process is gone: say so, not 500 text
+        raise busy(f"the engine does not answer: {exc}") from None
+    # alone, this front end's counters are rendered before the loop runs anything else
+    snaps = sorted([snapshot(st, copy_metrics=bool(others)), *others], key=lambda s: s.frontend)
+    extra = {
+        "flashrec_ready": int(all(s.ready for s in snaps)),
+        "flashrec_draining": int(any(s.draining for s in snaps)),
+        "flashrec_http_inflight_requests": sum(s.inflight for s in snaps),
+        "flashrec_profiler_active": int(profiler_state == "active"),
+    }
+    served = ServerMetrics.merged(s.metrics for s in snaps) if others else st.metrics
+    text = served.render(
+        stats,
+        extra,
+        next((s.gc for s in snaps if s.frontend == 0), None),
+        engine_gc=engine_gc,
+        frontends=[(s.frontend, s.metrics.served(), s.gc) for s in snaps] if others else (),
+    )
+    return web.Response(
+        text=text,
+        content_type="text/plain",
+        charset="utf-8",
+        headers={"X-Content-Type-Options": "nosniff"},
+    )
+
+
+async def flush_cache(request: web.Request) -> web.Response:
+    """``POST /flush_cache``: empty the radix prefix cache. Always succeeds: the tokens of
+    running requests are referenced, not cached, and stay."""
+    st = request.app[STATE]
+    await asyncio.to_thread(st.engine.flush_cache)
+    return web.json_response({"success": True, "message": "Cache flushed."})
+
+
+async def start_profile(request: web.Request) -> web.Response:
+    """``POST /start_profile`` (body optional)."""
+    st = request.app[STATE]
+    body = await read_json(request, st.config, allow_empty=True)
+    try:
+        info = await asyncio.to_thread(st.profiler.start, protocol.require_object(body))
+    except ProfileError as exc:
+        raise bad_request(str(exc)) from None
+    return web.json_response({"success": True, "message": "Start profiling.", **info})
+
+
+async def stop_profile(request: web.Request) -> web.Response:
+    """``POST /stop_profile``: stop, write the trace, answer with its path."""
+    st = request.app[STATE]
+    try:
+        info = await asyncio.to_thread(st.profiler.stop)
+    except ProfileError as exc:
+        raise bad_request(str(exc)) from None
+    return web.json_response({"success": True, "message": "Stop profiling.", **info})
+
+
+async def update_catalog(request: web.Request) -> web.Response:
+    """``POST /update_catalog {"path": ..., "packed_base": B}``: catalog hot reload. The file
+    is loaded, validated and built off the engine thread, then swapped in between steps;
+    requests in flight finish on their catalog. ``packed_base`` (optional): the base of the
+    file's packed-integer keys (default ``--packed-base``, else 8192). 400 for a file that
+    cannot serve (the old catalog keeps serving), 409 while another reload runs."""
+    st = request.app[STATE]
+    body = protocol.require_object(await read_json(request, st.config))
+    path = body.get("path")
+    if not isinstance(path, str) or not path:
+        raise bad_request("'path' (a catalog file the server can read) is required", "path")
+    packed_base = body.get("packed_base")
+    if packed_base is not None and (type(packed_base) is not int or packed_base < 2):
+        raise bad_request(
+            "'packed_base' (the base the file's packed-integer keys were written in) must be "
+            f"an integer >= 2, got {packed_base!r}",
+            "packed_base",
+        )
+    try:  # in flight: the drain waits for it, then 503; its thread holds no exit
+        call = detached(st.engine.reload_catalog, path, packed_base, name="flashrec-catalog-reload")
+        info = await in_flight(st, call, "catalog reload")
+    except ReloadBusyError as exc:
+        raise APIError(str(exc), 409) from None
+    except ValueError as exc:
+        raise bad_request(str(exc), "path") from None
+    return web.json_response(info)

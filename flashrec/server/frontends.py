@@ -30,9 +30,14 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any, NamedTuple
+from multiprocessing.connection import Connection
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from flashrec.server.metrics import ServerMetrics
+
+if TYPE_CHECKING:
+    from flashrec.config import ServerConfig
+    from flashrec.server.engine_process import EngineClient
 
 _log = logging.getLogger("flashrec.server")
 
@@ -62,7 +67,7 @@ class Link:
 
     def __init__(
         self,
-        conn: Any,
+        conn: Connection,
         name: str,
         on_notice: Callable[[str], None],
         on_ask: Callable[[str, Any], Any],
@@ -163,8 +168,8 @@ class FrontendGroup:
 
     def __init__(
         self,
-        config: Any,
-        engine: Any,
+        config: ServerConfig,
+        engine: EngineClient,
         port: int,
         local: Callable[[], Snapshot],
         target: Callable[..., None],
@@ -294,7 +299,7 @@ class FrontendGroup:
 class Member:
     """A spawned front end's side of its control pipe to front end 0."""
 
-    def __init__(self, index: int, conn: Any) -> None:
+    def __init__(self, index: int, conn: Connection) -> None:
         self.index = index
         self.local: Callable[[], Snapshot] | None = None  # set by the Server
         self.ready = threading.Event()

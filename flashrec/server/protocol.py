@@ -2,7 +2,9 @@
 
 Parsing is pure: a JSON body plus the server's :class:`Limits` in, a frozen request record
 out, or an :class:`~flashrec.server.errors.APIError` (400) naming the offending field.
-Checks that need the tokenized prompt (length, vocabulary) are :func:`check_prompt`.
+Checks that need the tokenized prompt (length, vocabulary) are :func:`check_prompt`. Either
+record gives the request path its prompts to build (``prompt_inputs``), its sampling
+``params`` and the prefix of its engine requests' ids.
 
 Rules shared by both protocols:
 
@@ -18,7 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, ClassVar
 
 from flashrec.engine.request import MAX_SEED, MAX_TEMPERATURE
 from flashrec.server.errors import bad_request
@@ -69,6 +71,15 @@ class SamplingParams:
 
 
 @dataclass(frozen=True)
+class PromptInput:
+    """One prompt to build: a prompt builder's keywords, and the request field a
+    prompt that cannot be built is a 400 on."""
+
+    param: str
+    kwargs: dict[str, Any]
+
+
+@dataclass(frozen=True)
 class ChatRequest:
     """A validated ``POST /v1/chat/completions`` body."""
 
@@ -77,6 +88,11 @@ class ChatRequest:
     stream: bool = False
     model: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    rid_prefix: ClassVar[str] = "chatcmpl-"  # its engine request's id: the completion's id
+
+    def prompt_inputs(self) -> list[PromptInput]:
+        kwargs = {"messages": self.messages, "chat_template_kwargs": self.chat_template_kwargs}
+        return [PromptInput("messages", kwargs)]
 
 
 @dataclass(frozen=True)
@@ -95,6 +111,17 @@ class GenerateRequest:
     params: SamplingParams
     batched: bool = False
     stream: bool = False
+    rid_prefix: ClassVar[str] = ""
+
+    def prompt_inputs(self) -> list[PromptInput]:
+        out = []
+        for i, prompt in enumerate(self.prompts):
+            if prompt.input_ids is not None:
+                param, kwargs = "input_ids", {"input_ids": prompt.input_ids}
+            else:
+                param, kwargs = "text", {"text": prompt.text}
+            out.append(PromptInput(f"{param}[{i}]" if self.batched else param, kwargs))
+        return out
 
 
 # -- typed field readers ---------------------------------------------------------------------

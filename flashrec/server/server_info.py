@@ -10,12 +10,16 @@ import dataclasses
 import os
 import platform
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
+from aiohttp import web
 
 import flashrec
 from flashrec.config import ServerConfig
+
+if TYPE_CHECKING:
+    from flashrec.server.handlers import ServerState
 
 
 def _dtype_name(v: Any) -> str | None:
@@ -77,7 +81,7 @@ def _recif_packed_base() -> int:
     return RECIF_PACKED_BASE
 
 
-def bound_port(request: Any) -> int | None:
+def bound_port(request: web.Request) -> int | None:
     """The port the server listens on, read off the connection a request came in on."""
     sock = request.transport.get_extra_info("sockname") if request.transport else None
     return sock[1] if isinstance(sock, tuple) and len(sock) >= 2 else None
@@ -117,15 +121,13 @@ def effective_config(
     return out, requested
 
 
-async def server_info_body(st: Any, request: Any) -> dict[str, Any]:
-    """The ``/get_server_info`` answer of the server whose ``handlers.ServerState`` is ``st``
-    (typed ``Any``: the handlers import this module), for the aiohttp ``request``."""
-    engine = st.backend.engine
+async def server_info_body(st: ServerState, request: web.Request) -> dict[str, Any]:
+    """The ``/get_server_info`` answer of the server whose state is ``st``, for the aiohttp
+    ``request``."""
+    engine = st.engine
     layout = engine.layout
     # an engine process answers the active catalog over the pipe: off the event loop
-    engine_info = (
-        await asyncio.to_thread(engine.server_info) if hasattr(engine, "server_info") else {}
-    )
+    engine_info = await asyncio.to_thread(engine.server_info)
     event_loop = type(asyncio.get_running_loop()).__module__.split(".")[0]
     config, requested = effective_config(
         st.config, engine_info, st.model_name, bound_port(request), event_loop

@@ -9,7 +9,7 @@ answered with the JSON error body instead of aiohttp's plain text.
 ``read_body`` reads a body as sent (aiohttp's own decompression is off: it raised 500s and
 reset connections on bad input), then decodes its ``Content-Encoding`` chain with the output
 capped, so a compression bomb is refused with 413 after at most ``--max-body-bytes`` of
-output, never inflated whole.
+output, never inflated whole; ``read_json`` parses it.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import json
 import logging
 import zlib
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
@@ -33,6 +33,9 @@ from flashrec.server.errors import (
     too_large,
     unsupported_media,
 )
+
+if TYPE_CHECKING:
+    from flashrec.config import ServerConfig
 
 _log = logging.getLogger("flashrec.server")
 
@@ -247,3 +250,18 @@ async def read_body(request: web.Request, limit: int, timeout_s: float) -> bytes
             conn.close_after_answer()
         raise timed_out(f"request body not received within {timeout_s:g} s") from None
     return decoder.finish() if decoder is not None else b"".join(parts)
+
+
+async def read_json(request: web.Request, config: ServerConfig, allow_empty: bool = False) -> Any:
+    """The parsed body (``Content-Type`` is not checked: the body is JSON); the size, coding
+    and time errors of ``read_body`` under ``--max-body-bytes`` / ``--body-timeout-s``, 400
+    when it is not JSON (``allow_empty``: an empty body is ``{}``)."""
+    raw = await read_body(request, int(config.max_body_bytes), float(config.body_timeout_s))
+    if not raw.strip():
+        if allow_empty:
+            return {}
+        raise bad_request("the request body is empty; expected a JSON object")
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        raise bad_request(f"malformed JSON body: {exc}") from None

@@ -6,12 +6,12 @@ from __future__ import annotations
 # without a subcommand the argv runs a matrix (harness.cli.run)
 COMMANDS: dict[str, str] = {
     "compare": "harness.cli.compare:main",
-    "determinism": "harness.determinism:main",
-    "eval": "harness.quality.cli:main",
-    "eval-dataset": "harness.quality.generate:main",
-    "gate": "harness.ab.gate:main",
-    "quick": "harness.quick:main",
-    "reference-server": "harness.servers.reference_server:main",
-    "witness": "harness.witness.run:main",
+    "determinism": "harness.cli.determinism:main",
+    "eval": "harness.cli.eval:main",
+    "eval-dataset": "harness.cli.eval_dataset:main",
+    "gate": "harness.cli.gate:main",
+    "quick": "harness.cli.quick:main",
+    "reference-server": "harness.cli.reference_server:main",
+    "witness": "harness.cli.witness:main",
 }
 EXIT_GATE, EXIT_USAGE, EXIT_CELLS, EXIT_INTERRUPT = 1, 2, 3, 130

@@ -1,4 +1,6 @@
-"""``flashrec-bench compare BASE NEW``: two runs compared, cell by cell and metric by metric."""
+"""``flashrec-bench compare BASE NEW``: two runs compared, cell by cell and metric by metric:
+read (:func:`harness.report.model.read_report`) -> judge (:mod:`harness.judge.runs`, the
+gates) -> write (compare.json, :mod:`harness.report.render_compare`)."""
 
 from __future__ import annotations
 
@@ -13,8 +15,9 @@ from harness.cli.commands import EXIT_CELLS, EXIT_GATE, EXIT_USAGE
 def main(argv: list[str]) -> int:
     """``flashrec-bench compare BASE NEW``: verdict per cell and metric (``inconclusive`` where
     the change cannot be told from drift between the two runs); gates with a baseline."""
-    from harness.gate.compare import compare_reports, load_report, metrics_problem
-    from harness.gate.gates import evaluate_gates
+    from harness.judge.gates import evaluate_gates
+    from harness.judge.runs import compare_reports, metrics_problem
+    from harness.report.model import read_report
     from harness.report.render_compare import print_regressions, write_compare_markdown
     from harness.spec.matrix import MatrixSpec
 
@@ -55,7 +58,7 @@ def main(argv: list[str]) -> int:
     )
     args = p.parse_args(argv)
     try:
-        base, new = load_report(args.base), load_report(args.new)
+        base, new = read_report(args.base), read_report(args.new)
     except (OSError, ValueError) as exc:
         print(f"cannot read report: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -66,9 +69,9 @@ def main(argv: list[str]) -> int:
     comparison = compare_reports(
         base, new, metrics, args.alpha, args.test, args.correction, args.between_run_band_pct
     )
-    gates = MatrixSpec.model_validate(new["matrix"]).gates if new.get("matrix") else []
-    comparison["gates"] = evaluate_gates(gates, new, comparison)
-    out = args.out or Path(new["_path"]).parent
+    gates = MatrixSpec.model_validate(new.matrix).gates if new.matrix else []
+    comparison["gates"] = evaluate_gates(gates, new, comparison).to_json()
+    out = args.out or Path(str(new.source)).parent
     out.mkdir(parents=True, exist_ok=True)
     (out / "compare.json").write_text(json.dumps(comparison, indent=1, default=str))
     write_compare_markdown(comparison, out / "compare.md")

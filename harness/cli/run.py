@@ -1,4 +1,6 @@
-"""``flashrec-bench MATRIX``: run a matrix and write its report."""
+"""``flashrec-bench MATRIX``: run a matrix and write its report, the straight path
+spec (:mod:`harness.spec.load`) -> run (:mod:`harness.run.campaign`) -> build
+(:mod:`harness.report.build`) -> judge (:mod:`harness.judge.report`) -> write."""
 
 from __future__ import annotations
 
@@ -48,13 +50,15 @@ def run_id(spec_name: str | None, matrix: str) -> str:
 
 def main(argv: list[str]) -> int:
     """Run a matrix and write its report."""
-    from harness.gate.gates import evaluate_gates, load_cells
-    from harness.gate.targets import evaluate_targets
+    from harness.judge.report import judge
     from harness.report.build import build_report, write_report
+    from harness.report.model import Interrupted, Report
     from harness.run.campaign import ResumeError, RunInterrupted, RunOptions, plan, run_matrix
     from harness.run.progress import Progress
+    from harness.run.stages import names as stage_names
     from harness.servers.launch import install_signal_handlers
     from harness.spec.cells import select
+    from harness.spec.load import load_cells
     from harness.spec.model import ModelError
 
     args = run_parser().parse_args(argv)
@@ -83,15 +87,10 @@ def main(argv: list[str]) -> int:
         print("no cell matches --only", file=sys.stderr)
         return EXIT_USAGE
 
-    def report_of(results, stages, model, interrupted: dict | None = None) -> dict:
-        """The run's report (gates and targets judged), written into ``out``."""
-        report = build_report(spec, results, stages, model, out.name, args.matrix)
-        if interrupted is not None:
-            report["interrupted"] = interrupted
-        report["gates"] = evaluate_gates(spec.gates, report)
-        report["targets"] = evaluate_targets(spec.targets, report)
-        write_report(report, results, out)
-        return report
+    def report_of(results, stages, model, interrupted: Interrupted | None = None) -> Report:
+        """The run's report, built, judged (gates and targets), then written into ``out``."""
+        report = build_report(spec, results, stages, model, out.name, args.matrix, interrupted)
+        return write_report(judge(report, spec), results, out)
 
     install_signal_handlers()
     progress = Progress(len(chosen))
@@ -104,14 +103,10 @@ def main(argv: list[str]) -> int:
             skipped = {"status": "skipped", "reason": f"the run was interrupted ({stop.cause})"}
             stages = {
                 n: skipped
-                for n in ("parity", "determinism")
+                for n in stage_names("run")
                 if getattr(spec, n) is not None and getattr(spec, n).enabled
             }
-            interrupted = {
-                "cause": stop.cause,
-                "cells_done": len(stop.results),
-                "cells_selected": stop.selected,
-            }
+            interrupted = Interrupted(stop.cause, len(stop.results), stop.selected)
             report_of(stop.results, stages, stop.model, interrupted)
         print(
             f"\ninterrupted ({stop.cause}) after {len(stop.results)} of {stop.selected} cells; "
@@ -130,12 +125,12 @@ def main(argv: list[str]) -> int:
         print(str(exc), file=sys.stderr)
         return EXIT_USAGE
     report = report_of(results, stages, model)
-    s = report["summary"]
+    s = report.summary
     print(
-        f"report: {out}/REPORT.md ({s['ok']} ok, {s['failed']} failed of {s['cells']} cells; "
-        f"gates {report['gates']['status']}; targets {report['targets']['status']})",
+        f"report: {out}/REPORT.md ({s.ok} ok, {s.failed} failed of {s.cells} cells; "
+        f"gates {report.gates.status}; targets {report.targets.status})",
         file=sys.stderr,
     )
-    if report["gates"]["status"] == "fail" or report["targets"]["fail_run"]:
+    if report.gates.status == "fail" or report.targets.fail_run:
         return EXIT_GATE
-    return EXIT_CELLS if s["failed"] else 0
+    return EXIT_CELLS if s.failed else 0

@@ -13,24 +13,18 @@ compared bit for bit.
 The replay keeps the drifting requests in their original context (everything sent before
 them, same mode and concurrency): state-dependent drift, such as a stale host cache, needs it.
 
-    compare.py    workload items, answers, bitwise comparison across processes
+    bitwise.py    workload items, answers, bitwise comparison across processes
     stephash.py   STEP_HASH log parsing and the first divergent step
     processes.py  launching fresh servers and sending them the workload
-    run.py        the run over modes, the step-hash replay, the report.json cut
-    cli.py        ``flashrec-bench determinism``
+    check.py      the run over modes, the step-hash replay, the report.json cut
+    stage.py      the matrix's ``determinism:`` stage (``harness.run.stages``)
 
-NOTE: :func:`run_stage` (the runner adapter) lives here, not in run.py, so that it finds
-:func:`run_determinism` in this namespace, where tests replace it.
+``flashrec-bench determinism`` is ``harness.cli.determinism``.
 """
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-from typing import Any
-
-from harness.determinism.cli import _pairs, build_parser, main
-from harness.determinism.compare import (
+from harness.determinism.bitwise import (
     DEFAULT_NS,
     Answer,
     Item,
@@ -41,8 +35,8 @@ from harness.determinism.compare import (
     make_workload,
     parse_answer,
 )
+from harness.determinism.check import compact, localise, run_determinism
 from harness.determinism.processes import Plan, run_processes
-from harness.determinism.run import compact, localise, run_determinism
 from harness.determinism.stephash import (
     AFTER_STEPS,
     DEBUG_ENV,
@@ -52,7 +46,6 @@ from harness.determinism.stephash import (
     first_divergence,
     parse_step_hashes,
 )
-from harness.parity import engine_device
 
 __all__ = [
     "AFTER_STEPS",
@@ -64,54 +57,16 @@ __all__ = [
     "Item",
     "Plan",
     "StepHash",
-    "_pairs",
     "bits",
-    "build_parser",
     "compact",
     "compare_processes",
     "drift",
     "first_divergence",
     "identical",
     "localise",
-    "main",
     "make_workload",
     "parse_answer",
     "parse_step_hashes",
     "run_determinism",
     "run_processes",
-    "run_stage",
 ]
-
-
-def run_stage(section: Any, ctx: Any) -> dict:
-    """Campaign adapter (``harness.run.campaign.STAGES``): the ``determinism:`` section +
-    StageContext; returns :func:`compact` of the result with ``details`` naming the full JSON.
-
-    Section keys: requests, processes, mode, concurrency, server_args, server_env, protocol,
-    ns, median_tokens, seed, device, strict_concurrent (the model comes from the matrix).
-    """
-    spec = section.model_dump() if hasattr(section, "model_dump") else dict(section)
-    spec.pop("enabled", None)
-    spec.setdefault("device", engine_device(ctx))
-    model = ctx.model
-    if model is None or not model.path:
-        return {"status": "error", "passed": False, "error": "determinism needs 'model:'"}
-    if "ns" in spec:
-        spec["ns"] = tuple(spec["ns"])
-    out = Path(ctx.out_dir) / "determinism"
-    try:
-        result = run_determinism(
-            model.path,
-            model.catalog,
-            out_dir=out,
-            log=lambda msg: print(msg, file=sys.stderr),
-            **spec,
-        )
-    except Exception as exc:  # noqa: BLE001 - a stage reports, it does not abort the report
-        return {
-            "status": "error",
-            "passed": False,
-            "error": f"{type(exc).__name__}: {exc}",
-            "log_tail": getattr(exc, "log_tail", ""),
-        }
-    return {**compact(result), "details": str(out / "determinism.json")}

@@ -11,7 +11,7 @@ from typing import Any
 
 import aiohttp
 
-from harness.determinism.compare import Answer, Item, parse_answer
+from harness.determinism.bitwise import Answer, Item, parse_answer
 from harness.parity import FETCH_ERRORS, body_for, post, request_for
 
 

@@ -4,7 +4,7 @@ A metric is measured only where the run could check it: invalid SIDs need a cata
 duplicates an answer of more than one beam, hit@K ground truth, MFU a FLOP model, and so on.
 A metric that could not be checked is left out of the cell's ``metrics`` (``-`` in tables) and
 its reason goes into the cell's ``unchecked``; a gate on it is then ``no_data`` with that
-reason (:mod:`harness.gate.gates`), never a pass on a value nobody measured. A metric absent
+reason (:mod:`harness.judge.gates`), never a pass on a value nobody measured. A metric absent
 without a reason here (e.g. every request failed) still fails a gate.
 """
 

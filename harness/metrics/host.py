@@ -180,7 +180,7 @@ def other_cpu(before: HostSample | None, after: HostSample | None) -> dict[str, 
     }
 
 
-# how a busy-host note begins (harness.gate.compare reads it on either side of two runs)
+# how a busy-host note begins (harness.judge.runs reads it on either side of two runs)
 BUSY_NOTE = "busy host during the measured rounds"
 # the round metrics of other_cpu (host_window_s only weighs the rounds for the note)
 METRICS = ("host_other_cpu_cores", "host_steal_cores", "harness_cpu_cores")

@@ -14,18 +14,12 @@ per-prompt diff table (:func:`diff_table`). :func:`run_parity_stage` is the matr
     compare.py     thresholds, per-case metrics, evaluation, diff tables (no network)
     fetch.py       beam requests per protocol, protocol detection, prompts, the case loops
     servers.py     launched or given servers (a pair, or one at a time)
-    stage.py       the matrix stage, parity.json
+    stage.py       the matrix's ``parity:`` stage (``harness.run.stages``), parity.json
     candidates.py  the ``candidates:`` form: its checks, the candidate x n table, no_worse_than
     multi.py       several candidates against one reference (``reference_dtype``)
-
-NOTE: :func:`run_stage` (the runner adapter) lives here, not in stage.py, so that it finds
-:func:`run_parity_stage` in this namespace, where tests replace it.
 """
 
 from __future__ import annotations
-
-from pathlib import Path
-from typing import Any
 
 from harness.parity.compare import (
     PRECISION_ARGS,
@@ -96,28 +90,8 @@ __all__ = [
     "precision_args",
     "request_for",
     "run_parity_stage",
-    "run_stage",
     "serving",
     "spearman",
     "summarise",
     "thresholds_for",
 ]
-
-
-def run_stage(section: Any, ctx: Any) -> dict:
-    """Runner adapter (``harness.run.campaign.STAGES``): the ``parity:`` section + StageContext;
-    returns :func:`compact` of the result with ``details`` naming the full ``parity.json``."""
-    spec = section.model_dump() if hasattr(section, "model_dump") else dict(section)
-    spec.pop("enabled", None)
-    spec.setdefault("device", engine_device(ctx))
-    model = ctx.model
-    out = Path(ctx.out_dir) / "parity"
-    # candidates launched as one of the matrix's engines (a peer engine by its own command)
-    named = [c for c in spec.get("candidates") or [] if isinstance(c, dict) and c.get("engine")]
-    engines = getattr(getattr(ctx, "spec", None), "engine_list", None) or []
-    extra = {"engines": {e.name: e for e in engines}} if named else {}
-    result = run_parity_stage(
-        spec, model.path if model else None, model.catalog if model else None, out,
-        resume=getattr(ctx, "resume", False), **extra,
-    )  # fmt: skip
-    return {**compact(result), "details": str(out / "parity.json")}

@@ -22,7 +22,7 @@ def _engines(device: str | None, startup_timeout_s: float = 600) -> dict[str, An
         "reference": EngineSpec(
             name="hf-reference",
             kind="command",
-            command=["python", "-m", "harness.servers.reference_server"],
+            command=["python", "-m", "harness", "reference-server"],
             device=device,
             startup_timeout_s=startup_timeout_s,
         ),

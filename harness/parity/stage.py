@@ -147,3 +147,23 @@ def compact(result: dict, tables: int = 3) -> dict:
     if "diff_tables" in out:
         out["diff_tables"] = out["diff_tables"][:tables]
     return out
+
+
+def run_stage(section: Any, ctx: Any) -> dict:
+    """The stage entry (``harness.run.stages``): the ``parity:`` section + the run's
+    ``StageContext``; returns :func:`compact` of the result with ``details`` naming the full
+    ``parity.json``."""
+    spec = section.model_dump() if hasattr(section, "model_dump") else dict(section)
+    spec.pop("enabled", None)
+    spec.setdefault("device", engine_device(ctx))
+    model = ctx.model
+    out = Path(ctx.out_dir) / "parity"
+    # candidates launched as one of the matrix's engines (a peer engine by its own command)
+    named = [c for c in spec.get("candidates") or [] if isinstance(c, dict) and c.get("engine")]
+    engines = getattr(getattr(ctx, "spec", None), "engine_list", None) or []
+    extra = {"engines": {e.name: e for e in engines}} if named else {}
+    result = run_parity_stage(
+        spec, model.path if model else None, model.catalog if model else None, out,
+        resume=getattr(ctx, "resume", False), **extra,
+    )  # fmt: skip
+    return {**compact(result), "details": str(out / "parity.json")}

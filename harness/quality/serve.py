@@ -42,12 +42,12 @@ def launched(
     args: dict[str, Scalar] | None = None,
     startup_timeout_s: float = 600.0,
 ) -> Iterator[LaunchedServer]:
-    """``kind`` "flashrec" or "reference" (``python -m harness.servers.reference_server``)."""
+    """``kind`` "flashrec" or "reference" (``python -m harness reference-server``)."""
     if kind == "reference":
         engine = EngineSpec(
             name="hf-reference",
             kind="command",
-            command=["python", "-m", "harness.servers.reference_server"],
+            command=["python", "-m", "harness", "reference-server"],
             device=device,
             startup_timeout_s=startup_timeout_s,
         )

@@ -1,6 +1,7 @@
-"""A cell's quality: after its measured rounds, the cell's server answers the matrix's
-``quality:`` dataset (given, or generated once per run with a planted answer) at the cell's
-beam width, and the result lands in the cell (``CellResult.quality``), beside its QPS."""
+"""A cell's quality, the per-cell stage of ``harness.run.stages``: after its measured rounds,
+the cell's server answers the matrix's ``quality:`` dataset (given, or generated once per run
+with a planted answer) at the cell's beam width, and the result lands in the cell
+(``CellResult.quality``), beside its QPS."""
 
 from __future__ import annotations
 
@@ -11,15 +12,11 @@ from pathlib import Path
 from typing import Any
 
 from harness.quality.dataset import default_sid2pid, load_dataset
+from harness.quality.evaluate import OFFICIAL_BEAMS, OFFICIAL_TOKENS, EvalOptions, ask, score
 from harness.quality.pids import load_pid_map
-from harness.quality.run import OFFICIAL_BEAMS, OFFICIAL_TOKENS, EvalOptions, ask, score
-from harness.spec.cells import Cell, matches
+from harness.spec.cells import Cell
+from harness.spec.load import evaluated
 from harness.spec.quality import QualitySpec
-
-
-def applies(spec: QualitySpec, cell: Cell) -> bool:
-    """Whether ``cell`` is evaluated (the section has a dataset and its filter selects it)."""
-    return spec.evaluates and (not spec.cells or matches(cell.id, cell.params, spec.cells))
 
 
 async def _generated(
@@ -101,10 +98,21 @@ async def evaluate_cell(ctx: Any, cell: Cell) -> dict:
     return out
 
 
+async def run_stage(section: QualitySpec, ctx: Any) -> dict | None:
+    """The per-cell stage entry (``harness.run.stages``): the ``quality:`` section + the cell's
+    ``CellContext`` (its ``cell`` set); None where the section leaves the cell out."""
+    cell = ctx.cell
+    if not evaluated(section, cell):
+        return None
+    if ctx.on_phase:
+        ctx.on_phase("quality eval")
+    return await evaluate_cell(ctx, cell)
+
+
 def cell_metrics(quality: dict | None) -> dict[str, dict]:
     """A cell's quality as cell metrics (``recall@32`` ...), mean over samples with its 95%
     interval; ``values`` are per sample, in dataset order (``unit: samples``), so that two runs
-    of one dataset compare sample by sample (:mod:`harness.gate.quality`)."""
+    of one dataset compare sample by sample (:mod:`harness.judge.samples`)."""
     if not quality or quality.get("status") != "ok":
         return {}
     overall = quality["overall"]

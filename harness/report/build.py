@@ -1,5 +1,8 @@
-"""Cell results -> report: report.json, records, summary.csv, REPORT.md, report.html.
+"""Cell results -> the typed report (:mod:`harness.report.model`), and the typed report ->
+report.json, records, summary.csv, REPORT.md, report.html.
 
+The report is built (:func:`build_report`), judged (:mod:`harness.judge`: its gates and
+targets are set on it) and then written (:func:`write_report`): nothing is added to it after.
 ``report.json`` is schema-versioned (``schema_version``); the per-request records are written
 once (``records.csv``, plus ``records.parquet`` when pyarrow is installed) and every metric in
 the report is computed from them.
@@ -8,6 +11,7 @@ the report is computed from them.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import datetime as dt
 import json
 import math
@@ -33,6 +37,7 @@ from harness.quality.stage import cell_metrics as quality_cell_metrics
 from harness.quality.stage import report_entry as quality_report_entry
 from harness.report.engines import engine_comparison
 from harness.report.method import method_lines
+from harness.report.model import Cell, Interrupted, Report
 from harness.report.render_html import write_html
 from harness.report.render_md import write_markdown
 from harness.run.cell import CellResult
@@ -52,22 +57,9 @@ def _clean(obj: Any) -> Any:
     return obj
 
 
-# the top-level keys of report.json and of each of its cells: what a gate's ``path`` may start
-# with (harness.gate.gates.check_references); the tests hold them to what build_report writes
-REPORT_SECTIONS = (
-    "schema_version", "run_id", "created", "clock_epoch_unix", "environment", "matrix", "model",
-    "measurement", "cells", "engines", "parity", "determinism", "gates", "targets", "summary",
-    "files", "interrupted",
-)  # fmt: skip
-CELL_FIELDS = (
-    "id", "engine", "params", "status", "error", "log_tail", "rounds", "round_metrics",
-    "metrics", "notes", "trace", "excluded_requests", "warmup", "server", "duration_s",
-    "baseline", "mfu", "measured", "resumed", "quality", "unchecked",
-)  # fmt: skip
-
-
-def cell_entry(res: CellResult, spec: MatrixSpec) -> dict:
-    """One cell of report.json."""
+def cell_entry(res: CellResult, spec: MatrixSpec, here: dict | None = None) -> Cell:
+    """One cell of the report; ``here``: this run's machine stamp, for a resumed cell's note
+    (:func:`resumed_note`; default :func:`harness.run.environment.machine`)."""
     measured = [r for r in res.records if r.phase == "measure"]
     excluded = Counter(r.excluded for r in measured if r.excluded)
     warm = [r for r in res.records if r.phase == "warmup"]
@@ -95,7 +87,8 @@ def cell_entry(res: CellResult, spec: MatrixSpec) -> dict:
         {"round": rnd, "requests": len(recs), **round_metrics(recs, extra)}
         for rnd, recs in by_round(res.records).items()
     ]
-    return {
+    first = [resumed_note(res.measured or None, here or machine())] if res.resumed else []
+    entry = {
         "id": res.id,
         "engine": res.params.get("engine"),
         "params": res.params,
@@ -105,7 +98,10 @@ def cell_entry(res: CellResult, spec: MatrixSpec) -> dict:
         "rounds": res.rounds_done,
         "round_metrics": rounds,
         "metrics": metrics,
-        "notes": res.notes + notes_q + (notes(metrics, spec.stats) if res.status == "ok" else []),
+        "notes": first
+        + res.notes
+        + notes_q
+        + (notes(metrics, spec.stats) if res.status == "ok" else []),
         "trace": res.trace,
         "excluded_requests": {"count": sum(excluded.values()), "reasons": dict(excluded)},
         "warmup": {
@@ -122,6 +118,7 @@ def cell_entry(res: CellResult, spec: MatrixSpec) -> dict:
         "quality": quality_report_entry(res.quality),
         "unchecked": not_checked,
     }
+    return Cell.from_json(entry)
 
 
 def resumed_note(measured: dict | None, here: dict) -> str:
@@ -191,18 +188,21 @@ def build_report(
     model: ResolvedModel | None,
     run_id: str,
     matrix_path: str | None = None,
-) -> dict:
-    """The report.json document (gates are filled in by :mod:`harness.gate.gates`)."""
+    interrupted: Interrupted | None = None,
+    git: dict | None = None,
+) -> Report:
+    """The run's report, not yet judged (:func:`harness.judge.judge` sets its gates and
+    targets); ``git``: the checkout the cells ran, where not this one (an A/B side)."""
     matrix = spec.model_dump(mode="json")
     env = environment(matrix, matrix_path, model.hash if model else None)
-    cells = [cell_entry(r, spec) for r in results]
-    for c in cells:
-        if c["resumed"]:
-            c["notes"].insert(0, resumed_note(c["measured"], machine()))
-    traced = [c["id"] for c in cells if c["trace"]]
+    if git is not None:
+        env = {**env, "git": git}
+    here = machine() if any(r.resumed for r in results) else None
+    cells = [cell_entry(r, spec, here) for r in results]
+    traced = [c.id for c in cells if c.trace]
     rules = method_lines(spec, results, cells)  # each line from what the run did
-    resumed = sum(c["resumed"] for c in cells)
-    return _clean(
+    resumed = sum(c.resumed for c in cells)
+    document = _clean(
         {
             "schema_version": SCHEMA_VERSION,
             "run_id": run_id,
@@ -212,13 +212,13 @@ def build_report(
             "matrix": matrix,
             "model": model.__dict__ if model else None,
             "measurement": {
-                "rounds": max((c["rounds"] for c in cells), default=0),
+                "rounds": max((c.rounds for c in cells), default=0),
                 "radix": spec.load.radix,
                 "traced_cells": traced,
                 "rules": rules,
                 "resumed_cells": resumed,
             },
-            "cells": cells,
+            "cells": [c.to_json() for c in cells],
             "engines": engine_comparison(
                 cells,
                 [e.name for e in spec.engine_list],
@@ -232,10 +232,14 @@ def build_report(
             "targets": {"status": "none", "results": []},
             "summary": {
                 "cells": len(cells),
-                "ok": sum(c["status"] == "ok" for c in cells),
-                "failed": sum(c["status"] == "failed" for c in cells),
+                "ok": sum(c.status == "ok" for c in cells),
+                "failed": sum(c.status == "failed" for c in cells),
             },
         }
+    )
+    # built whole: no key is absent (``interrupted`` and ``files`` are written when set)
+    return dataclasses.replace(
+        Report.from_json(document), interrupted=interrupted, absent=frozenset()
     )
 
 
@@ -259,14 +263,14 @@ def write_records(records: list[Record], out_dir: Path) -> list[str]:
     return written + ["records.parquet"]
 
 
-def write_summary(report: dict, out_dir: Path) -> None:
+def write_summary(report: Report, out_dir: Path) -> None:
     """summary.csv: one row per cell, the key metrics' median, interval and CV."""
     params: list[str] = []
-    for c in report["cells"]:
-        params += [k for k in c["params"] if k not in params]
+    for c in report.cells:
+        params += [k for k in c.params if k not in params]
     names = list(KEY_METRICS) + ["invalid_rate", "duplicate_rate", "beams_mean"]
-    for c in report["cells"]:
-        names += [m for m in c["metrics"] if m not in names]
+    for c in report.cells:
+        names += [m for m in c.metrics if m not in names]
     hf_cols = ["hf_status", "hf_ms_per_request", "hf_qps", "hf_speedup", "hf_latency_ratio"]
     header = ["id", *params, "status", "rounds"]
     for m in names:
@@ -275,12 +279,12 @@ def write_summary(report: dict, out_dir: Path) -> None:
     with open(out_dir / "summary.csv", "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(header)
-        for c in report["cells"]:
-            row = [c["id"], *[c["params"].get(p, "") for p in params], c["status"], c["rounds"]]
+        for c in report.cells:
+            row = [c.id, *[c.params.get(p, "") for p in params], c.status, c.rounds]
             for m in names:
-                s = c["metrics"].get(m) or {}
-                row += [s.get("median"), s.get("ci95_low"), s.get("ci95_high"), s.get("cv")]
-            hf = (c.get("baseline") or {}).get("hf") or {}
+                s = c.metrics.get(m)
+                row += [s.median, s.ci95_low, s.ci95_high, s.cv] if s else [None] * 4
+            hf = c.hf
             row += [
                 hf.get("status"),
                 hf.get("hf_ms_per_request"),
@@ -291,14 +295,26 @@ def write_summary(report: dict, out_dir: Path) -> None:
             w.writerow(["" if v is None else v for v in row])
 
 
-def write_report(report: dict, results: list[CellResult], out_dir: Path) -> list[str]:
-    """Write every report file into ``out_dir``; returns their names."""
+def write_report(report: Report, results: list[CellResult], out_dir: Path) -> Report:
+    """Write every report file into ``out_dir``; returns the report as written (its
+    ``files`` named)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     records = [r for res in results for r in res.records]
     files = write_records(records, out_dir)
-    report["files"] = ["report.json", *files, "summary.csv", "REPORT.md", "report.html"]
-    (out_dir / "report.json").write_text(json.dumps(_clean(report), indent=1, default=str))
+    report = dataclasses.replace(
+        report, files=["report.json", *files, "summary.csv", "REPORT.md", "report.html"]
+    )
+    write_documents(report, records, out_dir)
+    return report
+
+
+def write_documents(report: Report, records: list[Record], out_dir: Path) -> None:
+    """report.json, summary.csv, REPORT.md and report.html of a report (with ``records``, the
+    run's requests, for the HTML's plots; a report re-rendered from its report.json has
+    none)."""
+    (out_dir / "report.json").write_text(
+        json.dumps(_clean(report.to_json()), indent=1, default=str)
+    )
     write_summary(report, out_dir)
     write_markdown(report, out_dir / "REPORT.md")
     write_html(report, records, out_dir / "report.html")
-    return report["files"]

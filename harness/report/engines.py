@@ -6,9 +6,11 @@ last line of its log."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from harness.metrics.stats import ratio_ci
+from harness.report.model import Cell, Metric, Report
 from harness.report.render import med_ci, num, pct
 from harness.report.render_stages import Table
 
@@ -28,10 +30,10 @@ def log_line(tail: str) -> str:
     return lines[-1][:300] if lines else ""
 
 
-def _rounds(cell: dict, metric: str) -> dict[int, float]:
+def _rounds(cell: Cell, metric: str) -> dict[int, float]:
     return {
         int(r["round"]): float(r[metric])
-        for r in cell.get("round_metrics") or []
+        for r in cell.round_metrics or []
         if r.get(metric) is not None and int(r.get("round", -1)) >= 0
     }
 
@@ -48,7 +50,7 @@ def _verdict(metric: str, lo: float, hi: float, base: str, other: str) -> str:
     return "level (interval holds 1)"
 
 
-def engine_comparison(cells: list[dict], engines: list[str], interleaved: bool,
+def engine_comparison(cells: Sequence[Cell], engines: list[str], interleaved: bool,
                       confidence: float = 0.95, n_boot: int = 2000) -> dict[str, Any] | None:  # fmt: skip
     """report.json's ``engines`` section (None with fewer than two engines): ``base`` (the
     first engine), ``interleaved``, and one row per point with each engine's entry and each
@@ -57,9 +59,9 @@ def engine_comparison(cells: list[dict], engines: list[str], interleaved: bool,
     if len(engines) < 2:
         return None
     base = engines[0]
-    by_point: dict[str, dict[str, dict]] = {}
+    by_point: dict[str, dict[str, Cell]] = {}
     for c in cells:
-        by_point.setdefault(point_of(c["id"]), {})[str(c.get("engine"))] = c
+        by_point.setdefault(point_of(c.id), {})[str(c.engine)] = c
     rows = []
     for point, got in by_point.items():
         entries = {}
@@ -68,19 +70,20 @@ def engine_comparison(cells: list[dict], engines: list[str], interleaved: bool,
             if c is None:
                 entries[name] = {"status": "not run"}
                 continue
-            m = c.get("metrics") or {}
+            m = c.metrics
             entries[name] = {
-                "id": c["id"],
-                "status": c["status"],
-                **({"error": c.get("error"), "log_line": log_line(c.get("log_tail", ""))}
-                   if c["status"] != "ok" else {}),  # fmt: skip
-                **{k: m.get(k) for k in SHOWN if m.get(k) is not None},
+                "id": c.id,
+                "status": c.status,
+                **(
+                    {"error": c.error, "log_line": log_line(c.log_tail or "")} if not c.ok else {}
+                ),  # fmt: skip
+                **{k: m[k].to_json() for k in SHOWN if m.get(k) is not None},
             }
         ratios: dict[str, dict] = {}
         b = got.get(base)
         for name in engines[1:]:
             o = got.get(name)
-            if not b or not o or b["status"] != "ok" or o["status"] != "ok":
+            if not b or not o or not b.ok or not o.ok:
                 continue
             ratios[name] = {}
             for metric in RATIO_METRICS:
@@ -97,15 +100,20 @@ def engine_comparison(cells: list[dict], engines: list[str], interleaved: bool,
     return {"base": base, "engines": engines, "interleaved": interleaved, "rows": rows}
 
 
+def _metric(entry: dict | None) -> Metric | None:
+    """A metric of the ``engines`` section (its JSON) as a :class:`Metric`."""
+    return Metric.from_json(entry) if entry else None
+
+
 def _ratio_text(r: dict | None) -> str:
     if not r or r.get("ratio") is None:
         return "-"
     return f"{num(r['ratio'], '.3f')} [{num(r['ci_low'], '.3f')}, {num(r['ci_high'], '.3f')}]"
 
 
-def engines_table(report: dict) -> Table | None:
+def engines_table(report: Report) -> Table | None:
     """One row per point x engine; the ratio columns are the engine's to the first engine."""
-    sec = report.get("engines")
+    sec = report.engines
     if not sec:
         return None
     base = sec["base"]
@@ -117,10 +125,13 @@ def engines_table(report: dict) -> Table | None:
             r = row["ratios"].get(name) or {}
             status = e["status"]
             if status != "ok" and e.get("error"):
-                status += f": {e['error'][:160]}" + (f" (log: {e['log_line']})" if e.get("log_line") else "")
+                status += f": {e['error'][:160]}" + (
+                    f" (log: {e['log_line']})" if e.get("log_line") else ""
+                )
             rows.append([
-                row["point"] or "-", name, status, med_ci(e.get("qps")),
-                med_ci(e.get("latency_p50_ms"), ".1f"), med_ci(e.get("latency_p99_ms"), ".1f"),
+                row["point"] or "-", name, status, med_ci(_metric(e.get("qps"))),
+                med_ci(_metric(e.get("latency_p50_ms")), ".1f"),
+                med_ci(_metric(e.get("latency_p99_ms")), ".1f"),
                 pct((e.get("invalid_rate") or {}).get("median")),
                 pct((e.get("duplicate_rate") or {}).get("median")),
                 num((e.get("beams_mean") or {}).get("median"), ".1f"),

@@ -10,7 +10,9 @@ with nothing to prime it with ran cold.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 
+from harness.report.model import Cell
 from harness.run.cell import CellResult
 from harness.spec.matrix import EngineSpec, MatrixSpec
 
@@ -43,17 +45,17 @@ def _engine_text(engine: EngineSpec | None) -> str:
     return f"FlashRec servers started fresh by this run {where}"
 
 
-def servers_line(spec: MatrixSpec, cells: list[dict]) -> str:
+def servers_line(spec: MatrixSpec, cells: Sequence[Cell]) -> str:
     """Which servers the cells ran on: launched by this run (how many launches), external, or
     measured by an earlier run and resumed."""
     engines = {e.name: e for e in spec.engine_list}
-    here = [c for c in cells if not c.get("resumed")]
+    here = [c for c in cells if not c.resumed]
     resumed = len(cells) - len(here)
     by_engine: dict[str, list[dict]] = {}
     for c in here:
-        by_engine.setdefault(str((c.get("params") or {}).get("engine")), []).append(c)
+        by_engine.setdefault(str(c.params.get("engine")), []).append(c)
     kinds = {engines[n].kind if n in engines else "?" for n in by_engine}
-    launches = len({(c.get("server") or {}).get("log") for c in here} - {None})
+    launches = len({(c.server or {}).get("log") for c in here} - {None})
     count = f" ({launches} server launch(es) for {_cells(len(here))})" if launches else ""
     if not here:
         text = "no cell was measured by this run"
@@ -83,14 +85,14 @@ def servers_line(spec: MatrixSpec, cells: list[dict]) -> str:
     return text
 
 
-def _ran(cells: list[dict]) -> list[dict]:
+def _ran(cells: Sequence[Cell]) -> list[Cell]:
     """The cells that measured at least one round (a failed server start measured none)."""
-    return [c for c in cells if c.get("rounds")]
+    return [c for c in cells if c.rounds]
 
 
-def warmup_line(cells: list[dict]) -> str:
+def warmup_line(cells: Sequence[Cell]) -> str:
     """The fixed load, and the warm-up requests the cells sent before their measured rounds."""
-    counts = [int((c.get("warmup") or {}).get("requests") or 0) for c in _ran(cells)]
+    counts = [int((c.warmup or {}).get("requests") or 0) for c in _ran(cells)]
     line = "fixed load per cell: the same measured requests every round"
     if not counts:
         return line
@@ -102,9 +104,9 @@ def warmup_line(cells: list[dict]) -> str:
     return line + (f" ({cold} of {len(counts)} cells sent none)" if cold else "")
 
 
-def _radix_state(spec: MatrixSpec, cell: dict, res: CellResult | None) -> str:
+def _radix_state(spec: MatrixSpec, cell: Cell, res: CellResult | None) -> str:
     """What the run did to one cell's prefix cache before its measured rounds."""
-    mode = str((cell.get("params") or {}).get("radix", spec.load.radix))
+    mode = str(cell.params.get("radix", spec.load.radix))
     if mode != "warm":
         return "flushed (radix: cold)"
     primed = {r.round for r in (res.records if res else []) if r.phase == "prime"}
@@ -115,15 +117,15 @@ def _radix_state(spec: MatrixSpec, cell: dict, res: CellResult | None) -> str:
     return "flushed, then primed with the cell's warm-up prompts (radix: warm)"
 
 
-def radix_line(spec: MatrixSpec, results: list[CellResult], cells: list[dict]) -> str | None:
+def radix_line(spec: MatrixSpec, results: list[CellResult], cells: Sequence[Cell]) -> str | None:
     """The prefix-cache temperature set before every round: one state for every cell, or the
     cells of each state; the cells where the flush failed are named."""
     by_id = {r.id: r for r in results}
     ran = _ran(cells)
     if not ran:
         return None
-    states = Counter(_radix_state(spec, c, by_id.get(c["id"])) for c in ran)
-    failed = [c["id"] for c in ran if any(str(n).startswith(FLUSH_FAILED) for n in c["notes"])]
+    states = Counter(_radix_state(spec, c, by_id.get(c.id)) for c in ran)
+    failed = [c.id for c in ran if any(str(n).startswith(FLUSH_FAILED) for n in c.notes)]
     if len(states) == 1:
         line = f"before every round of every cell the prefix cache was {next(iter(states))}"
     else:
@@ -138,44 +140,47 @@ def radix_line(spec: MatrixSpec, results: list[CellResult], cells: list[dict]) -
     return line
 
 
-def trace_line(cells: list[dict]) -> str:
+def trace_line(cells: Sequence[Cell]) -> str:
     """Which cells got a traced round, and whether the run waited for complete trace files."""
-    traced = [c for c in cells if c.get("trace")]
+    traced = [c for c in cells if c.trace]
     if not traced:
         return "no round was traced: this run started no profiler"
     line = (
         f"{len(traced)} of {_cells(len(cells))} got an extra traced round after their measured "
         "rounds: its numbers never enter the statistics"
     )
-    waited = [c for c in traced if c["trace"].get("status") == "complete"]
+    waited = [c for c in traced if (c.trace or {}).get("status") == "complete"]
     if waited:
         line += (
             f"; the run went on only after the trace files of {_cells(len(waited))} were "
             "complete and stable"
         )
-    other = [f"{c['id']}: {c['trace'].get('status')}" for c in traced if c not in waited]
+    other = [
+        f"{c.id}: {(c.trace or {}).get('status')}"
+        for c in traced
+        if c.id not in {w.id for w in waited}
+    ]
     if other:
         line += f"; not complete ({'; '.join(other)}): see the cells' notes"
     overlap = sum(
-        (c.get("excluded_requests") or {}).get("reasons", {}).get("trace_overlap", 0)
-        for c in traced
+        (c.excluded_requests or {}).get("reasons", {}).get("trace_overlap", 0) for c in traced
     )
     if overlap:
         line += f"; {overlap} measured request(s) overlapped trace writing and were excluded"
     return line
 
 
-def noise_line(spec: MatrixSpec, cells: list[dict]) -> str:
+def noise_line(spec: MatrixSpec, cells: Sequence[Cell]) -> str:
     """The rounds each cell's noise band rests on, and the cells with too few for one."""
-    ok = [c for c in cells if c.get("status") == "ok"]
+    ok = [c for c in cells if c.ok]
     if not ok:
         return "no cell finished its measured rounds: no noise band, no conclusion"
     k, least = spec.stats.band_k, spec.stats.min_rounds
-    enough = [c["rounds"] for c in ok if c["rounds"] >= least]
-    few = [c for c in ok if c["rounds"] < least]
+    enough = [c.rounds for c in ok if c.rounds >= least]
+    few = [c for c in ok if c.rounds < least]
     if not enough:
         return (
-            f"only {_span([c['rounds'] for c in ok])} measured round(s) per cell (< {least}): "
+            f"only {_span([c.rounds for c in ok])} measured round(s) per cell (< {least}): "
             "no noise band, so nothing in this report supports a conclusion about a change"
         )
     line = (
@@ -183,7 +188,7 @@ def noise_line(spec: MatrixSpec, cells: list[dict]) -> str:
         "changes inside it are noise"
     )
     if few:
-        ids = ", ".join(c["id"] for c in few)
+        ids = ", ".join(c.id for c in few)
         line += (
             f"; {_cells(len(few))} with fewer than {least} rounds ({ids}) have no noise band "
             "and support no conclusion"
@@ -193,7 +198,7 @@ def noise_line(spec: MatrixSpec, cells: list[dict]) -> str:
     return line
 
 
-def method_lines(spec: MatrixSpec, results: list[CellResult], cells: list[dict]) -> list[str]:
+def method_lines(spec: MatrixSpec, results: list[CellResult], cells: Sequence[Cell]) -> list[str]:
     """The report's "How it was measured" lines for these cells (report.json's
     ``measurement.rules``)."""
     lines = [servers_line(spec, cells), warmup_line(cells)]

@@ -13,6 +13,7 @@ from collections import defaultdict
 import numpy as np
 
 from harness.load.client import Record
+from harness.report.model import Report, as_report
 
 MAX_CDF_LINES = 16
 
@@ -52,33 +53,34 @@ def _order(params: dict) -> tuple:
     )
 
 
-def qps_vs_concurrency(report: dict) -> bytes | None:
+def qps_vs_concurrency(report: Report) -> bytes | None:
     """QPS median (95% CI bars) against concurrency; one line per other-parameter combination
     (engine, beam width, quantization, ...)."""
     fig = qps_figure(report)
     return None if fig is None else _png(fig)
 
 
-def qps_figure(report: dict):
+def qps_figure(report: Report | dict):
     """The figure of :func:`qps_vs_concurrency` (None: nothing to plot)."""
+    report = as_report(report)
     plt = _plt()
-    cells = [c for c in report["cells"] if c["status"] == "ok" and "qps" in c["metrics"]]
-    if plt is None or not any("concurrency" in c["params"] for c in cells):
+    cells = [c for c in report.cells if c.status == "ok" and "qps" in c.metrics]
+    if plt is None or not any("concurrency" in c.params for c in cells):
         return None
     series: dict[str, list] = defaultdict(list)
     for c in cells:
-        if "concurrency" in c["params"]:
-            series[_label(c["params"], ("concurrency",))].append(c)
+        if "concurrency" in c.params:
+            series[_label(c.params, ("concurrency",))].append(c)
     fig, ax = plt.subplots(figsize=(8, 4.5))
     xs: set = set()
-    for label, group in sorted(series.items(), key=lambda kv: _order(kv[1][0]["params"])):
-        group.sort(key=lambda c: c["params"]["concurrency"])
-        xs.update(c["params"]["concurrency"] for c in group)
-        x = [c["params"]["concurrency"] for c in group]
-        m = [c["metrics"]["qps"] for c in group]
-        y = np.array([s["median"] for s in m], dtype=float)
-        lo = np.array([s["ci95_low"] if s["ci95_low"] is not None else np.nan for s in m], float)
-        hi = np.array([s["ci95_high"] if s["ci95_high"] is not None else np.nan for s in m], float)
+    for label, group in sorted(series.items(), key=lambda kv: _order(kv[1][0].params)):
+        group.sort(key=lambda c: c.params["concurrency"])
+        xs.update(c.params["concurrency"] for c in group)
+        x = [c.params["concurrency"] for c in group]
+        m = [c.metrics["qps"] for c in group]
+        y = np.array([s.median for s in m], dtype=float)
+        lo = np.array([s.ci95_low if s.ci95_low is not None else np.nan for s in m], float)
+        hi = np.array([s.ci95_high if s.ci95_high is not None else np.nan for s in m], float)
         err = np.nan_to_num(np.vstack([y - lo, hi - y]).clip(min=0))
         ax.errorbar(x, y, yerr=err, marker="o", capsize=3, label=label)
     ax.set_xlabel("concurrency")
@@ -91,20 +93,21 @@ def qps_figure(report: dict):
     return fig
 
 
-def latency_cdf(report: dict, records: list[Record]) -> bytes | None:
+def latency_cdf(report: Report, records: list[Record]) -> bytes | None:
     """Empirical CDF of measured request latency per cell (first 16 cells)."""
     fig = latency_figure(report, records)
     return None if fig is None else _png(fig)
 
 
-def latency_figure(report: dict, records: list[Record]):
+def latency_figure(report: Report | dict, records: list[Record]):
     """The figure of :func:`latency_cdf` (None: nothing to plot)."""
+    report = as_report(report)
     plt = _plt()
     lat: dict[str, list[float]] = defaultdict(list)
     for r in records:
         if r.phase == "measure" and r.ok and not r.excluded:
             lat[r.cell].append(r.latency * 1000.0)
-    ids = [c["id"] for c in report["cells"] if c["id"] in lat][:MAX_CDF_LINES]
+    ids = [c.id for c in report.cells if c.id in lat][:MAX_CDF_LINES]
     if plt is None or not ids:
         return None
     fig, ax = plt.subplots(figsize=(8, 4.5))
@@ -120,17 +123,17 @@ def latency_figure(report: dict, records: list[Record]):
     return fig
 
 
-def engines_side_by_side(report: dict) -> bytes | None:
+def engines_side_by_side(report: Report) -> bytes | None:
     """QPS of each engine for every shared parameter combination (only with > 1 engine)."""
     plt = _plt()
-    cells = [c for c in report["cells"] if c["status"] == "ok" and "qps" in c["metrics"]]
-    engines = sorted({c["params"].get("engine") for c in cells})
+    cells = [c for c in report.cells if c.status == "ok" and "qps" in c.metrics]
+    engines = sorted({c.params.get("engine") for c in cells})
     if plt is None or len(engines) < 2:
         return None
     table: dict[str, dict[str, float]] = defaultdict(dict)
     for c in cells:
-        key = json.dumps({k: v for k, v in c["params"].items() if k != "engine"})
-        table[key][c["params"]["engine"]] = c["metrics"]["qps"]["median"]
+        key = json.dumps({k: v for k, v in c.params.items() if k != "engine"})
+        table[key][c.params["engine"]] = c.metrics["qps"].median
     keys = sorted(table)
     fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(keys) * len(engines)), 4.5))
     width = 0.8 / len(engines)
@@ -151,8 +154,9 @@ def engines_side_by_side(report: dict) -> bytes | None:
     return _png(fig)
 
 
-def all_plots(report: dict, records: list[Record]) -> list[tuple[str, bytes]]:
+def all_plots(report: Report | dict, records: list[Record]) -> list[tuple[str, bytes]]:
     """(title, PNG) for every plot that has data."""
+    report = as_report(report)
     plots = [
         ("QPS vs concurrency", qps_vs_concurrency(report)),
         ("Latency CDF", latency_cdf(report, records)),

@@ -10,6 +10,7 @@ Server-Timing, ...) are in :mod:`harness.report.render_sections`, the stage and 
 
 from __future__ import annotations
 
+from harness.report.model import Environment, Gates, Metric, Report, as_report
 from harness.report.render_stages import Table, determinism_blocks, parity_blocks, stage_line
 from harness.run.environment import SOURCE_COMMIT_ENV
 
@@ -18,10 +19,16 @@ def num(x, fmt: str = ".2f") -> str:
     return "-" if x is None else format(x, fmt)
 
 
-def med_ci(m: dict | None, fmt: str = ".2f") -> str:
+def med_ci(m: Metric | None, fmt: str = ".2f") -> str:
     if not m:
         return "-"
-    return f"{num(m['median'], fmt)} [{num(m['ci95_low'], fmt)}, {num(m['ci95_high'], fmt)}]"
+    return f"{num(m.median, fmt)} [{num(m.ci95_low, fmt)}, {num(m.ci95_high, fmt)}]"
+
+
+def median(metrics: dict[str, Metric], name: str) -> float | None:
+    """The median of metric ``name`` among ``metrics`` (None when absent)."""
+    m = metrics.get(name)
+    return m.median if m else None
 
 
 def pct(x) -> str:
@@ -32,8 +39,8 @@ def ratio(x) -> str:
     return "-" if x is None else f"{x:.1f}x"
 
 
-def _host_line(env: dict) -> str:
-    probe = env.get("host_probe") or {}
+def _host_line(env: Environment) -> str:
+    probe = env.host_probe or {}
     ms = probe.get("json_256_beams_ms")
     return (
         f"host CPU: {probe.get('cpu_model') or '?'}; host probe "
@@ -42,41 +49,43 @@ def _host_line(env: dict) -> str:
     )
 
 
-def header_lines(report: dict) -> list[str]:
-    env = report["environment"]
-    git = env.get("git") or {}
-    gpus = ", ".join(g["name"] for g in env.get("gpus") or []) or "none"
-    v = env.get("versions") or {}
-    dirty = " (dirty)" if git.get("dirty") else ""
-    if git.get("tree"):  # a dirty checkout: the files it ran, as a git tree id
-        dirty = f" (dirty; files = tree {git['tree']})"
-    stop = report.get("interrupted")
+def header_lines(report: Report | dict) -> list[str]:
+    report = as_report(report)
+    env = report.environment
+    git = env.git
+    gpus = ", ".join(g["name"] for g in env.gpus or []) or "none"
+    v = env.versions or {}
+    dirty = " (dirty)" if git.dirty else ""
+    if git.tree:  # a dirty checkout: the files it ran, as a git tree id
+        dirty = f" (dirty; files = tree {git.tree})"
+    stop = report.interrupted
     first = []
     if stop:  # a run cut short: say so before anything else
         first = [
-            f"INTERRUPTED ({stop['cause']}) after {stop['cells_done']} of "
-            f"{stop['cells_selected']} selected cells: only the cells that finished are "
+            f"INTERRUPTED ({stop.cause}) after {stop.cells_done} of "
+            f"{stop.cells_selected} selected cells: only the cells that finished are "
             "reported, later stages (parity, determinism) did not run; `--resume --out` with "
             "this directory runs the rest"
         ]
     return first + [
-        f"run `{report['run_id']}`, created {report['created']}",
-        f"git {git.get('commit') or '?'}{dirty}"
+        f"run `{report.run_id}`, created {report.created}",
+        f"git {git.commit or '?'}{dirty}"
         + (
-            f"; declared source commit {git['declared']} ({SOURCE_COMMIT_ENV}, not checked "
+            f"; declared source commit {git.declared} ({SOURCE_COMMIT_ENV}, not checked "
             "against the files)"
-            if git.get("declared")
+            if git.declared
             else ""
         ),
-        f"GPU: {gpus}; driver {env.get('driver') or '-'}; CPUs {env.get('cpu_count')}",
+        f"GPU: {gpus}; driver {env.driver or '-'}; CPUs {env.cpu_count}",
         _host_line(env),
         f"torch {v.get('torch')}, flashinfer {v.get('flashinfer-python')}, triton "
         f"{v.get('triton')}, transformers {v.get('transformers')}",
-        f"matrix hash {env.get('matrix_hash')}, model hash {env.get('model_hash')}",
+        f"matrix hash {env.matrix_hash}, model hash {env.model_hash}",
     ]
 
 
-def cells_table(report: dict) -> Table:
+def cells_table(report: Report | dict) -> Table:
+    report = as_report(report)
     head = [
         "cell",
         "status",
@@ -94,25 +103,26 @@ def cells_table(report: dict) -> Table:
         "notes",
     ]
     rows = []
-    for c in report["cells"]:
-        m = c["metrics"]
-        hf = (c.get("baseline") or {}).get("hf") or {}
+    for c in report.cells:
+        m = c.metrics
+        hf = c.hf
+        qps = m.get("qps")
         rows.append(
             [
-                c["id"],
-                c["status"],
-                str(c["rounds"]),
-                med_ci(m.get("qps")),
-                pct((m.get("qps") or {}).get("cv")),
-                num((m.get("latency_p50_ms") or {}).get("median"), ".1f"),
-                num((m.get("latency_p99_ms") or {}).get("median"), ".1f"),
-                pct((m.get("error_rate") or {}).get("median")),
-                pct((m.get("invalid_rate") or {}).get("median")),
-                str(c["excluded_requests"]["count"]),
+                c.id,
+                c.status,
+                str(c.rounds),
+                med_ci(qps),
+                pct(qps.cv if qps else None),
+                num(median(m, "latency_p50_ms"), ".1f"),
+                num(median(m, "latency_p99_ms"), ".1f"),
+                pct(median(m, "error_rate")),
+                pct(median(m, "invalid_rate")),
+                str(c.excluded_requests["count"]),
                 _hf_short(hf),
                 ratio(hf.get("speedup")),
-                pct((c.get("mfu") or {}).get("mfu")),
-                "; ".join(c["notes"]) or (c["error"] if c["status"] != "ok" else ""),
+                pct((c.mfu or {}).get("mfu")),
+                "; ".join(c.notes) or (c.error if c.status != "ok" else ""),
             ]
         )
     return head, rows
@@ -126,33 +136,29 @@ def _hf_short(hf: dict) -> str:
     return hf.get("status", "-")
 
 
-def quality_table(report: dict) -> Table | None:
+def quality_table(report: Report | dict) -> Table | None:
+    report = as_report(report)
     names: list[str] = []
-    for c in report["cells"]:
-        names += [k for k in c["metrics"] if "@" in k and k not in names]
+    for c in report.cells:
+        names += [k for k in c.metrics if "@" in k and k not in names]
     if not names:
         return None
     rows = [
-        [c["id"], *[num((c["metrics"].get(n) or {}).get("median"), ".4f") for n in names]]
-        for c in report["cells"]
-        if c["status"] == "ok"
+        [c.id, *[num(c.median(n), ".4f") for n in names]] for c in report.cells if c.status == "ok"
     ]
     return ["cell", *names], rows
 
 
-def gates_table(report: dict) -> Table:
+def gates_table(gates: Gates) -> Table:
     rows = [
         [
-            g["name"],
-            g["status"],
-            "; ".join(
-                f"{c['target']}: {c.get('value', c.get('worse_pct', c.get('better_pct')))}"
-                for c in g.get("checks", [])
-                if not c["ok"]
-            )
-            or g.get("reason", ""),
+            g.name,
+            g.status,
+            "; ".join(f"{c.target}: {c.shown}" for c in g.checks or () if not c.ok)
+            or g.reason
+            or "",
         ]
-        for g in report["gates"]["results"]
+        for g in gates.results
     ]
     return ["gate", "status", "failing"], rows
 
@@ -160,7 +166,7 @@ def gates_table(report: dict) -> Table:
 STAGE_BLOCKS = {"parity": parity_blocks, "determinism": determinism_blocks}
 
 
-def stage_blocks(report: dict, name: str) -> tuple[str, list[tuple[str, Table]]]:
+def stage_blocks(report: Report, name: str) -> tuple[str, list[tuple[str, Table]]]:
     """A stage section's outcome line and its tables (none when it did not run)."""
-    stage = report.get(name) or {}
+    stage = report.stage(name).body
     return stage_line(stage), STAGE_BLOCKS[name](stage)

@@ -1,12 +1,14 @@
 """compare.md and the REGRESSED lines on stderr: two runs' comparison
-(:func:`harness.gate.compare.compare_reports`) as Markdown."""
+(:func:`harness.judge.runs.compare_reports`) as Markdown."""
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 from pathlib import Path
 
+from harness.report.model import Gates
 from harness.report.render import gates_table, num
 from harness.report.render_md import md_table
 
@@ -132,5 +134,30 @@ def write_compare_markdown(comparison: dict, path: Path) -> None:
     gates = comparison.get("gates")
     if gates and gates["results"]:
         lines += [f"## Gates: {gates['status']}", ""]
-        lines += md_table(gates_table({"gates": gates}))
+        lines += md_table(gates_table(Gates.from_json(gates)))
     path.write_text("\n".join(lines) + "\n")
+
+
+def write_gate_outcome(out: Path, comparison: dict, status: str, reason: str) -> None:
+    """compare.json with the A/B gate's outcome (``gate``), and its section of compare.md."""
+    out.mkdir(parents=True, exist_ok=True)
+    comparison["gate"] = {"status": status, "reason": reason}
+    (out / "compare.json").write_text(json.dumps(comparison, indent=1, default=str))
+    md = out / "compare.md"
+    if md.is_file():
+        ab = comparison.get("ab", {})
+        lines = [
+            "",
+            f"## A/B gate: {status}",
+            "",
+            f"- {reason}",
+            f"- baseline {ab.get('baseline_ref')} = `{ab.get('baseline_commit')}` (worktree), "
+            f"candidate = this checkout; {ab.get('pairs')} pairs in {ab.get('sessions')} "
+            f"session(s) of fresh servers, {ab.get('order')}",
+            f"- {comparison.get('test')} over "
+            f"{'sessions' if comparison.get('sessions', 1) >= 3 else 'pairs'}: paired change = "
+            "geometric mean of the pairs' candidate / baseline ratios - 1 (what the verdicts "
+            f"and gates judge); band = {comparison.get('band_k')} x its standard error; change "
+            "of medians = candidate median / baseline median - 1",
+        ]
+        md.write_text(md.read_text() + "\n".join(lines) + "\n")

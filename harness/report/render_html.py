@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 from harness.load.client import Record
+from harness.report.model import Report, as_report
 from harness.report.plots import all_plots
 from harness.report.render import (
     cells_table,
@@ -79,42 +80,39 @@ _CSS = (
 )
 
 
-def _cells_table(report: dict) -> str:
+def _cells_table(report: Report) -> str:
     """The cells table, each cell's notes (or its error) as paragraphs of their own."""
     table = cells_table(report)
-    notes = [c["notes"] or ([c["error"]] if c["status"] != "ok" and c["error"] else [])
-             for c in report["cells"]]  # fmt: skip
+    notes = [c.notes or ([c.error] if c.status != "ok" and c.error else [])
+             for c in report.cells]  # fmt: skip
     return _html_table(table, {table[0].index("notes"): notes})
 
 
-def verdict_parts(report: dict) -> list[str]:
+def verdict_parts(report: Report) -> list[str]:
     """The page's first section: the gates and the targets (what the run concluded), with the
     cells that ran and failed, before any detail."""
-    gates, targets = report["gates"], report.get("targets") or {}
-    s = report.get("summary") or {}
+    gates, targets, s = report.gates, report.targets, report.summary
     parts = [
         "<section id='verdict'><h2>Verdict</h2><ul>",
-        f"<li>gates: <b>{html.escape(str(gates['status']))}</b></li>",
-        f"<li>targets: <b>{html.escape(str(targets.get('status', 'none')))}</b></li>",
+        f"<li>gates: <b>{html.escape(str(gates.status))}</b></li>",
+        f"<li>targets: <b>{html.escape(str(targets.status))}</b></li>",
     ]
-    if s:
-        parts.append(
-            f"<li>cells: {s.get('ok', 0)} ok, {s.get('failed', 0)} failed of {s.get('cells', 0)}"
-            "</li>"
-        )
+    if "summary" not in report.absent:
+        parts.append(f"<li>cells: {s.ok} ok, {s.failed} failed of {s.cells}</li>")
     parts.append("</ul>")
-    if gates["results"]:
-        parts += ["<h3>Gates</h3>", _html_table(gates_table(report))]
+    if gates.results:
+        parts += ["<h3>Gates</h3>", _html_table(gates_table(gates))]
     table = targets_table(report)
     if table:
         parts += ["<h3>Targets</h3>", _ps(TARGETS_NOTE), _html_table(table)]
     return parts + ["</section>"]
 
 
-def write_html(report: dict, records: list[Record], path: Path) -> None:
+def write_html(report: Report | dict, records: list[Record], path: Path) -> None:
     """report.html: the verdict first (gates, targets), then how the run measured, the cells
     and every other section; tables scroll inside the page, long notes are paragraphs."""
-    name = html.escape(report["matrix"].get("name") or "matrix")
+    report = as_report(report)
+    name = html.escape(report.name)
     parts = [
         f"<html><head><meta charset='utf-8'><title>{name}</title><style>{_CSS}</style>"
         f"</head><body><h1>flashrec-bench: {name}</h1>"
@@ -123,7 +121,7 @@ def write_html(report: dict, records: list[Record], path: Path) -> None:
     parts += [f"<li>{html.escape(x)}</li>" for x in header_lines(report)] + ["</ul>"]
     parts += (
         ["<h2>How it was measured</h2><ul>"]
-        + [f"<li>{html.escape(r)}</li>" for r in report["measurement"]["rules"]]
+        + [f"<li>{html.escape(r)}</li>" for r in report.measurement.rules]
         + ["</ul>"]
     )
     parts += ["<h2>Cells</h2>", _cells_table(report)]
@@ -150,11 +148,11 @@ def write_html(report: dict, records: list[Record], path: Path) -> None:
     parts += [] if traces else ["<p>no traced cells</p>"]
     for title, table in traces:
         parts += [f"<h3>{html.escape(title)}</h3>", _html_table(table)]
-    for c in report["cells"]:
-        if c["status"] == "failed":
+    for c in report.cells:
+        if c.status == "failed":
             parts += [
-                f"<h2>Failed: {html.escape(c['id'])}</h2>{_ps(c['error'])}"
-                f"<pre>{html.escape(c['log_tail'])}</pre>"
+                f"<h2>Failed: {html.escape(c.id)}</h2>{_ps(c.error)}"
+                f"<pre>{html.escape(c.log_tail)}</pre>"
             ]
     for stage in ("parity", "determinism"):
         line, blocks = stage_blocks(report, stage)

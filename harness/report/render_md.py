@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from harness.report.model import Report, as_report
 from harness.report.render import (
     cells_table,
     gates_table,
@@ -26,12 +27,11 @@ def md_table(t: Table) -> list[str]:
     )
 
 
-def write_markdown(report: dict, path: Path) -> None:
-    name = report["matrix"].get("name") or "matrix"
+def write_markdown(report: Report | dict, path: Path) -> None:
+    report = as_report(report)
+    name = report.name
     lines = [f"# flashrec-bench: {name}", ""] + [f"- {x}" for x in header_lines(report)] + [""]
-    lines += (
-        ["## How it was measured", ""] + [f"- {r}" for r in report["measurement"]["rules"]] + [""]
-    )
+    lines += ["## How it was measured", ""] + [f"- {r}" for r in report.measurement.rules] + [""]
     lines += ["## Cells", ""] + md_table(cells_table(report))
     q = quality_table(report)
     if q:
@@ -41,15 +41,15 @@ def write_markdown(report: dict, path: Path) -> None:
         lines += [f"## {title}", "", note, ""] + md_table(table)
     traces = trace_lines(report)
     lines += ["## Traces", ""] + (traces or ["no traced cells"]) + [""]
-    for c in report["cells"]:
-        if c["status"] == "failed":
+    for c in report.cells:
+        if c.status == "failed":
             lines += [
-                f"## Failed: {c['id']}",
+                f"## Failed: {c.id}",
                 "",
-                c["error"],
+                c.error,
                 "",
                 "```",
-                c["log_tail"].rstrip() or "(empty log)",
+                c.log_tail.rstrip() or "(empty log)",
                 "```",
                 "",
             ]
@@ -58,7 +58,7 @@ def write_markdown(report: dict, path: Path) -> None:
         lines += [f"## {stage.title()}", "", line, ""]
         for title, table in blocks:
             lines += [f"### {title}", ""] + md_table(table)
-    lines += [f"## Gates: {report['gates']['status']}", ""]
-    if report["gates"]["results"]:
-        lines += md_table(gates_table(report))
+    lines += [f"## Gates: {report.gates.status}", ""]
+    if report.gates.results:
+        lines += md_table(gates_table(report.gates))
     path.write_text("\n".join(lines) + "\n")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import html
 import math
 
+from harness.report.model import Cell, Report, as_report
 from harness.report.render_stages import Table
 
 PRECISION_KEYS = ("quantization", "precision", "dtype")
@@ -21,22 +22,24 @@ def _param(params: dict, keys: tuple[str, ...]) -> str | None:
     return None
 
 
-def _median(cell: dict, name: str) -> float | None:
-    v = (cell.get("metrics", {}).get(name) or {}).get("median")
+def _median(cell: Cell, name: str) -> float | None:
+    v = cell.median(name)
     return v if isinstance(v, (int, float)) and math.isfinite(v) else None
 
 
-def recall_metric(report: dict) -> str | None:
+def recall_metric(report: Report | dict) -> str | None:
     """The recall the charts use: ``recall@K`` at the largest K some evaluated cell has."""
-    names = {m for c in report["cells"] if c.get("quality") for m in c.get("metrics", {})}
+    report = as_report(report)
+    names = {m for c in report.cells if c.quality for m in c.metrics}
     ks = sorted(int(m.split("@")[1]) for m in names if m.startswith("recall@"))
     return f"recall@{ks[-1]}" if ks else None
 
 
-def quality_eval_table(report: dict) -> Table | None:
+def quality_eval_table(report: Report | dict) -> Table | None:
     """One row per evaluated cell: precision, beams, recall / pass with their 95% intervals,
     invalid rate, QPS and p99 (None when no cell carries a quality eval)."""
-    cells = [c for c in report["cells"] if c.get("quality")]
+    report = as_report(report)
+    cells = [c for c in report.cells if c.quality]
     rec = recall_metric(report)
     if not cells:
         return None
@@ -45,9 +48,9 @@ def quality_eval_table(report: dict) -> Table | None:
             "invalid", "qps", "p99 ms", "status"]  # fmt: skip
     rows = []
     for c in cells:
-        q = c["quality"]
+        q = c.quality
         if q.get("status") != "ok":
-            rows.append([c["id"], "", "", "", "", "", "", "", "", q.get("error", "error")[:80]])
+            rows.append([c.id, "", "", "", "", "", "", "", "", q.get("error", "error")[:80]])
             continue
         m = q["overall"]["metrics"]
 
@@ -57,7 +60,7 @@ def quality_eval_table(report: dict) -> Table | None:
 
         qps, p99 = _median(c, "qps"), _median(c, "latency_p99_ms")
         rows.append([
-            c["id"], _param(c["params"], PRECISION_KEYS) or "", q["protocol"]["beam_width"],
+            c.id, _param(c.params, PRECISION_KEYS) or "", q["protocol"]["beam_width"],
             ci(f"recall@{k}"), ci(f"pass@{k}"), ci("position1_pass@1"),
             # without a catalog the invalid rate was not measured: "-", never a 0
             f"{q['overall']['invalid_rate']['value']:.4f}" if q.get("catalog_checked") else "-",
@@ -86,16 +89,17 @@ def _scale(lo: float, hi: float, a: float, b: float):
     return lambda v: a + (v - lo) / span * (b - a)
 
 
-def pareto_svg(report: dict, y_metric: str = "qps") -> str | None:
+def pareto_svg(report: Report | dict, y_metric: str = "qps") -> str | None:
     """An inline SVG of ``y_metric`` (qps: higher is better; a latency: lower) against recall@k
     over the evaluated cells; None with fewer than two such cells."""
+    report = as_report(report)
     rec = recall_metric(report)
     pts = []
-    for c in report["cells"]:
+    for c in report.cells:
         x, y = (_median(c, rec) if rec else None), _median(c, y_metric)
-        if c.get("status") == "ok" and x is not None and y is not None:
-            prec = _param(c["params"], PRECISION_KEYS) or "all"
-            pts.append((x, y, prec, _param(c["params"], BEAM_KEYS) or c["id"]))
+        if c.status == "ok" and x is not None and y is not None:
+            prec = _param(c.params, PRECISION_KEYS) or "all"
+            pts.append((x, y, prec, _param(c.params, BEAM_KEYS) or c.id))
     if len(pts) < 2:
         return None
     higher = y_metric == "qps"
@@ -135,7 +139,7 @@ def pareto_svg(report: dict, y_metric: str = "qps") -> str | None:
     return "".join(out)
 
 
-def quality_html(report: dict, html_table) -> list[str]:
+def quality_html(report: Report, html_table) -> list[str]:
     """The report.html parts of the quality eval: its table and the two Pareto charts."""
     table = quality_eval_table(report)
     if table is None:
@@ -148,7 +152,7 @@ def quality_html(report: dict, html_table) -> list[str]:
     return parts
 
 
-def quality_md(report: dict, md_table) -> list[str]:
+def quality_md(report: Report, md_table) -> list[str]:
     """The REPORT.md lines of the quality eval (the charts are in report.html)."""
     table = quality_eval_table(report)
     if table is None:

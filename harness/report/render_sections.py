@@ -8,22 +8,24 @@ from __future__ import annotations
 
 from harness.metrics import host
 from harness.report.engines import ENGINES_NOTE, engines_table
+from harness.report.model import Report, as_report
 from harness.report.render import med_ci, num, ratio
 from harness.report.render_stages import Table
 
 
-def baseline_table(report: dict) -> Table | None:
+def baseline_table(report: Report | dict) -> Table | None:
     """HF baseline per cell: its timing, the ratios, or why it was skipped / failed."""
+    report = as_report(report)
     rows = []
-    for c in report["cells"]:
-        hf = (c.get("baseline") or {}).get("hf")
+    for c in report.cells:
+        hf = c.hf
         if not hf:
             continue
-        lat = (c["metrics"].get("latency_mean_ms") or {}).get("median")
+        lat = c.median("latency_mean_ms")
         why = hf.get("hf_skipped") or hf.get("hf_error") or ""
         rows.append(
             [
-                c["id"],
+                c.id,
                 hf.get("status", "-"),
                 f"{hf.get('hf_requests', '-')} x n={hf.get('beam_width', '-')}, "
                 f"{hf.get('dtype', '-')}, {hf.get('device') or '-'}",
@@ -31,7 +33,7 @@ def baseline_table(report: dict) -> Table | None:
                 num(hf.get("kv_gib_estimate"), ".3g"),
                 num(hf.get("hf_ms_per_request"), ".1f"),
                 num(hf.get("hf_qps"), ".3g"),
-                med_ci(c["metrics"].get("qps")),
+                med_ci(c.metrics.get("qps")),
                 num(lat, ".1f"),
                 ratio(hf.get("speedup")),
                 ratio(hf.get("latency_ratio")),
@@ -57,19 +59,20 @@ def baseline_table(report: dict) -> Table | None:
     return head, rows
 
 
-def mfu_table(report: dict) -> Table | None:
+def mfu_table(report: Report | dict) -> Table | None:
     """FLOPs per request, achieved TFLOP/s and MFU per cell."""
+    report = as_report(report)
     rows = []
-    for c in report["cells"]:
-        f = c.get("mfu")
+    for c in report.cells:
+        f = c.mfu
         if not f:
             continue
-        m = c["metrics"]
+        m = c.metrics
         ceiling = f.get("ceiling_tflops")
         key = f" ({f['by']}={f['ceiling_key']})" if f.get("ceiling_key") else ""
         rows.append(
             [
-                c["id"],
+                c.id,
                 num(f.get("linear_params", 0) / 1e9, ".4g") if "linear_params" in f else "-",
                 str(f.get("decode_rows", "-")),
                 med_ci(m.get("tflop_per_request"), ".4g"),
@@ -102,19 +105,20 @@ CPU_HEADS = {
 }
 
 
-def server_timing_table(report: dict) -> Table | None:
+def server_timing_table(report: Report | dict) -> Table | None:
     """Where a request's latency goes, from the server's Server-Timing header (the
     ``respond`` column only where some cell has it)."""
-    cells = [c for c in report["cells"] if "server_engine_ms_mean" in (c.get("metrics") or {})]
+    report = as_report(report)
+    cells = [c for c in report.cells if "server_engine_ms_mean" in (c.metrics or {})]
     if not cells:
         return None
-    respond = any("server_respond_ms_mean" in c["metrics"] for c in cells)
-    handoff = any("server_handoff_ms_mean" in c["metrics"] for c in cells)
-    ipc = any("server_ipc_ms_mean" in c["metrics"] for c in cells)
-    gc = any("server_gc_pause_ms" in c["metrics"] for c in cells)
-    other = any("host_other_cpu_cores" in c["metrics"] for c in cells)
-    client = any("harness_cpu_cores" in c["metrics"] for c in cells)
-    cpu = [k for k in host.SERVER_METRICS if any(k in c["metrics"] for c in cells)]
+    respond = any("server_respond_ms_mean" in c.metrics for c in cells)
+    handoff = any("server_handoff_ms_mean" in c.metrics for c in cells)
+    ipc = any("server_ipc_ms_mean" in c.metrics for c in cells)
+    gc = any("server_gc_pause_ms" in c.metrics for c in cells)
+    other = any("host_other_cpu_cores" in c.metrics for c in cells)
+    client = any("harness_cpu_cores" in c.metrics for c in cells)
+    cpu = [k for k in host.SERVER_METRICS if any(k in c.metrics for c in cells)]
     keys = ["latency_mean_ms", "server_tokenize_ms_mean", "server_queue_ms_mean"]
     keys += ["server_engine_ms_mean"] + (["server_ipc_ms_mean"] if ipc else [])
     keys += ["server_respond_ms_mean"] if respond else []
@@ -125,11 +129,8 @@ def server_timing_table(report: dict) -> Table | None:
     keys += ["host_other_cpu_cores"] if other else []
     keys += ["harness_cpu_cores"] if client else []
     rows = [
-        [c["id"]]
-        + [
-            med_ci(c["metrics"].get(k), fmt.get(k, ".1f")) if k in c["metrics"] else "-"
-            for k in keys
-        ]
+        [c.id]
+        + [med_ci(c.metrics.get(k), fmt.get(k, ".1f")) if k in c.metrics else "-" for k in keys]
         for c in cells
     ]
     head = ["cell", "client latency ms", "tokenize", "queue", "engine"]
@@ -142,32 +143,32 @@ def server_timing_table(report: dict) -> Table | None:
     return head, rows
 
 
-def burst_table(report: dict) -> Table | None:
+def burst_table(report: Report) -> Table | None:
     """Cells of a ``burst`` load: latency per request next to the bursts' makespans."""
-    cells = [c for c in report["cells"] if "burst_ms_mean" in (c.get("metrics") or {})]
+    cells = [c for c in report.cells if "burst_ms_mean" in (c.metrics or {})]
     if not cells:
         return None
     keys = ("latency_mean_ms", "latency_p50_ms", "latency_p99_ms", "burst_ms_mean", "burst_ms_max")
     rows = [
-        [c["id"]] + [med_ci(c["metrics"].get(k), ".1f") if k in c["metrics"] else "-" for k in keys]
+        [c.id] + [med_ci(c.metrics.get(k), ".1f") if k in c.metrics else "-" for k in keys]
         for c in cells
     ]
     head = ["cell", "latency mean ms", "p50", "p99", "burst makespan mean ms", "longest burst ms"]
     return head, rows
 
 
-def closed_table(report: dict) -> Table | None:
+def closed_table(report: Report) -> Table | None:
     """Cells of a ``closed`` load with a steady-state rate: the round's QPS (first send -> last
     answer) next to the rate while every client had a request in flight."""
-    cells = [c for c in report["cells"] if "qps_steady" in (c.get("metrics") or {})]
+    cells = [c for c in report.cells if "qps_steady" in (c.metrics or {})]
     if not cells:
         return None
     rows = []
     for c in cells:
-        m = c["metrics"]
-        q, st = (m.get("qps") or {}).get("median"), (m.get("qps_steady") or {}).get("median")
+        m = c.metrics
+        q, st = c.median("qps"), c.median("qps_steady")
         share = f"{100 * (1 - q / st):.1f}%" if q and st else "-"
-        rows.append([c["id"], med_ci(m.get("qps")), med_ci(m.get("qps_steady")), share])
+        rows.append([c.id, med_ci(m.get("qps")), med_ci(m.get("qps_steady")), share])
     head = ["cell", "QPS (round)", "QPS while every client is busy", "round time in start / drain"]
     return head, rows
 
@@ -190,12 +191,13 @@ def _attention(eng: dict) -> str:
     return f"{name} (decode prompt: {prompt})" if prompt and prompt != "triton" else name
 
 
-def engine_settings_table(report: dict) -> Table | None:
+def engine_settings_table(report: Report | dict) -> Table | None:
     """What each FlashRec server ran with, as its ``/get_server_info`` reports it after the
     auto knobs resolved on the device (cells whose server says nothing of it are left out)."""
+    report = as_report(report)
     rows = []
-    for c in report["cells"]:
-        eng = (((c.get("server") or {}).get("info") or {}).get("engine")) or {}
+    for c in report.cells:
+        eng = (((c.server or {}).get("info") or {}).get("engine")) or {}
         eff = eng.get("effective")
         if not isinstance(eff, dict):
             continue
@@ -205,7 +207,7 @@ def engine_settings_table(report: dict) -> Table | None:
             step = f"on ({_sizes(sizes)})" if sizes else "on (eager)"
         rows.append(
             [
-                c["id"],
+                c.id,
                 f"{eng.get('device', '-')}, {eng.get('dtype', '-')}".replace("torch.", ""),
                 "yes" if eng.get("fp8") else "no",
                 str(eng.get("kv_cache_dtype", "-")).replace("torch.", ""),
@@ -216,7 +218,7 @@ def engine_settings_table(report: dict) -> Table | None:
                 str(eff.get("piecewise_prefill_max_tokens", "-")),
                 {True: "on", False: "off"}.get(eff.get("overlap_results"), "-"),
                 "on" if "engine_process_pid" in eng else "off",
-                _start(c.get("server") or {}),
+                _start(c.server or {}),
             ]
         )
     if not rows:
@@ -232,18 +234,18 @@ def _start(server: dict) -> str:
     return f"{s:.1f}" if isinstance(s, int | float) else "-"
 
 
-def targets_table(report: dict) -> Table | None:
+def targets_table(report: Report | dict) -> Table | None:
     """Every target x matching cell: met, or missed by how much."""
-    t = report.get("targets") or {}
+    report = as_report(report)
     rows = []
-    for r in t.get("results", []):
-        for c in r["checks"]:
-            rows.append([r["name"], c["cell"], "met" if c["met"] else "MISSED", c["text"]])
-        for cell in r["missing"]:
-            why = (r.get("missing_why") or {}).get(cell) or "cell failed or metric missing"
-            rows.append([r["name"], cell, "no data", why])
-        if not r["checks"] and not r["missing"]:
-            rows.append([r["name"], "-", "no data", "no cell matches"])
+    for r in report.targets.results:
+        for c in r.checks:
+            rows.append([r.name, c.cell, "met" if c.met else "MISSED", c.text])
+        for cell in r.missing:
+            why = (r.missing_why or {}).get(cell) or "cell failed or metric missing"
+            rows.append([r.name, cell, "no data", why])
+        if not r.checks and not r.missing:
+            rows.append([r.name, "-", "no data", "no cell matches"])
     if not rows:
         return None
     return ["target", "cell", "status", "detail"], rows
@@ -312,8 +314,8 @@ TARGETS_NOTE = (
 )
 
 
-def _targets_title(report: dict) -> str:
-    return f"Targets: {(report.get('targets') or {}).get('status')}"
+def _targets_title(report: Report) -> str:
+    return f"Targets: {report.targets.status}"
 
 
 # (title or title(report), table builder, note) of the optional sections, in report order
@@ -329,8 +331,9 @@ SECTIONS = (
 )
 
 
-def extra_tables(report: dict) -> list[tuple[str, Table, str]]:
+def extra_tables(report: Report | dict) -> list[tuple[str, Table, str]]:
     """(title, table, note) of the HF baseline, MFU and targets sections that have content."""
+    report = as_report(report)
     out = []
     for title, build, note in SECTIONS:
         table = build(report)

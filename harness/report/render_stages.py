@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.determinism.stephash import divergence_words, verdict_words, where_words
+from harness.report.model import Report, as_report
 
 Table = tuple[list[str], list[list[str]]]
 Block = tuple[str, Table]
@@ -162,7 +163,7 @@ DRIFT_ROWS = ("index", "n", "process", "rank_changes", "top1_changed", "max_scor
               "bits_only")  # fmt: skip
 
 
-# the run's yes / no fields (harness/determinism/run.py writes them as booleans)
+# the run's yes / no fields (harness/determinism/check.py writes them as booleans)
 RUN_FLAGS = (
     ("acceptance", "counts for acceptance (enough distinct requests)"),
     ("strict_concurrent", "concurrent drift fails the run (--strict-concurrent)"),
@@ -326,16 +327,18 @@ def _file_details(f: dict) -> list[tuple[str, list[str]]]:
     return out
 
 
-def _traced(report: dict) -> list[tuple[dict, dict]]:
-    return [(c, c["trace"]) for c in report["cells"] if c.get("trace")]
+def _traced(report: Report | dict) -> list[tuple[dict, dict]]:
+    report = as_report(report)
+    return [(c, c.trace) for c in report.cells if c.trace]
 
 
-def trace_lines(report: dict) -> list[str]:
+def trace_lines(report: Report | dict) -> list[str]:
     """REPORT.md's list of the traced rounds: each cell's trace, its files and their details."""
+    report = as_report(report)
     out = []
     for c, t in _traced(report):
         out.append(
-            f"**{c['id']}**: {t.get('status')} after {t.get('waited_s', '-')} s "
+            f"**{c.id}**: {t.get('status')} after {t.get('waited_s', '-')} s "
             f"(num_steps {t.get('num_steps')}, dir `{t.get('dir')}`)"
         )
         for f in t.get("files", []):
@@ -351,14 +354,15 @@ def trace_lines(report: dict) -> list[str]:
     return out
 
 
-def trace_blocks(report: dict) -> list[Block]:
+def trace_blocks(report: Report | dict) -> list[Block]:
     """report.html's traced rounds: one row per traced cell, one per trace file (its headline
     numbers), and the files' details."""
+    report = as_report(report)
     cells, files, details = [], [], []
     for c, t in _traced(report):
         got = t.get("files", [])
         cells.append(
-            [c["id"], str(t.get("status")), _num(t.get("waited_s")), _num(t.get("num_steps")),
+            [c.id, str(t.get("status")), _num(t.get("waited_s")), _num(t.get("num_steps")),
              str(len(got)), str(t.get("dir"))]
         )  # fmt: skip
         for f in got:
@@ -366,14 +370,14 @@ def trace_blocks(report: dict) -> list[Block]:
             gemm = f.get("gemm")
             fp8 = gemm.get("fp8_fraction") if isinstance(gemm, dict) else gemm
             files.append(
-                [c["id"], name, f"{f['size_bytes']:,}", _num(f.get("steps")),
+                [c.id, name, f"{f['size_bytes']:,}", _num(f.get("steps")),
                  _num(f.get("events")), str(f.get("device", "-")),
                  _num(f.get("gpu_busy_fraction")), _num(f.get("decode_graph_replay")),
                  _num(fp8), str(f.get("limit") or f.get("error") or "")]
             )  # fmt: skip
             if "error" not in f:
                 details += [
-                    [c["id"], name, line.strip("*") + "".join(f"; {s}" for s in subs)]
+                    [c.id, name, line.strip("*") + "".join(f"; {s}" for s in subs)]
                     for line, subs in _file_details(f)
                 ]
     if not cells:

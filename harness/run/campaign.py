@@ -1,4 +1,4 @@
-"""The campaign: cells -> server groups -> cell runs -> persisted results -> report.
+"""The campaign: cells -> server groups -> cell runs -> persisted results -> run stages.
 
 Cells sharing a server run back to back on one fresh server process (the current code); a
 change of server-level parameters restarts it, and so does a failed cell. Each finished cell
@@ -8,10 +8,9 @@ is written to ``OUT/cells/<id>/`` at once, so ``--resume`` can skip it after an 
 from __future__ import annotations
 
 import asyncio
-import importlib
 import json
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,16 +27,11 @@ from harness.run.environment import content_hash, measured_stamp, take_host_prob
 from harness.run.interleave import Interleaved
 from harness.run.outdir import set_aside_old_report
 from harness.run.progress import Progress
+from harness.run.stages import StageContext, run_stages
 from harness.servers.launch import LaunchedServer, Server, ServerError, make_server
 from harness.spec.cells import Cell, group_by_server, select
 from harness.spec.matrix import MatrixSpec
 from harness.spec.model import ModelError, ResolvedModel, resolve_model
-
-# stage name -> "module:function"; a stage is called with (section, StageContext) -> dict
-STAGES = {
-    "parity": "harness.parity:run_stage",
-    "determinism": "harness.determinism:run_stage",
-}
 
 
 @dataclass
@@ -51,17 +45,6 @@ class RunOptions:
     dry_run: bool = False
     matrix_path: str | None = None
     max_wall_s: float | None = None  # --max-wall-s: no cell starts that would end past it
-
-
-@dataclass
-class StageContext:
-    """What a later stage (parity, determinism) gets from the run."""
-
-    spec: MatrixSpec
-    model: ResolvedModel | None
-    out_dir: Path
-    results: list[CellResult] = field(default_factory=list)
-    resume: bool = False  # --resume: a stage may read back what an interrupted run saved
 
 
 # --------------------------------------------------------------------------- persistence
@@ -399,24 +382,6 @@ class _Campaign:
                     await self.run_group(session, todo, results)
 
 
-def run_stages(ctx: StageContext) -> dict[str, dict]:
-    """Run the configured later stages (``parity:``, ``determinism:``) through the registry."""
-    out: dict[str, dict] = {}
-    for name, target in STAGES.items():
-        section = getattr(ctx.spec, name)
-        if section is None or not section.enabled:
-            out[name] = {"status": "not_configured"}
-            continue
-        module, func = target.split(":")
-        try:
-            fn = getattr(importlib.import_module(module), func)
-        except (ModuleNotFoundError, AttributeError) as exc:
-            out[name] = {"status": "unavailable", "reason": f"{target}: {exc}"}
-            continue
-        out[name] = fn(section, ctx)
-    return out
-
-
 class ResumeError(RuntimeError):
     """``--resume`` into a directory written by a different matrix."""
 
@@ -496,5 +461,5 @@ def run_matrix(
     finally:
         progress.close()
     ordered = [results[c.id] for c in chosen if c.id in results]
-    stages = run_stages(StageContext(spec, model, opts.out_dir, ordered, opts.resume))
+    stages = run_stages(StageContext(spec, model, opts.out_dir, opts.resume))
     return ordered, stages, model

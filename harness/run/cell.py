@@ -14,6 +14,7 @@ it for the next cell.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import re
 import time
 from dataclasses import dataclass, field
@@ -28,7 +29,7 @@ from harness.load.sids import SidChecker
 from harness.load.workload import PromptRenderer, PromptSet
 from harness.metrics import host
 from harness.metrics.server import capacity_notes, gc_delta, scrape
-from harness.quality import stage as quality_stage
+from harness.run.stages import STAGES, entry, names
 from harness.servers.launch import Server, healthy
 from harness.spec.cells import Cell
 from harness.spec.matrix import MatrixSpec
@@ -96,7 +97,8 @@ class CellContext:
     on_request: Any = None  # callable(Record)
     on_phase: Any = None  # callable(str)
     quality_dir: Path | None = None  # where the quality: section's dataset and results go
-    run_quality: bool = True  # False: skip the quality: eval (A/B pairs after the first)
+    run_quality: bool = True  # False: skip the per-cell stages (A/B pairs after the first)
+    cell: Cell | None = None  # the cell being run, set for its per-cell stages
 
 
 def _health_timeout(cell: Cell) -> float:
@@ -251,6 +253,18 @@ async def _traced_round(ctx, cell, target, reqs, prime, res: CellResult) -> None
         res.notes.append(f"{excluded} request(s) overlapped trace writing and were excluded")
 
 
+async def _cell_stages(ctx: CellContext, res: CellResult) -> None:
+    """The per-cell stages (:mod:`harness.run.stages`) on the cell's server; each result lands
+    in the result's field of the stage's name (``res.quality``)."""
+    for name in names("cell"):
+        got = await entry(STAGES[name].entry)(getattr(ctx.spec, name), ctx)
+        if got is None:  # the section leaves this cell out
+            continue
+        setattr(res, name, got)
+        if got.get("status") != "ok":
+            res.notes.append(f"{name} eval failed: {got.get('error')}")
+
+
 async def run_cell(ctx: CellContext, cell: Cell) -> CellResult:
     """Run one cell on ``ctx.server``; failures are caught into the result, never raised."""
     res = CellResult(cell.id, dict(cell.params))
@@ -284,11 +298,8 @@ async def run_cell(ctx: CellContext, cell: Cell) -> CellResult:
             res.notes.append(busy)
         if cell.traced:
             await _traced_round(ctx, cell, target, reqs, prime, res)
-        if ctx.run_quality and quality_stage.applies(ctx.spec.quality, cell):
-            _phase(ctx, "quality eval")
-            res.quality = await quality_stage.evaluate_cell(ctx, cell)
-            if res.quality.get("status") != "ok":
-                res.notes.append(f"quality eval failed: {res.quality.get('error')}")
+        if ctx.run_quality:
+            await _cell_stages(dataclasses.replace(ctx, cell=cell), res)
 
     try:
         await asyncio.wait_for(body(), ctx.spec.load.cell_timeout_s)

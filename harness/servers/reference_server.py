@@ -10,7 +10,9 @@ Routes::
     POST /generate               SGLang beam shape; meta_info.beam_results best first
 
 Only deterministic beam search is served: ``temperature`` must be 0 (or absent). Requests are
-answered one at a time on a worker thread (HF ``generate`` is not re-entrant).
+answered one at a time on a worker thread (HF ``generate`` is not re-entrant). Its flags and
+``flashrec-bench reference-server`` (``python -m harness reference-server``) are
+:mod:`harness.cli.reference_server`.
 """
 
 from __future__ import annotations
@@ -271,46 +273,7 @@ def create_app(ref: Any, info: dict, model_name: str = "hf-reference") -> web.Ap
     return app
 
 
-# --------------------------------------------------------------------------- CLI
-
-
-def add_reference_server_args(parser: argparse.ArgumentParser) -> None:
-    """Flags of ``flashrec-bench reference-server``."""
-    parser.add_argument("--model-path", required=True, help="HF checkpoint directory")
-    parser.add_argument("--sid-vocab-file", help="catalog of valid SIDs (trie constraint)")
-    parser.add_argument("--sid", help="override the SID layout (as flashrec --sid)")
-    parser.add_argument(
-        "--packed-base",
-        type=int,
-        default=None,
-        help="base of the catalog's packed-integer keys (as flashrec --packed-base; default 8192)",
-    )
-    parser.add_argument("--host", default="127.0.0.1", help="bind address (keep it on loopback)")
-    parser.add_argument("--port", type=int, default=8001, help="bind port (0 = pick a free one)")
-    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    parser.add_argument("--dtype", default="float32", choices=DTYPES)
-    parser.add_argument(
-        "--logprob-scope",
-        default="level",
-        choices=["level", "sid", "full"],
-        help="log_softmax scope, as the engine's --logprob-scope",
-    )
-    parser.add_argument("--length-penalty", type=float, default=1.0)
-    parser.add_argument(
-        "--prefill-chunk",
-        type=int,
-        default=None,
-        help="prompt tokens per prefill forward (0: whole prompt; default 512 for float32 on "
-        "CUDA, whose SDPA fallback would hold beams x prompt^2 scores, else 0)",
-    )
-    parser.add_argument(
-        "--search",
-        choices=("generate", "shared"),
-        default=None,
-        help="beam search: HF generate (every beam its own copy of the prompt) or shared (one "
-        "prompt prefill, HF's per-step rule); default shared for float32 on CUDA, else generate",
-    )
-    parser.add_argument("--served-model-name", default="hf-reference")
+# --------------------------------------------------------------------------- serving
 
 
 def server_info(args: argparse.Namespace, ref: Any) -> dict:
@@ -411,16 +374,3 @@ def run_reference_server(args: argparse.Namespace) -> int:
     app = create_app(ref, server_info(args, ref), args.served_model_name)
     asyncio.run(_serve(app, args.host, args.port))
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``flashrec-bench reference-server ARGS`` (argv without the subcommand)."""
-    parser = argparse.ArgumentParser(
-        prog="flashrec-bench reference-server", description=__doc__.split("\n\n")[0]
-    )
-    add_reference_server_args(parser)
-    return run_reference_server(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

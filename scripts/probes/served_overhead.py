@@ -254,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
         engine = Engine(config)
         loop = EngineLoop(engine)
         inst = Instrumented(loop)
-        srv = ServerThread(Server(engine, loop, config))
+        srv = ServerThread(Server(loop, config))
         srv.start()
         try:
             run(srv, engine, inst, args)

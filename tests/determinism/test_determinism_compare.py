@@ -7,13 +7,13 @@ from types import SimpleNamespace
 
 import pytest
 
+from harness.cli.determinism import _pairs
 from harness.determinism import (
     AFTER_STEPS,
     HOST_STATE,
     NUMERICS,
     Answer,
     StepHash,
-    _pairs,
     bits,
     compare_processes,
     drift,
@@ -91,7 +91,7 @@ def test_answers_with_nothing_to_compare_are_errors_not_identical():
 
 
 def test_a_run_of_no_request_is_refused(tmp_path):
-    from harness.determinism.run import run_determinism
+    from harness.determinism.check import run_determinism
 
     for kw in ({"requests": 0}, {"ns": ()}):
         with pytest.raises(ValueError, match="--requests >= 1"):
@@ -149,7 +149,7 @@ def test_cli_pairs():
 
 
 def test_matrix_stage_adapter(monkeypatch, tmp_path):
-    import harness.determinism as det
+    import harness.determinism.stage as det
     from harness.spec.matrix import StageSpec
     from harness.spec.model import ResolvedModel
 
@@ -179,7 +179,7 @@ def test_matrix_stage_adapter(monkeypatch, tmp_path):
 
 
 def test_verdict_concurrent_drift_fails_only_when_strict():
-    from harness.determinism.run import verdict
+    from harness.determinism.check import verdict
 
     agree = {"drifting_requests": 0}
     res = {
@@ -210,8 +210,8 @@ def test_verdict_concurrent_drift_fails_only_when_strict():
 
 
 def test_strict_concurrent_needs_both_modes(tmp_path):
-    from harness.determinism import main
-    from harness.determinism.run import run_determinism
+    from harness.cli.determinism import main
+    from harness.determinism.check import run_determinism
 
     with pytest.raises(ValueError, match="--mode both"):
         run_determinism(str(tmp_path), mode="sequential", strict_concurrent=True, out_dir=tmp_path)
@@ -220,7 +220,7 @@ def test_strict_concurrent_needs_both_modes(tmp_path):
 
 
 def test_cli_flag_strict_concurrent():
-    from harness.determinism import build_parser
+    from harness.cli.determinism import build_parser
 
     args = build_parser().parse_args(["--model-path", "m", "--strict-concurrent"])
     assert args.strict_concurrent is True

@@ -10,7 +10,8 @@ import json
 
 import pytest
 
-from harness.determinism import HOST_STATE, NUMERICS, main, run_determinism
+from harness.cli.determinism import main
+from harness.determinism import HOST_STATE, NUMERICS, run_determinism
 
 pytestmark = pytest.mark.slow
 

@@ -126,7 +126,8 @@ def test_quick_on_a_model_without_a_catalog_does_not_pass_invalid_sids(tmp_path,
 def test_help_shows_the_defaults(capsys):
     """--help states what an unset flag means (a 2,465-token prompt is not a guess a new user
     makes), and the defaults shown are the ones the matrix gets."""
-    from harness.quick import build_matrix, parser
+    from harness.cli.quick import parser
+    from harness.quick import build_matrix
 
     with pytest.raises(SystemExit):
         run_cli("quick", "--help")

@@ -49,11 +49,15 @@ def test_linear_and_fp8_linear_match_their_references() -> None:
     torch.testing.assert_close(invariant.linear(x, w, b), torch.nn.functional.linear(x, w, b))
     w8, ws = fp8k.quantize_weight_per_channel(w)
     x8, xs = fp8k.per_token_quant_fp8_ref(x)
-    got = invariant.fp8_linear(x8, xs, w8, ws, b, torch.float32)
+    fp8_linear = invariant.fp8_linear_batch_invariant
+    got = fp8_linear(x8, xs, w8, ws, b, torch.float32)
     torch.testing.assert_close(got, fp8k.fp8_linear_ref(x8, xs, w8, ws, b, torch.float32))
     for start, rows in SLICES[:7]:
         sl = slice(start, start + rows)
-        assert torch.equal(invariant.fp8_linear(x8[sl], xs[sl], w8, ws, b, torch.float32), got[sl])
+        assert torch.equal(fp8_linear(x8[sl], xs[sl], w8, ws, b, torch.float32), got[sl])
+    out = torch.empty_like(got)
+    assert fp8_linear(x8, xs, w8, ws, b, torch.float32, out=out) is out
+    assert torch.equal(out, got)
 
 
 def test_switch_is_scoped_and_thread_local() -> None:
@@ -95,7 +99,7 @@ def test_triton_kernel_rows_invariant(triton_backend) -> None:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("k,n", [(2048, 4096), (2048, 12288), (6144, 2048)])
 def test_fp8_triton_rows_invariant_and_close_to_scaled_mm(k, n) -> None:
-    if not fp8k._fp8_gemm_supported(0):  # noqa: SLF001
+    if not fp8k.fp8_gemm_supported(0):
         pytest.skip("needs an FP8 GPU (sm_89+)")
     g = torch.Generator().manual_seed(4)
     w8, ws = fp8k.quantize_weight_per_channel(torch.randn(n, k, generator=g) / k**0.5)
@@ -103,10 +107,10 @@ def test_fp8_triton_rows_invariant_and_close_to_scaled_mm(k, n) -> None:
     x8, xs = fp8k.per_token_quant_fp8(torch.randn(1600, k, generator=g).cuda())
     bias = torch.randn(n, generator=g).to(torch.bfloat16).cuda()
 
-    full = invariant.fp8_linear(x8, xs, w8, ws, bias)
+    full = invariant.fp8_linear_batch_invariant(x8, xs, w8, ws, bias)
     for start, rows in SLICES + [(100, 1500)]:
         sl = slice(start, start + rows)
-        part = invariant.fp8_linear(x8[sl], xs[sl], w8, ws, bias)
+        part = invariant.fp8_linear_batch_invariant(x8[sl], xs[sl], w8, ws, bias)
         assert torch.equal(part, full[sl]), (start, rows)
     lib = fp8k.fp8_linear_scaled_mm(x8, xs, w8, ws, bias)
     torch.testing.assert_close(full.float(), lib.float(), rtol=2e-2, atol=2e-2)

@@ -194,7 +194,7 @@ def test_report_renders_one_row_per_candidate_and_n():
 def test_h200_matrix_loads_and_its_section_is_the_issue_s():
     import yaml
 
-    from harness.gate.gates import load_cells
+    from harness.spec.load import load_cells
 
     spec, cells = load_cells(str(H200))
     assert cells and spec.model.preset == "onerec-1.7b" and spec.model.sid_entropy

@@ -252,7 +252,7 @@ def test_reference_app_protocols():
 
 
 def test_matrix_stage_adapter(monkeypatch, tmp_path):
-    import harness.parity as parity
+    import harness.parity.stage as parity
     from harness.spec.matrix import StageSpec
     from harness.spec.model import ResolvedModel
 
@@ -294,8 +294,9 @@ def test_reference_server_flags_offer_what_the_reference_implements():
     without importing torch); they must be what HFReference accepts."""
     import argparse
 
+    from harness.cli.reference_server import add_reference_server_args
     from harness.servers import hf_reference
-    from harness.servers.reference_server import DTYPES, add_reference_server_args
+    from harness.servers.reference_server import DTYPES
 
     parser = argparse.ArgumentParser()
     add_reference_server_args(parser)

@@ -29,8 +29,7 @@ def main() -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     watch_from_env()  # as ``flashrec serve``: dies with the test that launched it
     config = config_from_args(ServerConfig, args)
-    engine = FakeEngine(config, step_delay_s=args.step_delay_s)
-    return serve(engine, EngineLoop(engine), config)
+    return serve(EngineLoop(FakeEngine(config, step_delay_s=args.step_delay_s)), config)
 
 
 if __name__ == "__main__":

@@ -1,10 +1,14 @@
-"""Test double for the engine: ``FakeEngine`` + ``FakeScheduler``, driven by the real
-``flashrec.engine.loop.EngineLoop``.
+"""Test doubles for the engine.
 
-``FakeEngine`` has the ``Engine`` surface the server and the loop use (byte prompts without a
-tokenizer, a real ``SidLayout``, deterministic beams that depend only on the request, a toy
-prefix cache), so the HTTP layer can be tested fast and with injected faults: slow steps
-(``step_delay_s``) and failing batches (a prompt containing ``FAIL_MARKER``).
+``FakeEngine`` + ``FakeScheduler``, driven by the real ``flashrec.engine.loop.EngineLoop`` (the
+server's ``ServedEngine`` in one process): ``FakeEngine`` has the ``Engine`` surface the loop
+uses (byte prompts without a tokenizer, a real ``SidLayout``, deterministic beams that depend
+only on the request, a toy prefix cache), so the HTTP layer can be tested fast and with
+injected faults: slow steps (``step_delay_s``) and failing batches (a prompt containing
+``FAIL_MARKER``).
+
+``StubEngine``: the whole ``ServedEngine`` with nothing behind it, for the unit tests of
+``Backend`` (each overrides what it exercises).
 """
 
 from __future__ import annotations
@@ -12,11 +16,14 @@ from __future__ import annotations
 import hashlib
 import struct
 import time
+from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
 from flashrec.engine.request import BeamResult, EngineError, GenRequest, GenResult
+from flashrec.server.engine_api import PromptBuilder
 from flashrec.sid.layout import SidLayout
 
 FAIL_MARKER = "FAIL_BATCH"
@@ -154,6 +161,8 @@ class FakeEngine:
         self.vocab_size = self.layout.sid_end + 1
         self.scheduler = FakeScheduler(self)
 
+    tokenizer = None  # byte prompts: no length guard, no word cache, no SID text table
+
     @property
     def max_beam_rows(self) -> int:
         return self.config.resolved_batch_slots
@@ -179,6 +188,12 @@ class FakeEngine:
         if not ids or ids[-1] != self.layout.sid_begin:
             ids.append(self.layout.sid_begin)
         return ids
+
+    def prompt_builders(self, count: int) -> list[PromptBuilder]:
+        return [self.build_prompt] * count  # no tokenizer: safe on any number of threads
+
+    def sid_text_table(self) -> dict[int, str]:
+        return {}
 
     def new_request(
         self,
@@ -222,3 +237,59 @@ class FakeEngine:
 
     def server_info(self) -> dict[str, Any]:
         return {"engine": "fake", "sid": self.layout.to_arg()}
+
+
+class StubEngine:
+    """A ``ServedEngine`` that serves nothing: byte-less prompts (``[1]``), futures nobody
+    resolves, inert controls. Unit tests override the members they exercise."""
+
+    layout = SidLayout(code_start=4, codebook_size=4, num_levels=3, sid_begin=16, sid_end=17)
+    vocab_size = 100
+    max_beam_rows = 8
+    tokenizer: Any = None
+    profiler: Any = SimpleNamespace(state="idle")
+
+    def server_info(self) -> dict[str, Any]:
+        return {}
+
+    def build_prompt(self, **kwargs: Any) -> list[int]:
+        return [1]
+
+    def prompt_builders(self, count: int) -> list[PromptBuilder]:
+        return [self.build_prompt] * count
+
+    def sid_text_table(self) -> dict[int, str]:
+        return {}
+
+    def submit(self, req: GenRequest) -> Future:
+        return Future()
+
+    def cancel(self, rid: str) -> None:
+        pass
+
+    def start(self) -> None:
+        pass
+
+    def warmup(self) -> None:
+        pass
+
+    def freeze_gc(self) -> int:
+        return 0
+
+    def add_step_hook(self, fn: Callable[[int], None]) -> None:
+        pass
+
+    def drain(self, timeout_s: float) -> bool:
+        return True
+
+    def stop(self) -> None:
+        pass
+
+    def flush_cache(self) -> int:
+        return 0
+
+    def reload_catalog(self, path: str, packed_base: int | None = None) -> dict[str, Any]:
+        raise ValueError("this engine cannot reload its catalog")
+
+    def metrics_snapshot(self) -> tuple[dict[str, int], str, None]:
+        return {}, "idle", None

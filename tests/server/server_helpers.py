@@ -1,7 +1,7 @@
 """Helpers for the server tests: servers on 127.0.0.1 with ephemeral ports, always torn down.
 
 ``ServerThread`` runs the production ``Server`` (same runner, same handlers, the real
-``EngineLoop``) on a background thread. ``fake_server`` serves ``server_fakes.FakeEngine``;
+``EngineLoop`` or engine-process facade) on a background thread. ``fake_server`` serves ``server_fakes.FakeEngine``;
 ``real_server`` serves the real engine on the tiny synthetic checkpoint, ``process_server`` the
 same with the engine in a process of its own.
 """
@@ -23,6 +23,7 @@ import requests
 from flashrec.config import ServerConfig
 from flashrec.engine.loop import EngineLoop
 from flashrec.server.app import Server
+from flashrec.server.engine_api import ServedEngine
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -32,9 +33,11 @@ from server_fakes import FakeEngine  # noqa: E402
 class ServerThread:
     """A ``Server`` running on its own thread; use as a context manager."""
 
-    def __init__(self, engine: Any, loop: Any, config: ServerConfig) -> None:
-        self.engine, self.loop, self.config = engine, loop, config
-        self.server = Server(engine, loop, config)
+    def __init__(self, served: ServedEngine, config: ServerConfig, process: Any = None) -> None:
+        self.served, self.config = served, config
+        # the engine behind it: an in-process loop's ``Engine`` (or fake), else the facade
+        self.engine = served.engine if isinstance(served, EngineLoop) else served
+        self.server = Server(served, config, process=process)
         self.exit_code: int | None = None
         self.error: BaseException | None = None  # what ``run`` raised, if it raised
         self._thread = threading.Thread(target=self._main, name="test-server", daemon=True)
@@ -180,8 +183,7 @@ def server_config(model_path: str = "", **overrides: Any) -> ServerConfig:
 
 def fake_server(step_delay_s: float = 0.0, **overrides: Any) -> ServerThread:
     config = server_config("/models/fake-model", **overrides)
-    engine = FakeEngine(config, step_delay_s=step_delay_s)
-    return ServerThread(engine, EngineLoop(engine), config)
+    return ServerThread(EngineLoop(FakeEngine(config, step_delay_s=step_delay_s)), config)
 
 
 def real_config(ckpt: Path, **overrides: Any) -> ServerConfig:
@@ -197,7 +199,7 @@ def real_engine(ckpt: Path, **overrides: Any) -> tuple[Any, ServerConfig]:
 
 def real_server(ckpt: Path, **overrides: Any) -> ServerThread:
     engine, config = real_engine(ckpt, **overrides)
-    return ServerThread(engine, EngineLoop(engine), config)
+    return ServerThread(EngineLoop(engine), config)
 
 
 def process_server(ckpt: Path, **overrides: Any) -> ServerThread:
@@ -205,5 +207,5 @@ def process_server(ckpt: Path, **overrides: Any) -> ServerThread:
     from flashrec.server.engine_process import start_engine_process
 
     config = real_config(ckpt, engine_process="on", **overrides)
-    engine, loop = start_engine_process(config)
-    return ServerThread(engine, loop, config)
+    remote = start_engine_process(config)
+    return ServerThread(remote, config, process=remote.proc)

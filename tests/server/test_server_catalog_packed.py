@@ -41,7 +41,7 @@ def digits(key: int, base: int = RECIF, depth: int = 3) -> tuple[int, ...]:
 @pytest.fixture(scope="module")
 def dataset(tiny_model: Path, tmp_path_factory) -> Path:
     """``flashrec-bench eval-dataset`` over the tiny model and its 2,000-SID catalog."""
-    from harness.quality.generate import main as eval_dataset
+    from harness.cli.eval_dataset import main as eval_dataset
 
     out = tmp_path_factory.mktemp("packed") / "ds"
     argv = [str(out), "--model-path", str(tiny_model), "--samples", "4", "--beams", "8"]
@@ -98,11 +98,11 @@ def _server(ckpt: Path, catalog: str, engine_process: bool) -> ServerThread:
         from flashrec.server.engine_process import start_engine_process
 
         config = server_config(str(ckpt), sid_vocab_file=catalog, engine_process="on")
-        engine, loop = start_engine_process(config)
-        return ServerThread(engine, loop, config)
+        remote = start_engine_process(config)
+        return ServerThread(remote, config, process=remote.proc)
     config = server_config(str(ckpt), sid_vocab_file=catalog)
     engine = Engine(config)
-    return ServerThread(engine, EngineLoop(engine), config)
+    return ServerThread(EngineLoop(engine), config)
 
 
 @pytest.fixture(params=["in-process", "engine-process"])
@@ -157,7 +157,7 @@ def test_serve_packed_base_flag(tiny_model, truth, tmp_path):
 def test_eval_launches_a_server_on_the_mapping(tiny_model, dataset, tmp_path):
     """``flashrec-bench eval DS --model-path M``: the launched server serves the dataset's
     sid2pid.json as its catalog; every beam is valid in it and the PID metrics are on."""
-    from harness.quality.cli import main as eval_main
+    from harness.cli.eval import main as eval_main
 
     out = tmp_path / "eval.json"
     argv = [str(dataset), "--model-path", str(tiny_model), "--beams", "8", "--limit", "2",

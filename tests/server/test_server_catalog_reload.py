@@ -50,15 +50,15 @@ def path_of(catalogs: dict, i: int) -> tuple[str, str]:
 def in_process(ckpt: Path, catalog: str, **kw) -> ServerThread:
     config = server_config(str(ckpt), sid_vocab_file=catalog, **kw)
     engine = Engine(config)
-    return ServerThread(engine, EngineLoop(engine), config)
+    return ServerThread(EngineLoop(engine), config)
 
 
 def engine_process(ckpt: Path, catalog: str, **kw) -> ServerThread:
     from flashrec.server.engine_process import start_engine_process
 
     config = server_config(str(ckpt), sid_vocab_file=catalog, engine_process="on", **kw)
-    engine, loop = start_engine_process(config)
-    return ServerThread(engine, loop, config)
+    remote = start_engine_process(config)
+    return ServerThread(remote, config, process=remote.proc)
 
 
 def beam_sids(body: dict) -> list[tuple[int, ...]]:

@@ -88,7 +88,7 @@ def test_engine_runs_elsewhere_and_reports(proc_srv: ServerThread) -> None:
     assert 'flashrec_gc_collections_total{generation="0"}' in m  # the server process's own
     assert m["flashrec_slots_used"] == 0
     calls: list[str] = []
-    proc = proc_srv.loop.proc
+    proc = proc_srv.served.proc
     orig = proc.call
     proc.call = lambda name, *a, **kw: calls.append(name) or orig(name, *a, **kw)
     try:
@@ -155,7 +155,7 @@ def test_disconnects_free_the_engine_rows(tiny_checkpoint: Path, tmp_path: Path,
         m = srv.wait_engine_idle()
         assert m["flashrec_running_requests"] == 0 and m["flashrec_queue_length"] == 0
         assert m["flashrec_slots_used"] == 0 and m["flashrec_kv_tokens_used"] == 0
-        assert srv.loop.in_flight() == 0
+        assert srv.served.in_flight() == 0
         key = 'flashrec_requests_total{endpoint="chat",outcome="cancelled"}'
         assert m[key] - before[key] == len(bodies)
         steps = m["flashrec_engine_steps_total"] - before["flashrec_engine_steps_total"]
@@ -165,20 +165,21 @@ def test_disconnects_free_the_engine_rows(tiny_checkpoint: Path, tmp_path: Path,
 
 def test_cancel_reaches_the_engine(tiny_checkpoint: Path, monkeypatch) -> None:
     monkeypatch.setenv("FLASHREC_TEST_STEP_DELAY_MS", "300")  # the child inherits it
-    engine, loop = start_engine_process(real_config(tiny_checkpoint, engine_process="on"))
+    engine = start_engine_process(real_config(tiny_checkpoint, engine_process="on"))
     try:
         from flashrec.engine.request import GenRequest
 
-        ids = engine.build_prompt(messages=[{"role": "user", "content": "cancel me"}])
-        fut = loop.submit(GenRequest("c1", ids, 4, 4))
-        loop.cancel("c1")
+        (build,) = engine.prompt_builders(1)
+        ids = build(messages=[{"role": "user", "content": "cancel me"}])
+        fut = engine.submit(GenRequest("c1", ids, 4, 4))
+        engine.cancel("c1")
         with pytest.raises(CancelledError):
             fut.result(timeout=60)
-        assert loop.in_flight() == 0
-        assert loop.stats()["running_requests"] == 0
+        assert engine.in_flight() == 0
+        assert engine.stats()["running_requests"] == 0
     finally:
-        loop.stop()
-    assert not loop.proc.proc.is_alive()
+        engine.stop()
+    assert not engine.proc.proc.is_alive()
 
 
 def test_engine_death_fails_waiting_requests_and_stops_the_server(
@@ -218,18 +219,18 @@ def test_a_fatal_signal_in_the_engine_process_dumps_its_python_stacks(
 ) -> None:
     """A segfault in the engine process (the H200's n=512 crash in ``cuGraphLaunch``) leaves
     every thread's Python stack in the log: which call of which thread it was."""
-    engine, loop = start_engine_process(real_config(tiny_checkpoint, engine_process="on"))
+    engine = start_engine_process(real_config(tiny_checkpoint, engine_process="on"))
     try:
         pid = engine.server_info()["engine_process_pid"]
         os.kill(pid, signal.SIGSEGV)
-        # the loop's reader thread reaps the process too (it notices the closed pipe): poll the
+        # the client's reader thread reaps the process too (it notices the closed pipe): poll the
         # exit code instead of joining here, which races that thread's waitpid
         deadline = time.monotonic() + 60
-        while loop.proc.proc.exitcode is None and time.monotonic() < deadline:
+        while engine.proc.proc.exitcode is None and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert loop.proc.proc.exitcode == -signal.SIGSEGV
+        assert engine.proc.proc.exitcode == -signal.SIGSEGV
     finally:
-        loop.stop()
+        engine.stop()
     err = capfd.readouterr().err
     assert "Fatal Python error: Segmentation fault" in err
     # the engine thread's stack: it waits for work in the loop
@@ -261,21 +262,21 @@ def test_the_server_process_tokenizers_come_ready_with_the_engine(
 
     monkeypatch.setattr(flashrec.prompt, "load_tokenizer", counted)
     config = real_config(tiny_checkpoint, engine_process="on", tokenizer_workers=3)
-    engine, loop = start_engine_process(config)
+    engine = start_engine_process(config)
     try:
         assert loads == [str(tiny_checkpoint)]  # one load; the copies are made from it
         monkeypatch.setattr(flashrec.prompt, "load_tokenizer", None)  # any later load: fails
         builders = [engine.prompt_builder() for _ in range(3)]  # 2 workers + the large lane
         toks = {id(b.args[0]) for b in builders} | {
             id(engine.tokenizer),
-            id(loop.proc.text.tokenizer),
+            id(engine.proc.text.tokenizer),
         }
         assert len(toks) == 5  # no two threads share a tokenizer
         msgs = [{"role": "user", "content": "same prompt"}]
-        want = engine.build_prompt(messages=msgs)
+        want = engine.prompt_builders(1)[0](messages=msgs)
         assert all(b(messages=msgs) == want for b in builders) and want
     finally:
-        loop.stop()
+        engine.stop()
 
 
 def test_a_tokenizer_the_server_process_cannot_load_stops_the_engine(
@@ -332,7 +333,7 @@ def test_a_full_queue_in_the_engine_process_is_503(tiny_checkpoint: Path, monkey
         for t in threads:
             t.join(timeout=60)
         assert sorted(set(codes)) == [200, 503], codes
-        assert srv.loop.in_flight() == 0
+        assert srv.served.in_flight() == 0
         assert srv.post("/v1/chat/completions", _chat("after")).status_code == 200
 
 

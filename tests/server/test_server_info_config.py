@@ -67,7 +67,13 @@ def _check(srv: ServerThread, engine_process: str) -> None:
     assert cfg["port"] == srv.server.port > 0
     assert cfg["packed_base"] == 8192  # RecIF's, the default base of packed catalog keys
     # what was asked stays visible where it differs
-    for key, value in {**UNSET, "port": 0, "sid": None, "kv_cache_dtype": "auto", "packed_base": None}.items():
+    for key, value in {
+        **UNSET,
+        "port": 0,
+        "sid": None,
+        "kv_cache_dtype": "auto",
+        "packed_base": None,
+    }.items():
         assert asked[key] == value, key
     assert set(asked) <= set(cfg)
     assert all(cfg[k] != v for k, v in asked.items())

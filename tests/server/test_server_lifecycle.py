@@ -327,7 +327,7 @@ def test_failure_during_shutdown_still_frees_the_port() -> None:
     srv.stop()
     assert "profiler could not stop" in str(srv.error)  # the error reached the caller
     assert _port_free(port)
-    assert not srv.loop._thread.is_alive()  # the engine loop was stopped all the same
+    assert not srv.served._thread.is_alive()  # the engine loop was stopped all the same
 
 
 def test_non_loopback_logs_no_auth_warning(

@@ -30,10 +30,18 @@ BAD: list[tuple[str, dict[str, Any], str]] = [
     (CHAT, {"messages": MSG, "temperature": 3.5e38}, "temperature"),  # just above float32
     (CHAT, {"messages": MSG, "temperature": 10**400}, "temperature"),  # an integer too large
     (CHAT, {"messages": MSG, "seed": 2**63}, "seed"),  # beyond int64
-    (GEN, {"text": "x", "sampling_params": {"sampling_seed": 2**64}}, "sampling_params.sampling_seed"),
+    (
+        GEN,
+        {"text": "x", "sampling_params": {"sampling_seed": 2**64}},
+        "sampling_params.sampling_seed",
+    ),
     (CHAT, {"messages": MSG, "n": 10**30}, "n"),
     (CHAT, {"messages": MSG, "max_tokens": 10**30}, "max_tokens"),
-    (GEN, {"text": "x", "sampling_params": {"max_new_tokens": -1}}, "sampling_params.max_new_tokens"),
+    (
+        GEN,
+        {"text": "x", "sampling_params": {"max_new_tokens": -1}},
+        "sampling_params.max_new_tokens",
+    ),
     (GEN, {"input_ids": [2**70]}, "input_ids"),
 ]
 
@@ -115,7 +123,8 @@ def proc_srv(tiny_checkpoint: Path) -> Iterator[ServerThread]:
 def test_with_the_engine_in_its_own_process(proc_srv: ServerThread) -> None:
     """The same load; besides, requests that skip the HTTP checks (submitted to the engine
     process as they are) are refused there, each alone, naming the value."""
-    ids = proc_srv.engine.build_prompt(messages=MSG)
+    (build,) = proc_srv.engine.prompt_builders(1)
+    ids = build(messages=MSG)
     refused: list[str] = []
 
     def bypass() -> None:
@@ -123,7 +132,7 @@ def test_with_the_engine_in_its_own_process(proc_srv: ServerThread) -> None:
             req = GenRequest(f"bypass-{i}", ids, 4, 4, temperature=1e308 if i % 2 else 0.5,
                              seed=None if i % 2 else 2**64)  # fmt: skip
             try:
-                proc_srv.loop.submit(req).result(timeout=60)
+                proc_srv.served.proc.submit(req).result(timeout=60)
             except ValueError as exc:
                 refused.append(str(exc))
 

@@ -16,6 +16,7 @@ from concurrent.futures import Future
 from typing import Any
 
 import pytest
+from server_fakes import StubEngine
 from server_helpers import fake_server
 
 from flashrec.engine.request import BeamColumns, BeamResult, GenRequest, GenResult
@@ -219,7 +220,7 @@ class _Capture:
 
 def test_http_bodies_are_json_dumps_of_the_dict_builders() -> None:
     with fake_server() as srv:
-        cap = _Capture(srv.loop)
+        cap = _Capture(srv.served)
         chat = {"messages": [{"role": "user", "content": "hé"}], "n": 40, "model": "m1"}
         r = srv.post("/v1/chat/completions", chat)
         assert r.status_code == 200
@@ -244,8 +245,8 @@ def test_http_bodies_are_json_dumps_of_the_dict_builders() -> None:
             assert r.content == json.dumps(dicts if batched else dicts[0]).encode()
 
 
-class _ThreadLoop:
-    """An engine loop whose futures another thread resolves on demand."""
+class _ThreadEngine(StubEngine):
+    """An engine whose futures another thread resolves on demand."""
 
     def __init__(self) -> None:
         self.futures: dict[str, Future] = {}
@@ -266,14 +267,14 @@ LIMITS = Limits(max_beam_rows=8, vocab_size=100, max_seq_len=64, default_n=2, de
 
 
 def test_single_request_wakes_on_engine_thread_resolve() -> None:
-    loop = _ThreadLoop()
-    be = Backend(engine=object(), loop=loop, limits=LIMITS)
+    eng = _ThreadEngine()
+    be = Backend(engine=eng, limits=LIMITS)
     req = GenRequest("r1", [1, 2], 2, 4)
     want = GenResult("r1", [], 2)
 
     def engine_thread() -> None:
-        loop.submitted.wait(30)
-        loop.futures["r1"].set_result(want)  # resolved off the event loop's thread
+        eng.submitted.wait(30)
+        eng.futures["r1"].set_result(want)  # resolved off the event eng's thread
 
     t = threading.Thread(target=engine_thread)
     t.start()
@@ -282,16 +283,16 @@ def test_single_request_wakes_on_engine_thread_resolve() -> None:
     finally:
         t.join()
         be.close()
-    assert not be.inflight and loop.cancelled == []
+    assert not be.inflight and eng.cancelled == []
 
 
 def test_single_request_cancelled_wait_withdraws() -> None:
-    loop = _ThreadLoop()
-    be = Backend(engine=object(), loop=loop, limits=LIMITS)
+    eng = _ThreadEngine()
+    be = Backend(engine=eng, limits=LIMITS)
 
     async def main() -> None:
         task = asyncio.ensure_future(be.generate([GenRequest("r2", [1], 2, 4)]))
-        while "r2" not in loop.futures:
+        while "r2" not in eng.futures:
             await asyncio.sleep(0)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -299,19 +300,19 @@ def test_single_request_cancelled_wait_withdraws() -> None:
 
     asyncio.run(main())
     be.close()
-    assert loop.cancelled == ["r2"] and not be.inflight
-    assert not loop.futures["r2"].cancelled()  # left to the engine
+    assert eng.cancelled == ["r2"] and not be.inflight
+    assert not eng.futures["r2"].cancelled()  # left to the engine
 
 
 def test_single_request_engine_error_is_500() -> None:
-    loop = _ThreadLoop()
-    be = Backend(engine=object(), loop=loop, limits=LIMITS)
+    eng = _ThreadEngine()
+    be = Backend(engine=eng, limits=LIMITS)
 
     async def main() -> None:
         task = asyncio.ensure_future(be.generate([GenRequest("r3", [1], 2, 4)]))
-        while "r3" not in loop.futures:
+        while "r3" not in eng.futures:
             await asyncio.sleep(0)
-        loop.futures["r3"].set_result(GenResult("r3", [], 1, error="boom"))
+        eng.futures["r3"].set_result(GenResult("r3", [], 1, error="boom"))
         with pytest.raises(APIError) as info:
             await task
         assert info.value.status == 500
@@ -332,9 +333,9 @@ def test_check_prompt_names_the_first_bad_token(ids: list[int], bad: int) -> Non
     check_prompt([], LIMITS, "messages")
 
 
-class _SlowPromptEngine:
-    """``build_prompt`` that blocks (releases the GIL, like the Rust tokenizer) and records
-    which builder and thread served it; ``prompt_builder`` hands out numbered copies. The first
+class _SlowPromptEngine(StubEngine):
+    """Prompt builders that block (release the GIL, like the Rust tokenizer) and record which
+    builder served them: builder 0 (the engine's own), then numbered copies. The first
     ``parallel`` builds wait for each other at a barrier: they can only pass if that many run
     at once (a build that runs alone breaks it after its timeout)."""
 
@@ -362,10 +363,13 @@ class _SlowPromptEngine:
             self.active.discard(who)
         return [int(t) for t in ids]
 
-    def build_prompt(self, input_ids=None, **_):
-        return self._run(0, input_ids)
+    def prompt_builders(self, count: int):
+        return [
+            lambda input_ids=None, **_: self._run(0, input_ids),
+            *map(self._copy, range(count - 1)),
+        ]
 
-    def prompt_builder(self):
+    def _copy(self, _: int):
         self.copies += 1
         who = self.copies
         return lambda input_ids=None, **_: self._run(who, input_ids)
@@ -377,7 +381,7 @@ def test_prompts_build_in_parallel_on_private_builders(workers: int) -> None:
     thread holds (a HF fast tokenizer must not be shared by two threads); the first worker uses
     the engine's own tokenizer, the others and the large-prompt lane a copy each."""
     eng = _SlowPromptEngine(parallel=workers)
-    be = Backend(engine=eng, loop=_ThreadLoop(), limits=LIMITS, tokenizer_workers=workers)
+    be = Backend(engine=eng, limits=LIMITS, tokenizer_workers=workers)
 
     async def main() -> list[list[int]]:
         return await asyncio.gather(

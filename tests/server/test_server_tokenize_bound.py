@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import requests
+from server_fakes import StubEngine
 from server_helpers import ServerThread, real_server
 from tokenizer_helpers import mixed_texts, qwen_like_tokenizer
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
@@ -122,7 +123,7 @@ def test_large_prompts_take_their_own_lane(tiny_checkpoint: Path) -> None:
     assert any("large prompts" in text for status, text, _ in bigs if status == 503)
 
 
-class _BlockingEngine:
+class _BlockingEngine(StubEngine):
     """An engine whose prompt building waits for ``release`` (a tokenizer that hangs)."""
 
     def __init__(self) -> None:
@@ -138,7 +139,7 @@ def test_health_degraded_while_prompts_wait() -> None:
         max_beam_rows=8, vocab_size=100, max_seq_len=64, default_n=2, default_max_tokens=3
     )
     engine = _BlockingEngine()
-    be = Backend(engine=engine, loop=None, limits=limits, tokenizer_workers=1, stall_limit_s=0.3)
+    be = Backend(engine=engine, limits=limits, tokenizer_workers=1, stall_limit_s=0.3)
 
     async def main() -> None:
         first = asyncio.ensure_future(be.build_prompt("text", text="a"))
@@ -170,7 +171,7 @@ def test_large_prompt_lane_is_separate() -> None:
             return [4]
 
     engine = Engine()
-    be = Backend(engine=engine, loop=None, limits=limits, tokenizer_workers=1)
+    be = Backend(engine=engine, limits=limits, tokenizer_workers=1)
     large = "z" * (LARGE_PROMPT_CHARS + 1)
 
     async def main() -> None:

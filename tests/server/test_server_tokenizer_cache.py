@@ -12,17 +12,19 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from server_fakes import StubEngine
 from server_helpers import server_config
 from tokenizer_helpers import mixed_texts, qwen_like_tokenizer
 from transformers import AutoTokenizer
 
 from flashrec.engine.engine import private_prompt_builder
-from flashrec.prompt import WORD_CACHE_WORDS, bound_word_cache, encode_text
+from flashrec.prompt import WORD_CACHE_WORDS, bound_word_cache, build_prompt_ids, encode_text
 from flashrec.server.backend import Backend
 from flashrec.server.engine_process.proxy import EngineClient
 from flashrec.server.protocol import Limits
@@ -118,8 +120,8 @@ def _cache_growth(tok, words: int) -> int:
     return out[0]
 
 
-class _TokenizerEngine:
-    """What ``Backend`` reads of an engine to build prompts with real tokenizer copies."""
+class _TokenizerEngine(StubEngine):
+    """An engine whose prompts are built with real tokenizer copies."""
 
     layout = None
     vocab_size = 1000
@@ -127,8 +129,13 @@ class _TokenizerEngine:
     def __init__(self, tokenizer, path: str) -> None:
         self.tokenizer, self.path = tokenizer, path
 
-    def prompt_builder(self):
-        return private_prompt_builder(self.tokenizer, self.path, None, self.vocab_size)
+    def prompt_builders(self, count: int):
+        own = functools.partial(build_prompt_ids, self.tokenizer, None, self.vocab_size)
+        copies = (
+            private_prompt_builder(self.tokenizer, self.path, None, self.vocab_size)
+            for _ in range(count - 1)
+        )
+        return [own, *copies]
 
 
 def test_bound_word_cache_splits_the_words_over_the_threads(tiny_checkpoint: Path) -> None:
@@ -151,7 +158,7 @@ def test_backend_bounds_each_threads_word_cache(tiny_checkpoint: Path) -> None:
     limits = Limits(
         max_beam_rows=8, vocab_size=1000, max_seq_len=4096, default_n=2, default_max_tokens=3
     )
-    be = Backend(engine=engine, loop=None, limits=limits, tokenizer_workers=4)
+    be = Backend(engine=engine, limits=limits, tokenizer_workers=4)
     try:
         assert be.word_cache_words == WORD_CACHE_WORDS // 5
         copy = be._large_builder.args[0]  # a copy sharing the engine tokenizer's model

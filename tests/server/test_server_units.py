@@ -134,7 +134,7 @@ def test_gil_switch_interval_is_checked_and_applied(monkeypatch) -> None:
         engine_mod, "Engine", lambda cfg: seen.setdefault("at", sys.getswitchinterval())
     )
     monkeypatch.setattr(loop_mod, "EngineLoop", lambda eng: None)
-    monkeypatch.setattr(app, "serve", lambda engine, loop, cfg: 0)
+    monkeypatch.setattr(app, "serve", lambda engine, cfg: 0)
     before = sys.getswitchinterval()
     try:
         assert app.run_server(ServerConfig(gil_switch_interval_ms=0.25)) == 0

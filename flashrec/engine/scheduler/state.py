@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from flashrec.engine.request import GenRequest, GenResult
 from flashrec.kvcache.radix import Node
+
+if TYPE_CHECKING:
+    from flashrec.sid.version import CatalogVersion
 
 Finished = list[tuple[GenRequest, GenResult | Exception]]  # what a step hands back
 
@@ -37,9 +40,9 @@ class ReqState:
     rows_np: np.ndarray | None = None
     step_inputs: tuple[str, str] | None = None  # debug step hash: (inputs, raw kv) of this step
     admitted_at: float = 0.0  # time.monotonic() at admission
-    # the catalog (CatalogVersion) active at admission: the request expands with its trie to
-    # the end, whatever catalog is swapped in meanwhile
-    catalog: Any = None
+    # the catalog active at admission: the request expands with its trie to the end, whatever
+    # catalog is swapped in meanwhile
+    catalog: CatalogVersion | None = None
 
     @property
     def generated(self) -> int:

@@ -52,6 +52,24 @@ def _cache_value(x, inv_scale, CDT: tl.constexpr, EMULATE: tl.constexpr):
 
 
 @triton.jit
+def _store_heads(
+    x1, x2, row_ptr, cache_ptr, mask, inv_scale, scale,
+    HALF: tl.constexpr, CDT: tl.constexpr, DT: tl.constexpr, ROUND_BACK: tl.constexpr,
+    EMULATE: tl.constexpr, HW: tl.constexpr,
+):  # fmt: skip
+    """Both halves of k or v heads into the cache at ``cache_ptr`` (see ``_cache_value``);
+    ROUND_BACK: the stored codes, dequantized (``code * scale``), also back at ``row_ptr``."""
+    c1 = _cache_value(x1, inv_scale, CDT, EMULATE)
+    c2 = _cache_value(x2, inv_scale, CDT, EMULATE)
+    tl.store(cache_ptr, c1, mask=mask)
+    tl.store(cache_ptr + HALF, c2, mask=mask)
+    if ROUND_BACK:
+        tl.store(row_ptr, to_act(c1.to(tl.float32) * scale, DT, EMULATE, HW).to(DT), mask=mask)
+        r2 = to_act(c2.to(tl.float32) * scale, DT, EMULATE, HW)
+        tl.store(row_ptr + HALF, r2.to(DT), mask=mask)
+
+
+@triton.jit
 def qk_norm_rope_store_kernel(
     qkv_ptr, stride_t, pos_ptr, cs_ptr, stride_cs, qw_ptr, kw_ptr, eps,
     kc_ptr, stride_kc_s, stride_kc_h, vc_ptr, stride_vc_s, stride_vc_h, loc_ptr,
@@ -93,34 +111,17 @@ def qk_norm_rope_store_kernel(
         if STORE:
             mask = hmask[:, None] & dmask[None, :]
             loc = tl.load(loc_ptr + tok).to(tl.int64)
+            ksrc = row_ptr + HQ * HEAD_DIM + h[:, None] * HEAD_DIM + d[None, :]
             kp = kc_ptr + loc * stride_kc_s + h[:, None] * stride_kc_h + d[None, :]
-            ck1 = _cache_value(k1, k_inv_scale, KC, EMULATE)
-            ck2 = _cache_value(k2, k_inv_scale, KC, EMULATE)
-            tl.store(kp, ck1, mask=mask)
-            tl.store(kp + HALF, ck2, mask=mask)
+            _store_heads(
+                k1, k2, ksrc, kp, mask, k_inv_scale, k_scale,
+                HALF, KC, DT, ROUND_BACK, EMULATE, HW,
+            )  # fmt: skip
             vsrc = row_ptr + (HQ + HKV) * HEAD_DIM + h[:, None] * HEAD_DIM + d[None, :]
             v1 = tl.load(vsrc, mask=mask, other=0.0).to(tl.float32)
             v2 = tl.load(vsrc + HALF, mask=mask, other=0.0).to(tl.float32)
             vp = vc_ptr + loc * stride_vc_s + h[:, None] * stride_vc_h + d[None, :]
-            cv1 = _cache_value(v1, v_inv_scale, VC, EMULATE)
-            cv2 = _cache_value(v2, v_inv_scale, VC, EMULATE)
-            tl.store(vp, cv1, mask=mask)
-            tl.store(vp + HALF, cv2, mask=mask)
-            if ROUND_BACK:
-                ksrc = row_ptr + HQ * HEAD_DIM + h[:, None] * HEAD_DIM + d[None, :]
-                tl.store(
-                    ksrc, to_act(ck1.to(tl.float32) * k_scale, DT, EMULATE, HW).to(DT), mask=mask
-                )
-                tl.store(
-                    ksrc + HALF,
-                    to_act(ck2.to(tl.float32) * k_scale, DT, EMULATE, HW).to(DT),
-                    mask=mask,
-                )
-                tl.store(
-                    vsrc, to_act(cv1.to(tl.float32) * v_scale, DT, EMULATE, HW).to(DT), mask=mask
-                )
-                tl.store(
-                    vsrc + HALF,
-                    to_act(cv2.to(tl.float32) * v_scale, DT, EMULATE, HW).to(DT),
-                    mask=mask,
-                )
+            _store_heads(
+                v1, v2, vsrc, vp, mask, v_inv_scale, v_scale,
+                HALF, VC, DT, ROUND_BACK, EMULATE, HW,
+            )  # fmt: skip

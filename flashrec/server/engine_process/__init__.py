@@ -7,7 +7,7 @@ turn delay the answers. Here the engine, its scheduler, the profiler and the eng
 live in a child process; the server process keeps HTTP, tokenization and response text::
 
     server process                               engine process (spawned)
-      handlers -> Backend -> RemoteLoop  --Submit(req) / Cancel(rid)-->  reader -> EngineLoop
+      handlers -> Backend -> RemoteEngine --Submit(req) / Cancel(rid)-->  reader -> EngineLoop
                   (futures: EngineProcess) <--Result / RequestError--  sender <- engine thread
                  RemoteProfiler / stats  --Call(id, name, args)-->  call thread
                                          <--Reply / CallError------
@@ -15,8 +15,9 @@ live in a child process; the server process keeps HTTP, tokenization and respons
 - ``messages``: the typed messages and the encoding of results and exceptions;
 - ``child``: the engine process's main and its serve loop;
 - ``proxy``: ``EngineProcess``, the server process's end of the pipe;
-- ``facades``: ``RemoteEngine``, ``RemoteLoop``, ``RemoteProfiler`` (the in-process
-  interfaces, so ``create_app`` and the handlers do not know which mode runs).
+- ``facades``: ``RemoteEngine`` (the server's ``ServedEngine``, as ``EngineLoop`` is in one
+  process) and ``RemoteProfiler``, so ``create_app`` and the handlers do not know which mode
+  runs.
 
 Start-up is unchanged from the outside: ``start_engine_process`` returns once the child has
 built the engine (or raises with the child's error, e.g. a failed CUDA graph capture). If the
@@ -27,7 +28,6 @@ cause is logged.
 from flashrec.server.engine_process.child import child_main
 from flashrec.server.engine_process.facades import (
     RemoteEngine,
-    RemoteLoop,
     RemoteProfiler,
     start_engine_process,
 )
@@ -39,7 +39,6 @@ __all__ = [
     "EngineProcess",
     "EngineProcessError",
     "RemoteEngine",
-    "RemoteLoop",
     "RemoteProfiler",
     "child_main",
     "result_from_wire",

@@ -24,7 +24,8 @@ import time
 import traceback
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any, NamedTuple
+from multiprocessing.connection import Connection
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from flashrec.server.engine_process.messages import (
     Call,
@@ -41,12 +42,17 @@ from flashrec.server.engine_process.messages import (
     result_to_wire,
 )
 
+if TYPE_CHECKING:
+    from flashrec.config import ServerConfig
+    from flashrec.engine.loop import EngineLoop
+    from flashrec.server.gcwatch import GcWatch
+
 _log = logging.getLogger("flashrec.server")
 
 STOP_TIMEOUT_S = 60.0  # the sender's last writes; the server process's wait for an exit
 
 
-def child_main(conns: list[Any], config: Any, log_level: int) -> None:
+def child_main(conns: list[Connection], config: ServerConfig, log_level: int) -> None:
     """Entry point of the engine process (``multiprocessing`` spawn target): sends ``Ready``
     on the first pipe once the engine is built (or ``Failed`` and returns), then serves
     every pipe."""
@@ -58,7 +64,6 @@ def child_main(conns: list[Any], config: Any, log_level: int) -> None:
     )
     from flashrec.engine.engine import Engine
     from flashrec.engine.loop import EngineLoop
-    from flashrec.profiler import ProfileController
     from flashrec.server.gcwatch import GcWatch
 
     # the server process decides when the engine stops (it drains first); a Ctrl-C or a
@@ -78,7 +83,6 @@ def child_main(conns: list[Any], config: Any, log_level: int) -> None:
         # here, after the engine (and FlashInfer) is up: this handler runs first, then that one
         faulthandler.enable(file=sys.stderr, all_threads=True)
         loop = EngineLoop(engine)
-        profiler = ProfileController(loop)
         gcw = GcWatch().install(config.gc_gen0_threshold)
         loop.add_step_hook(gcw.report_slow)
         ready = Ready(
@@ -95,7 +99,7 @@ def child_main(conns: list[Any], config: Any, log_level: int) -> None:
         return
     loop.start()
     conn.send(encode(ready))
-    _Child(conns, loop, profiler, gcw).serve()
+    _Child(conns, loop, gcw).serve()
 
 
 def _exit_with_parent(grace_s: float = 2.0) -> None:
@@ -127,8 +131,8 @@ class _Child:
     a sender thread (so the engine thread never pickles or writes) and one thread per
     blocking call. Every outgoing item is queued as ``(pipe index, message)``."""
 
-    def __init__(self, conns, loop, profiler, gcw) -> None:
-        self.conns, self.loop, self.profiler, self.gcw = list(conns), loop, profiler, gcw
+    def __init__(self, conns: list[Connection], loop: EngineLoop, gcw: GcWatch) -> None:
+        self.conns, self.loop, self.gcw = list(conns), loop, gcw
         self.out: queue.SimpleQueue = queue.SimpleQueue()
         self.sender = threading.Thread(target=self._send_all, name="flashrec-ipc-send")
         self._lock = threading.Lock()
@@ -206,7 +210,7 @@ class _Child:
             self.out.put((i, CallError.of(call.call_id, exc)))
 
     def _calls(self) -> dict[str, Callable[..., Any]]:
-        lp, prof = self.loop, self.profiler
+        lp, prof = self.loop, self.loop.profiler
         return {
             "stats": lp.stats,
             "flush_cache": lp.flush_cache,

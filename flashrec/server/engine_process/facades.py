@@ -1,50 +1,72 @@
-"""The in-process interfaces of the engine, loop and profiler, over an ``EngineProcess``, so
-``create_app`` and the handlers do not know whether the engine runs in a process of its own."""
+"""The server's ``ServedEngine`` (``server.engine_api``) and profiler over an engine process's
+pipe, so ``create_app`` and the handlers do not know whether the engine runs in a process of
+its own."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import functools
+from collections.abc import Callable, Mapping
 from concurrent.futures import CancelledError, Future
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flashrec.engine.request import EngineError, GenRequest, QueueFullError, check_request_limits
-from flashrec.server.engine_process.proxy import EngineProcess, EngineProcessError
+from flashrec.prompt import build_prompt_ids, load_tokenizer
+from flashrec.server.engine_process.proxy import EngineClient, EngineProcess, EngineProcessError
+
+if TYPE_CHECKING:
+    from flashrec.config import ServerConfig
+    from flashrec.server.engine_process.messages import Ready
+    from flashrec.sid.layout import SidLayout
 
 
 class RemoteEngine:
-    """What the HTTP layer reads of the engine, over an ``EngineProcess``: prompts are built
-    here (the server process's tokenizers), the request checks use the engine's limits."""
+    """The server's ``ServedEngine`` over an ``EngineClient``: prompts are built here (this
+    process's tokenizers), requests are checked here on the limits the engine reported, then
+    sent; everything else is a call over the pipe."""
 
-    def __init__(self, proc: EngineProcess) -> None:
-        from flashrec.prompt import load_tokenizer
-
+    def __init__(self, proc: EngineClient) -> None:
+        assert proc.info is not None, "connect the client first"
         self.proc = proc
         self.config = proc.config
-        info = proc.info
-        self.layout = info.layout
-        self.vocab_size: int = info.vocab_size
-        self.max_beam_rows: int = info.max_beam_rows
-        self.pool_tokens: int = info.pool_tokens
+        self._info: Ready = proc.info  # what the engine process reported at start-up
+        self.profiler = RemoteProfiler(proc)
+        self._admitting = True
         # a copy made while the engine process built the engine; its own, not the SID text's
         # (a HF fast tokenizer must not serve two threads at once)
         self.tokenizer = proc.take_tokenizer() or load_tokenizer(self.config.model_path)
+
+    # ---- the engine's facts and prompts ---------------------------------------------------
+    @property
+    def layout(self) -> SidLayout:
+        return self._info.layout
+
+    @property
+    def vocab_size(self) -> int:
+        return self._info.vocab_size
+
+    @property
+    def max_beam_rows(self) -> int:
+        return self._info.max_beam_rows
+
+    def server_info(self) -> dict[str, Any]:
+        """The engine's start-up info; the catalog as it is now (a hot reload changes it)."""
+        info = dict(self._info.server_info)
+        info["engine_process_pid"] = self._info.pid
+        info["catalog"] = self.proc.call("catalog_info")
+        return info
 
     def sid_text_table(self) -> dict[int, str]:
         """Token id -> text of every SID token (the server process's own table)."""
         return self.proc.text.table
 
-    def build_prompt(self, **kwargs: Any) -> list[int]:
-        from flashrec.prompt import build_prompt_ids
-
-        return build_prompt_ids(self.tokenizer, self.layout, self.vocab_size, **kwargs)
+    def prompt_builders(self, count: int) -> list[Callable[..., list[int]]]:
+        """``count`` builders: over this process's own tokenizer copy, then ``prompt_builder``'s."""
+        own = functools.partial(build_prompt_ids, self.tokenizer, self.layout, self.vocab_size)
+        return [own, *(self.prompt_builder() for _ in range(count - 1))]
 
     def prompt_builder(self) -> Callable[..., list[int]]:
         """``build_prompt`` over a private tokenizer copy (see ``Engine.prompt_builder``): one
         made while the engine was built, else a new one."""
-        import functools
-
-        from flashrec.prompt import build_prompt_ids
-
         tok = self.proc.take_tokenizer()
         if tok is not None:
             return functools.partial(build_prompt_ids, tok, self.layout, self.vocab_size)
@@ -54,32 +76,16 @@ class RemoteEngine:
             self.tokenizer, self.config.model_path, self.layout, self.vocab_size
         )
 
-    def check_request(self, r: GenRequest) -> None:
-        """The engine's own checks (``Engine.check_request``), on the values it reported
-        (imported with this module, not at the first request: ready means ready)."""
-        check_request_limits(r, self.max_beam_rows, self.config.max_seq_len, self.pool_tokens)
-
-    def server_info(self) -> dict[str, Any]:
-        """The engine's start-up info; the catalog as it is now (a hot reload changes it)."""
-        info = dict(self.proc.info.server_info)
-        info["engine_process_pid"] = self.proc.info.pid
-        info["catalog"] = self.proc.call("catalog_info")
-        return info
-
-
-class RemoteLoop:
-    """``EngineLoop``'s front-end API over an ``EngineProcess``."""
-
-    def __init__(self, proc: EngineProcess, config: Any) -> None:
-        self.proc = proc
-        self.config = config
-        self.profiler = RemoteProfiler(proc)
-        self._admitting = True
-
-    def start(self) -> None:
-        """The child's loop runs from ``EngineProcess.start``."""
+    # ---- requests ---------------------------------------------------------------------------
+    def check_request(self, req: GenRequest) -> None:
+        """The engine's own checks (``Engine.check_request``), on the values it reported."""
+        check_request_limits(
+            req, self.max_beam_rows, self.config.max_seq_len, self._info.pool_tokens
+        )
 
     def submit(self, req: GenRequest) -> Future:
+        """``check_request``, then the request to the engine process."""
+        self.check_request(req)
         if not self._admitting:
             raise QueueFullError("server is shutting down")
         return self.proc.submit(req)
@@ -87,25 +93,12 @@ class RemoteLoop:
     def cancel(self, rid: str) -> None:
         self.proc.cancel(rid)
 
-    def stats(self) -> dict[str, int]:
-        return self.proc.call("stats")
+    def in_flight(self) -> int:
+        return self.proc.in_flight()
 
-    def metrics_snapshot(self) -> tuple[dict[str, int], str, dict[str, Any]]:
-        """What ``/metrics`` reads of the engine process, in ONE call over the pipe (each call
-        starts a thread there): ``(stats, profiler state, GC metrics)``."""
-        return self.proc.call("metrics")
-
-    def gc_metrics(self) -> dict[str, Any]:
-        """The engine process's garbage-collector counters (``GcWatch.metrics``)."""
-        return self.proc.call("gc_metrics")
-
-    def flush_cache(self) -> int:
-        return self.proc.call("flush_cache")
-
-    def reload_catalog(self, path: str, packed_base: int | None = None) -> dict[str, Any]:
-        """Catalog hot reload in the engine process: built on a call thread there, swapped
-        on its engine thread between steps."""
-        return self.proc.call("reload_catalog", path, packed_base, timeout=None)
+    # ---- lifecycle --------------------------------------------------------------------------
+    def start(self) -> None:
+        """The child's loop runs from ``EngineProcess.start``."""
 
     def warmup(self) -> None:
         self.proc.call("warmup", timeout=None)
@@ -114,8 +107,8 @@ class RemoteLoop:
         """``--gc-freeze`` in the engine process; returns the objects frozen there."""
         return self.proc.call("gc_freeze", timeout=None)
 
-    def in_flight(self) -> int:
-        return self.proc.in_flight()
+    def add_step_hook(self, fn: Callable[[int], None]) -> None:
+        """Nothing: the engine process runs its own step hooks (its GC watch's)."""
 
     def drain(self, timeout_s: float) -> bool:
         """Stop admitting; wait until in-flight requests finish (True) or the time is up."""
@@ -127,12 +120,29 @@ class RemoteLoop:
     def stop(self) -> None:
         self.proc.stop()
 
+    # ---- control ----------------------------------------------------------------------------
+    def stats(self) -> dict[str, int]:
+        return self.proc.call("stats")
+
+    def metrics_snapshot(self) -> tuple[dict[str, int], str, dict[str, Any]]:
+        """What ``/metrics`` reads of the engine process, in ONE call over the pipe (each call
+        starts a thread there): ``(stats, profiler state, GC metrics)``."""
+        return self.proc.call("metrics")
+
+    def flush_cache(self) -> int:
+        return self.proc.call("flush_cache")
+
+    def reload_catalog(self, path: str, packed_base: int | None = None) -> dict[str, Any]:
+        """Catalog hot reload in the engine process: built on a call thread there, swapped
+        on its engine thread between steps."""
+        return self.proc.call("reload_catalog", path, packed_base, timeout=None)
+
 
 class RemoteProfiler:
     """``ProfileController``'s HTTP-facing API; the profiler itself runs in the engine
     process, on its engine thread."""
 
-    def __init__(self, proc: EngineProcess) -> None:
+    def __init__(self, proc: EngineClient) -> None:
         self.proc = proc
 
     @property
@@ -141,7 +151,7 @@ class RemoteProfiler:
             return "idle"
         return self.proc.call("profile_state")
 
-    def start(self, body: Any) -> dict[str, Any]:
+    def start(self, body: Mapping[str, Any]) -> dict[str, Any]:
         return self.proc.call("profile_start", dict(body))
 
     def stop(self) -> dict[str, Any]:
@@ -155,15 +165,14 @@ class RemoteProfiler:
             pass
 
 
-def start_engine_process(config: Any) -> tuple[RemoteEngine, RemoteLoop]:
-    """Spawn the engine process, wait until its engine is built, return the facades."""
+def start_engine_process(config: ServerConfig) -> RemoteEngine:
+    """Spawn the engine process, wait until its engine is built, return the facade."""
     proc = EngineProcess(config)
     try:
         proc.start()
-        engine = RemoteEngine(proc)
+        return RemoteEngine(proc)
     except EngineProcessError:
         raise
     except BaseException:
         proc.stop()
         raise
-    return engine, RemoteLoop(proc, config)

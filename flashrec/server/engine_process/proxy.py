@@ -12,7 +12,8 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import CancelledError, Future
-from typing import Any
+from multiprocessing.connection import Connection
+from typing import TYPE_CHECKING, Any
 
 from flashrec.engine.request import EngineError, GenRequest
 from flashrec.server.engine_process.child import STOP_TIMEOUT_S, child_main
@@ -32,6 +33,9 @@ from flashrec.server.engine_process.messages import (
     result_from_wire,
 )
 
+if TYPE_CHECKING:
+    from flashrec.config import ServerConfig
+
 _log = logging.getLogger("flashrec.server")
 
 CALL_TIMEOUT_S = 120.0  # a stats / flush / profile call; warm-up and drain pass their own
@@ -46,7 +50,7 @@ class EngineClient:
     resolves their futures and replies from a reader thread (``connect``). If the pipe
     closes, every waiting future fails and ``on_death`` is told why."""
 
-    def __init__(self, config: Any, conn: Any) -> None:
+    def __init__(self, config: ServerConfig, conn: Connection) -> None:
         self.config = config
         self.info: Ready | None = None  # what the engine process reported at start-up
         self._conn = conn
@@ -60,6 +64,9 @@ class EngineClient:
         self._stopping = False
         self.tokenizers: list[Any] = []  # [this process's, then copies] (load_tokenizers)
         self.on_death: Callable[[str], None] | None = None
+        # the other front ends' pipes, each handed to its process when that is spawned (the
+        # server process's ``EngineProcess`` with --api-server-count N; none here)
+        self.frontend_conns: list[Connection] = []
 
     def load_tokenizers(self) -> None:
         """This process's tokenizer (the beams' SID text), then the copies ``take_tokenizer``
@@ -211,7 +218,7 @@ class EngineProcess(EngineClient):
     ``--api-server-count`` N also the other N - 1 front ends' pipes (``frontend_conns``),
     each handed to its front-end process when that is spawned."""
 
-    def __init__(self, config: Any) -> None:
+    def __init__(self, config: ServerConfig) -> None:
         self._ctx = mp.get_context("spawn")  # CUDA cannot be used in a forked child
         pipes = [self._ctx.Pipe(duplex=True) for _ in range(int(config.api_server_count))]
         super().__init__(config, pipes[0][0])

@@ -1,5 +1,5 @@
 """HF baseline, MFU, targets and explicit ``cells:`` lists (harness.metrics.flops,
-harness.baseline.hf, harness.gate.targets)."""
+harness.baseline.hf, harness.judge.targets)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 from bench_helpers import REPO, base_matrix, fake_engine, processes_with, run_cli, write_matrix
 
-from harness.gate.gates import load_cells
-from harness.gate.targets import evaluate_targets
+from harness.judge.targets import evaluate_targets
 from harness.load.client import Record
 from harness.metrics.flops import (
     ceiling_for,
@@ -23,6 +22,7 @@ from harness.metrics.flops import (
 )
 from harness.spec.cells import expand_cells
 from harness.spec.checks import TargetSpec
+from harness.spec.load import load_cells
 from harness.spec.matrix import MfuSpec, SpecError, parse_spec
 
 TINY = {  # the tiny preset's shapes (flashrec/synth/presets.py)
@@ -119,7 +119,7 @@ def test_targets_met_and_missed():
         TargetSpec(name="lat", metric="latency_p50_ms", op="<=", value=12, cells="beam_width=256"),
         TargetSpec(metric="qps", op=">=", value=100, cells="beam_width=8"),
     ]
-    res = evaluate_targets(targets, rep)
+    res = evaluate_targets(targets, rep).to_json()
     assert res["status"] == "missed" and res["fail_run"] is False
     qps, lat, ok = (r["checks"][0] for r in res["results"])
     assert not qps["met"] and qps["missed_by"] == pytest.approx(58.4)
@@ -129,8 +129,8 @@ def test_targets_met_and_missed():
     assert "missed by 25.9" in lat["text"]
     assert ok["met"] and ok["missed_by"] == 0 and ok["text"].startswith("met (130 vs >= 100")
     strict = [TargetSpec(metric="qps", op=">=", value=100, cells="beam_width=50", fail_run=True)]
-    assert evaluate_targets(strict, rep)["fail_run"] is True
-    assert evaluate_targets([], rep)["status"] == "none"
+    assert evaluate_targets(strict, rep).to_json()["fail_run"] is True
+    assert evaluate_targets([], rep).to_json()["status"] == "none"
 
 
 def test_relative_targets_judge_a_cell_against_its_same_run_reference():
@@ -149,7 +149,7 @@ def test_relative_targets_judge_a_cell_against_its_same_run_reference():
     t = TargetSpec(
         name="sampling", metric="qps", op=">=", value=0.95, relative_to="temperature=0.0"
     )
-    res = evaluate_targets([t], rep)["results"][0]
+    res = evaluate_targets([t], rep).to_json()["results"][0]
     assert res["status"] == "missed"
     by = {c["cell"]: c for c in res["checks"]}
     assert set(by) == {"s50", "s8"}  # g50 / g8 are their own references: not judged
@@ -162,7 +162,7 @@ def test_relative_targets_judge_a_cell_against_its_same_run_reference():
     assert res["missing"] == ["s4"] and "no cell of this run" in res["missing_why"]["s4"]
     # a failed reference: the cell has no data, saying whose metric is missing
     rep["cells"][2]["status"] = "failed"
-    res = evaluate_targets([t], rep)["results"][0]
+    res = evaluate_targets([t], rep).to_json()["results"][0]
     assert (
         "s8" in res["missing"] and "the reference g8's qps is missing" in res["missing_why"]["s8"]
     )
@@ -208,7 +208,7 @@ def test_targets_say_the_mfu_a_missed_speed_target_needs():
         TargetSpec(metric="error_rate", op="<=", value=0.01, cells="beam_width=50"),
         TargetSpec(metric="qps", op=">=", value=100, cells="beam_width=8"),
     ]
-    qps, lat, err, no_mfu = (r["checks"][0] for r in evaluate_targets(targets, rep)["results"])
+    qps, lat, err, no_mfu = (r["checks"][0] for r in evaluate_targets(targets, rep).to_json()["results"])
     assert qps["mfu_needed"] == pytest.approx(0.2 * 100 / 40)
     assert qps["text"].endswith("needs 2.5x, MFU 20.0% -> 50.0%)")
     assert lat["mfu_needed"] == pytest.approx(0.15 * 36 / 12)
@@ -361,11 +361,11 @@ def test_a_target_with_an_unmeasured_cell_is_partial_not_met():
     rep = _report([("a", {"beam_width": 8}, {"qps": 130.0}), ("b", {"beam_width": 8}, {})])
     rep["cells"][1]["params"] = {"beam_width": 8}
     targets = [TargetSpec(metric="qps", op=">=", value=100, cells="beam_width=8")]
-    res = evaluate_targets(targets, rep)
+    res = evaluate_targets(targets, rep).to_json()
     (r,) = res["results"]
     assert r["status"] == "partial" and r["missing"] == ["b"] and r["checks"][0]["met"]
     assert res["status"] == "partial" and res["fail_run"] is False
     strict = [TargetSpec(metric="qps", op=">=", value=100, cells="beam_width=8", fail_run=True)]
-    assert evaluate_targets(strict, rep)["fail_run"] is True
+    assert evaluate_targets(strict, rep).to_json()["fail_run"] is True
     rep["cells"] = rep["cells"][:1]
-    assert evaluate_targets(targets, rep)["status"] == "met"
+    assert evaluate_targets(targets, rep).to_json()["status"] == "met"

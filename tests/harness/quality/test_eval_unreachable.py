@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import re
 
-from harness.quality.cli import main
+from harness.cli.eval import main
 from harness.servers.launch import free_port
 
 SAMPLES = 40

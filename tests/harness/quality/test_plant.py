@@ -11,8 +11,8 @@ import aiohttp
 import pytest
 
 from harness.quality.dataset import load_dataset
+from harness.quality.evaluate import EvalOptions, ask, score
 from harness.quality.pids import load_pid_map
-from harness.quality.run import EvalOptions, ask, score
 from harness.quality.serve import launched
 
 pytest.importorskip("pyarrow")

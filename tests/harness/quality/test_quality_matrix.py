@@ -66,8 +66,8 @@ def test_cells_carry_quality_and_the_report_draws_it(tmp_path, confident_model, 
 
     # compare / the gate: a change that costs recall (the 32-beam cell answering like the
     # 4-beam one) regresses like a slowdown; the same report against itself does not
-    from harness.gate.compare import compare_reports
-    from harness.gate.gates import evaluate_gates
+    from harness.judge.gates import evaluate_gates
+    from harness.judge.runs import compare_reports
     from harness.spec.checks import GateSpec
 
     if narrow["recall@32"]["median"] == wide["recall@32"]["median"]:
@@ -80,9 +80,9 @@ def test_cells_carry_quality_and_the_report_draws_it(tmp_path, confident_model, 
     cmp = compare_reports(rep, worse, metrics=["recall@32"])  # compare --metrics recall@32
     verdicts = {c["id"]: c["metrics"]["recall@32"]["verdict"] for c in cmp["cells"]}
     assert verdicts["flashrec,beam_width=32"] == "regressed", cmp["cells"]
-    assert evaluate_gates(gate, worse, cmp)["status"] == "fail"
+    assert evaluate_gates(gate, worse, cmp).to_json()["status"] == "fail"
     same = compare_reports(rep, rep, metrics=["recall@32"])
-    assert evaluate_gates(gate, rep, same)["status"] == "pass"
+    assert evaluate_gates(gate, rep, same).to_json()["status"] == "pass"
 
 
 def test_cpu_copy_of_the_h200_quality_matrix(tmp_path, confident_model):

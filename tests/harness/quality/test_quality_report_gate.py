@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.gate.quality import compare_samples
+from harness.judge.samples import compare_samples
 from harness.quality.stage import cell_metrics, report_entry
 from harness.report.render_quality import pareto, pareto_svg, quality_eval_table
 

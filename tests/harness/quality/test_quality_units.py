@@ -135,7 +135,7 @@ def test_official_detection(tmp_path):
 
 
 def test_official_flag_fixes_the_protocol(tmp_path, capsys):
-    from harness.quality.cli import main
+    from harness.cli.eval import main
 
     f = tmp_path / "v" / "v_test.parquet"
     _parquet(f, [_row("<s_a_1><s_b_2><s_c_3>")])
@@ -148,9 +148,8 @@ def test_official_flag_fixes_the_protocol(tmp_path, capsys):
 
 
 def test_published_numbers_only_beside_an_official_set(tmp_path):
-    from harness.quality.cli import render
     from harness.quality.dataset import DatasetFile, Sample
-    from harness.quality.run import Answer, EvalOptions, score
+    from harness.quality.evaluate import Answer, EvalOptions, render, score
 
     s = Sample("video", 0, [{"role": "user", "content": "x"}], (A,))
     answers = [Answer(s, ["<s_a_1><s_b_2><s_c_3>", "<s_a_1><s_b_2><s_c_3>", "junk"])]
@@ -174,7 +173,7 @@ def test_progress_lines_go_to_stderr_as_it_is_when_printed(monkeypatch):
     since, as a test's capture is) is never written to."""
     import io
 
-    from harness.quality.run import progress_printer
+    from harness.quality.evaluate import progress_printer
 
     first, second = io.StringIO(), io.StringIO()
     monkeypatch.setattr(sys, "stderr", first)

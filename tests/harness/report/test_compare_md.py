@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from harness.ab.paired import compare_paired
-from harness.gate.compare import compare_reports
-from harness.gate.gates import evaluate_gates
+from harness.judge.gates import evaluate_gates
+from harness.judge.paired import compare_paired
+from harness.judge.runs import compare_reports
 from harness.report.render_compare import print_regressions, write_compare_markdown
 from harness.spec.checks import GateSpec
 
@@ -53,7 +53,7 @@ def test_medians_down_paired_ratio_up(tmp_path, capsys):
     assert r["verdict"] == "regressed" and r["delta_pct"] > 6 and r["estimate"] == "ratio"
     assert round(r["median_delta_pct"], 1) == -3.0
     gate = GateSpec(metric="latency_p50_ms", max_regression_pct=2)
-    assert evaluate_gates([gate], _report(b), comparison)["status"] == "fail"
+    assert evaluate_gates([gate], _report(b), comparison).to_json()["status"] == "fail"
     write_compare_markdown(comparison, tmp_path / "compare.md")
     text = (tmp_path / "compare.md").read_text()
     head = "| cell | metric | base | new | change of medians | paired change | "

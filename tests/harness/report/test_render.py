@@ -161,7 +161,7 @@ def _explained() -> list[dict]:
 def test_determinism_localisation_is_said_in_words(tmp_path):
     """The localisation's verdict counts read as words in the console line and in both report
     formats, never as a Python dict ("{'numerics': 62}")."""
-    from harness.determinism.run import localisation_line, tally_divergences
+    from harness.determinism.check import localisation_line, tally_divergences
 
     explained = _explained()
     loc = {"replays": 1, "reproduced": list(range(63)), "not_reproduced": [],

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.gate.gates import load_cells
+from harness.spec.load import load_cells
 from harness.spec.matrix import SpecError, load_spec, parse_spec
 
 GOOD = """\

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.gate.gates import load_cells
+from harness.spec.load import load_cells
 from harness.spec.matrix import SpecError
 
 HEAD = """\

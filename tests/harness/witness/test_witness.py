@@ -11,7 +11,7 @@ import requests
 from bench_helpers import run_cli
 
 from harness.witness.guidellm import guidellm_argv, guidellm_scenario
-from harness.witness.run import compare, served_delta
+from harness.witness.side_by_side import compare, served_delta
 
 
 def _scenario(tmp_path: Path) -> dict:

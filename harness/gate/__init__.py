@@ -1,1 +1,0 @@
-"""Judging reports: gates, targets, and the comparison of two runs."""
