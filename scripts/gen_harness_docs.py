@@ -18,7 +18,14 @@ from pydantic_core import PydanticUndefined  # noqa: E402
 from harness.determinism.check import run_determinism  # noqa: E402
 from harness.parity.candidates import CANDIDATE_KEYS  # noqa: E402
 from harness.spec.cells import BOTH_KEYS, CLIENT_KEYS  # noqa: E402
-from harness.spec.matrix import LoadSpec, MatrixSpec, Scalar, StageSpec, WorkloadSpec  # noqa: E402
+from harness.spec.matrix import (  # noqa: E402
+    LoadSpec,
+    MatrixSpec,
+    Scalar,
+    StageSpec,
+    WorkloadSpec,
+    model_in,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCE = ROOT / "docs" / "harness-reference.md"
@@ -258,17 +265,6 @@ when a model has a key this page lacks. The guide is [harness.md](harness.md).
 """.split("\n")
 
 
-def _model_in(annotation: Any) -> type[BaseModel] | None:
-    """The section model inside a field's annotation (``X | None``, ``list[X]``), if any."""
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    for arg in typing.get_args(annotation):
-        found = _model_in(arg)
-        if found is not None:
-            return found
-    return None
-
-
 def _is_list(annotation: Any) -> bool:
     args = [annotation, *typing.get_args(annotation)]
     return any(typing.get_origin(a) is list for a in args)
@@ -352,7 +348,7 @@ def sections(root: type[BaseModel] = MatrixSpec) -> list[tuple[str, type[BaseMod
 
     def walk(model: type[BaseModel], prefix: str) -> None:
         for name, info in model.model_fields.items():
-            sub = _model_in(info.annotation)
+            sub = model_in(info.annotation)
             if sub is None:
                 continue
             path = prefix + name + ("[]" if _is_list(info.annotation) else "")

@@ -421,12 +421,12 @@ def close_hint(name: str, known: list[str]) -> str:
     return f"did you mean '{close[0]}'?" if close else f"known: {', '.join(known)}"
 
 
-def _model_in(annotation: Any) -> type[BaseModel] | None:
+def model_in(annotation: Any) -> type[BaseModel] | None:
     """The section model inside a field's annotation (``X | None``, ``list[X]``, ...)."""
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return annotation
     for arg in typing.get_args(annotation):
-        found = _model_in(arg)
+        found = model_in(arg)
         if found is not None:
             return found
     return None
@@ -439,7 +439,7 @@ def _known_keys(loc: tuple) -> list[str]:
         if isinstance(part, int) or model is None:
             continue  # a list item: the list's model
         info = model.model_fields.get(part)
-        model = _model_in(info.annotation) if info is not None else None
+        model = model_in(info.annotation) if info is not None else None
     return list(model.model_fields) if model is not None else []
 
 
