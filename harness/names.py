@@ -48,6 +48,14 @@ DIRECTIONS: dict[str, int] = {
     "server_gc_pause_ms": 0,
     "server_gc_full_collections": 0,
     "server_gc_slow_pauses": 0,
+    # the server's graph health over the round (harness.metrics.server.graph_delta): forwards
+    # that ran eagerly or replayed a CUDA graph, captures since warm-up; informational (gate
+    # them by threshold: == 0)
+    "server_graph_eager_decode_forwards": 0,
+    "server_graph_eager_prefill_forwards": 0,
+    "server_graph_replay_decode_forwards": 0,
+    "server_graph_replay_prefill_forwards": 0,
+    "server_graph_captures_after_warmup": 0,
     # other processes' CPU use on the host over the round (harness.metrics.host), informational
     "host_other_cpu_cores": 0,
     "host_steal_cores": 0,
@@ -76,6 +84,9 @@ NAMED_DIRECTIONS: dict[str, int] = {
     "server_gc_pause_ms": -1,
     "server_gc_full_collections": -1,
     "server_gc_slow_pauses": -1,
+    "server_graph_eager_decode_forwards": -1,
+    "server_graph_eager_prefill_forwards": -1,
+    "server_graph_captures_after_warmup": -1,
     "server_cpu_ms_per_request": -1,
     "server_main_cpu_ms_per_request": -1,
 }

@@ -363,6 +363,7 @@ HARNESS_WINGS = (
     "harness.judge",  # gates, targets, two runs compared, the A/B gate
     "harness.quick",  # the matrix of ``flashrec-bench quick``
     "harness.witness",  # GuideLLM beside flashrec-bench on one cell
+    "harness.soak",  # ``flashrec-bench soak``: fixed-rate load for hours, probe, resource trends
     "harness.cli",  # the command line: wires the above, imported by nothing
     "harness.__main__",  # ``python -m harness``
 )

@@ -23,6 +23,13 @@ from flashrec.config import EngineConfig, ModelConfig, env_flag
 from flashrec.engine.request import GenRequest, GenResult, check_request_limits
 from flashrec.engine.runner import ModelRunner
 from flashrec.engine.scheduler import Scheduler
+from flashrec.engine.weights import (
+    StagedWeights,
+    WeightsVersion,
+    copy_weights,
+    identify,
+    vocab_digest,
+)
 from flashrec.prompt import build_prompt_ids, load_tokenizer, share_word_cache
 from flashrec.sid.layout import resolve_sid_layout
 from flashrec.sid.version import CatalogVersion, build_catalog_version, unconstrained
@@ -81,6 +88,10 @@ class Engine:
         self.scheduler = Scheduler(self.runner, self.layout, version, self.tokenizer)
         self.scheduler.debug_hash = env_flag("FLASHREC_DEBUG_STEP_HASH")
         self._ids = itertools.count()
+        # the served weights' identity and what a weight update must match (engine/weights.py)
+        self.weights: WeightsVersion = identify(config.model_path)
+        self.vocab_digest = vocab_digest(self.tokenizer)
+        log.info("weights %s: hash %s", config.model_path, self.weights.hash)
 
     @property
     def trie(self):
@@ -112,6 +123,19 @@ class Engine:
         self.catalog_version = version
         self.scheduler.set_catalog(version)
         self.runner.use_catalog(version)
+        return (time.perf_counter() - t0) * 1e3
+
+    # ---- weight update ------------------------------------------------------------------
+    def swap_weights(self, staged: StagedWeights) -> float:
+        """Copy ``staged`` into the served weights' own buffers and empty the radix cache (its
+        KV was computed with the old weights); engine thread, with no request running. Returns
+        the milliseconds it took."""
+        t0 = time.perf_counter()
+        if self.scheduler.running:
+            raise RuntimeError("weights swapped while requests run")
+        copy_weights(self.runner.model, staged)
+        self.scheduler.flush_cache()
+        self.weights = staged.version
         return (time.perf_counter() - t0) * 1e3
 
     # ---- prompts ------------------------------------------------------------------------
@@ -211,6 +235,7 @@ class Engine:
                 "sid_end": self.layout.sid_end,
             },
             "catalog": self.catalog_version.info(),
+            "weights": self.weights.info(),
             "device": str(self.runner.device),
             "dtype": str(self.runner.dtype),
             "fp8": self.runner.use_fp8,

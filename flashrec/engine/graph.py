@@ -129,6 +129,7 @@ class DecodeGraphRunner:
                 if self.pool is None:
                     self.pool = g.pool()
                 self.graphs[r] = g
+                run.graph_stats.capture("decode", r)
                 if r in self.step_sizes:
                     self._capture_step(r, meta)
             torch.cuda.synchronize()
@@ -157,6 +158,7 @@ class DecodeGraphRunner:
         self.step_graphs[r], self.step_outputs[r] = capture_graph(
             lambda: self._step_body(r, meta), self.pool
         )
+        self.runner.graph_stats.capture("step", r)
 
     def fits(self, rows: int) -> bool:
         return rows <= self.sizes[-1]

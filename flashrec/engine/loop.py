@@ -16,7 +16,9 @@ from typing import Any
 
 from flashrec.engine.catalogs import CatalogReloader
 from flashrec.engine.engine import Engine
+from flashrec.engine.graph_stats import end_warmup_of, snapshot_of
 from flashrec.engine.request import GenRequest, GenResult, QueueFullError
+from flashrec.engine.weights import WeightUpdater
 from flashrec.profiler import ProfileController
 from flashrec.sid.layout import SidLayout
 
@@ -42,6 +44,10 @@ class EngineLoop:
         self._inbox: list[GenRequest] = []
         self._cancels: list[str] = []
         self._calls: list[tuple[Callable[[], Any], Future]] = []
+        # calls that run once no request runs (a weight swap); while one waits, requests
+        # not yet admitted are held here, out of the scheduler, and go back after it
+        self._idle_calls: list[tuple[Callable[[], Any], Future]] = []
+        self._held: list[GenRequest] = []
         self._futures: dict[str, Future] = {}
         self._hooks: list[Callable[[int], None]] = []
         self._admitting = True
@@ -49,6 +55,7 @@ class EngineLoop:
         self._thread = threading.Thread(target=self._run, name="flashrec-engine", daemon=True)
         self._snapshot: dict[str, int] = {}
         self.reloader = CatalogReloader(engine, self.call_on_engine_thread)
+        self.weights_updater = WeightUpdater(engine, self.call_when_idle)
         self.profiler = ProfileController(self)
         self._take_snapshot()
 
@@ -89,7 +96,8 @@ class EngineLoop:
         with self._cond:
             if not self._admitting:
                 raise QueueFullError("server is shutting down")
-            if len(self._inbox) + len(self.scheduler.waiting) >= self.engine.config.max_queue_len:
+            queued = len(self._inbox) + len(self.scheduler.waiting) + len(self._held)
+            if queued >= self.engine.config.max_queue_len:
                 raise QueueFullError(f"queue full ({self.engine.config.max_queue_len} waiting)")
             if req.rid in self._futures:
                 raise ValueError(f"duplicate request id {req.rid!r}")
@@ -110,6 +118,17 @@ class EngineLoop:
             self._cond.notify()
         return fut
 
+    def call_when_idle(self, fn: Callable[[], Any]) -> Future:
+        """Run ``fn`` on the engine thread once no request runs: from now on no waiting
+        request is admitted; the running ones finish, then ``fn`` runs, then admission
+        resumes in the same order. Requests in flight never see ``fn``'s effect; those
+        admitted after it do."""
+        fut: Future = Future()
+        with self._cond:
+            self._idle_calls.append((fn, fut))
+            self._cond.notify()
+        return fut
+
     def add_step_hook(self, fn: Callable[[int], None]) -> None:
         self._hooks.append(fn)
 
@@ -125,6 +144,16 @@ class EngineLoop:
     def reload_catalog(self, path: str, packed_base: int | None = None) -> dict[str, Any]:
         """Catalog hot reload (``CatalogReloader.reload``); call it off the engine thread."""
         return self.reloader.reload(path, packed_base)
+
+    def update_weights(self, model_path: str, label: str | None = None) -> dict[str, Any]:
+        """New weights without a restart (``WeightUpdater.update``); call it off the engine
+        thread."""
+        return self.weights_updater.update(model_path, label)
+
+    def weights_info(self) -> dict[str, Any]:
+        """The served weights' identity (``WeightsVersion.info``)."""
+        weights = getattr(self.engine, "weights", None)
+        return weights.info() if weights is not None else {}
 
     def catalog_info(self) -> dict[str, Any]:
         """The active catalog (``CatalogVersion.info``), as ``/get_server_info`` shows it."""
@@ -142,12 +171,13 @@ class EngineLoop:
             snap = dict(self._snapshot)
             snap["queue_len"] = len(self._inbox) + snap.get("waiting", 0)
         snap.update(self.reloader.stats())
+        snap.update(self.weights_updater.stats())
         return snap
 
     def _take_snapshot(self) -> None:
         s = self.scheduler
         snap = {
-            "waiting": len(s.waiting),
+            "waiting": len(s.waiting) + len(self._held),
             "running_requests": len(s.running),
             "used_slots": s.used_rows,
             "total_slots": s.kv.rows.size,
@@ -161,6 +191,7 @@ class EngineLoop:
             "batch_failures_total": s.stats.batch_failures_total,
             "decode_graph_forwards_total": s.runner.decode_forwards["graph"],
             "decode_eager_forwards_total": s.runner.decode_forwards["eager"],
+            "graph": snapshot_of(s.runner),  # flashrec_graph_* (engine/graph_stats.py)
         }
         live = getattr(s, "live_catalogs", None)
         if live is not None:  # the active catalog's identity, and how many are alive
@@ -168,6 +199,11 @@ class EngineLoop:
             snap["catalog_sids"] = s.catalog.size or 0
             snap["catalogs_live"] = len(live())
             snap["decode_other_catalog_steps_total"] = s.stats.other_catalog_steps_total
+        weights = getattr(self.engine, "weights", None)
+        if weights is not None:  # the served weights' identity (an info-style gauge)
+            snap["weights_hash"] = weights.hash
+            snap["weights_path"] = weights.path
+            snap["weights_version"] = weights.version
         with self._cond:
             self._snapshot = snap
 
@@ -196,6 +232,7 @@ class EngineLoop:
                     self._inbox
                     or self._cancels
                     or self._calls
+                    or self._idle_calls
                     or self._stopping
                     or self.scheduler.has_work()
                 ):
@@ -210,11 +247,17 @@ class EngineLoop:
                     fut.set_result(fn())
                 except Exception as exc:  # noqa: BLE001
                     fut.set_exception(exc)
+            if self._idle_calls or self._held:  # a swap waits: nothing more is admitted
+                self._held += self.scheduler.waiting + inbox
+                self.scheduler.waiting.clear()
+                inbox = []
             for req in inbox:
                 self.scheduler.add(req)
             for rid in cancels:
-                if self.scheduler.cancel(rid):
+                if self._cancel_held(rid) or self.scheduler.cancel(rid):
                     self._resolve(rid, CancelledError(f"request {rid} cancelled"))
+            if self._idle_calls and not self.scheduler.has_work():
+                self._run_idle_calls()
             if calls or cancels:
                 self._take_snapshot()
             if not self.scheduler.has_work():
@@ -240,8 +283,33 @@ class EngineLoop:
         # fail whatever is left
         with self._cond:
             rids = list(self._futures)
+            idle, self._idle_calls = self._idle_calls, []
+        for _, fut in idle:
+            fut.set_exception(CancelledError("engine stopped"))
         for rid in rids:
             self._resolve(rid, CancelledError("engine stopped"))
+
+    def _cancel_held(self, rid: str) -> bool:
+        for i, req in enumerate(self._held):
+            if req.rid == rid:
+                del self._held[i]
+                return True
+        return False
+
+    def _run_idle_calls(self) -> None:
+        """Engine thread, nothing running: run the idle calls, then give the held requests
+        back to the scheduler in their order."""
+        with self._cond:
+            calls, self._idle_calls = self._idle_calls, []
+        for fn, fut in calls:
+            try:
+                fut.set_result(fn())
+            except Exception as exc:  # noqa: BLE001
+                fut.set_exception(exc)
+        held, self._held = self._held, []
+        for req in held:
+            self.scheduler.add(req)
+        self._take_snapshot()
 
     def _resolve(self, rid: str, res: GenResult | BaseException) -> None:
         with self._cond:
@@ -251,6 +319,11 @@ class EngineLoop:
         if isinstance(res, BaseException):
             fut.set_exception(res)
         else:
+            # NOTE: a weight swap runs only while no request runs, so every result resolved
+            # between two swaps was computed with the weights served now
+            weights = getattr(self.engine, "weights", None)
+            if weights is not None:
+                res.weights_hash = weights.hash  # type: ignore[attr-defined]
             fut.set_result(res)
 
     def warmup(self, requests: int = 2) -> None:
@@ -268,4 +341,5 @@ class EngineLoop:
         for f in futs:
             f.result()
         self.call_on_engine_thread(self.scheduler.flush_cache).result()
+        end_warmup_of(self.scheduler.runner)  # a capture from now on is one while serving
         self.ready = True

@@ -55,6 +55,31 @@ def bucket_sizes(max_tokens: int) -> list[int]:
     return sizes
 
 
+def fit_max_tokens(top: int, whole: int, pool_tokens: int, explicit: bool) -> int:
+    """The piecewise prefill's largest bucket, within what the KV pool can spare for its
+    padding slots (a quarter of the pool, or the one-prompt graph's ``whole`` tokens, which
+    share them): a default shrinks to fit, with a log line; an ``explicit``
+    --piecewise-prefill-max-tokens that does not fit is refused."""
+    spare = pool_tokens // 4
+    if top <= max(spare, whole):
+        return top
+    if explicit:
+        raise ValueError(
+            f"--piecewise-prefill-max-tokens {top} reserves {top} KV pool slots for padding; "
+            f"the pool has {pool_tokens} (at most a quarter may be reserved). "
+            "Lower it, or raise --kv-pool-tokens / --mem-fraction-static."
+        )
+    fit = max((b for b in bucket_sizes(top) if b <= max(spare, whole)), default=0)
+    log.info(
+        "piecewise prefill graphs up to %d tokens, not %d: the KV pool (%d tokens) spares "
+        "a quarter for padding slots",
+        fit,
+        top,
+        pool_tokens,
+    )
+    return fit
+
+
 class PiecewisePrefill(PaddedInputs):
     def __init__(self, runner, max_tokens: int, pad_slots: torch.Tensor, pool=None) -> None:
         self.runner = runner
@@ -137,6 +162,7 @@ class PiecewisePrefill(PaddedInputs):
                     graphs.append(g)
                 self.graphs[t] = graphs
                 self.output[t] = out
+                self.runner.graph_stats.capture("piecewise", t)  # its n pieces as one
             torch.cuda.synchronize()
         except Exception as exc:
             raise RuntimeError(

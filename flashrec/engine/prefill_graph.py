@@ -118,6 +118,7 @@ class PrefillGraphRunner(PaddedInputs):
                 if self.pool is None:
                     self.pool = g.pool()
                 self.graphs[t] = g
+                self.runner.graph_stats.capture("prefill", t)
             torch.cuda.synchronize()
         except Exception as exc:
             raise RuntimeError(

@@ -17,12 +17,14 @@ from flashrec.engine.attention_choice import (
     pick_decode_prompt,
     staging_bytes_per_token,
 )
+from flashrec.engine.graph_stats import GraphStats, decode_path, off_reason, prefill_path
 from flashrec.engine.meta import (  # noqa: F401 - host_to_device, make_prefill_meta: re-exported
     BLOCK_M,
     host_to_device,
     make_decode_meta,
     make_prefill_meta,
 )
+from flashrec.engine.piecewise import MAX_SEQS, fit_max_tokens
 from flashrec.kernels.invariant import CPU_ROWS as INVARIANT_ROWS
 from flashrec.kernels.invariant import batch_invariant
 from flashrec.kvcache.pool import KVCache
@@ -114,8 +116,9 @@ class ModelRunner:
         # decode forwards by how they ran (graph replays, eager): /metrics and the harness
         # show them, so a decode that left the graphs is never silent
         self.decode_forwards = {"graph": 0, "eager": 0}
-        self._eager_widths_logged: set[int] = set()
-        self._declined_logged = False  # a graph-sized batch the attention backend declined
+        # flashrec_graph_*: captures by kind and size, replays, eager forwards by reason
+        self.graph_stats = GraphStats()
+        self._off = off_reason(self.device.type)  # why a kind with no graphs has none
         self.graphs = self._capture_decode_graphs()
         self.prefill_graphs = None
         self.piecewise = None
@@ -248,29 +251,9 @@ class ModelRunner:
                 self.piecewise.capture()
 
     def _fit_piecewise(self, top: int, whole: int) -> int:
-        """The piecewise prefill's largest bucket, within what the KV pool can spare for its
-        padding slots (a quarter of the pool): the default shrinks to fit, with a log line; an
-        explicit --piecewise-prefill-max-tokens that does not fit is refused."""
-        spare = self.kv.pool_tokens // 4
-        if top <= max(spare, whole):
-            return top
-        if self.config.piecewise_prefill_max_tokens is not None:
-            raise ValueError(
-                f"--piecewise-prefill-max-tokens {top} reserves {top} KV pool slots for padding; "
-                f"the pool has {self.kv.pool_tokens} (at most a quarter may be reserved). "
-                "Lower it, or raise --kv-pool-tokens / --mem-fraction-static."
-            )
-        from flashrec.engine.piecewise import bucket_sizes
-
-        fit = max((b for b in bucket_sizes(top) if b <= max(spare, whole)), default=0)
-        log.info(
-            "piecewise prefill graphs up to %d tokens, not %d: the KV pool (%d tokens) spares "
-            "a quarter for padding slots",
-            fit,
-            top,
-            self.kv.pool_tokens,
-        )
-        return fit
+        """``piecewise.fit_max_tokens`` for this runner's KV pool and configuration."""
+        explicit = self.config.piecewise_prefill_max_tokens is not None
+        return fit_max_tokens(top, whole, self.kv.pool_tokens, explicit)
 
     def _fused_qk_rope_kv(self, attn, qkv, positions, meta):
         """q/k norm + RoPE + KV write in one kernel; returns (q, k, v, stored=True)."""
@@ -362,12 +345,27 @@ class ModelRunner:
         ``--piecewise-prefill-max-tokens`` replay the piecewise graphs (attention eager, on
         the real tokens); larger ones run eagerly."""
         with trace_range("flashrec.prefill"):
-            if alone and self.prefill_graphs is not None and self.prefill_graphs.fits(meta):
-                return self.prefill_graphs.run(input_ids, meta)
-            if self.piecewise is not None and self.piecewise.fits(meta):
-                return self.piecewise.run(input_ids, meta)
+            pg, pw = self.prefill_graphs, self.piecewise
+            one = alone and pg is not None and pg.fits(meta)
+            many = not one and pw is not None and pw.fits(meta)
+            self.graph_stats.count("prefill", self._prefill_path(meta, one, many))
+            if one:
+                return pg.run(input_ids, meta)
+            if many:
+                return pw.run(input_ids, meta)
             h = self.model(input_ids, meta.positions, meta, self.ctx, select=meta.last_index)
             return self.lm_head.level_logprobs(h, 0)
+
+    def _prefill_path(self, meta: PrefillMeta, one: bool, many: bool) -> tuple[str, str | None]:
+        """``graph_stats.prefill_path`` for a batch the one-prompt graph takes (``one``), the
+        piecewise graphs take (``many``) or neither."""
+        pg, pw = self.prefill_graphs, self.piecewise
+        widest = pw if pw is not None else pg
+        return prefill_path(
+            one if pg is not None else None, many if pw is not None else None,
+            len(meta.new_lens), sum(meta.new_lens), widest.sizes[-1] if widest is not None else 0,
+            MAX_SEQS if pw is not None else 1, self.device.type == "cuda", self._off,
+        )  # fmt: skip
 
     @torch.inference_mode()
     def decode(
@@ -386,26 +384,18 @@ class ModelRunner:
 
     def _decode_forward(self, input_ids: torch.Tensor, meta: DecodeMeta) -> torch.Tensor:
         """The model forward over the beam rows: a graph replay where one fits, else eager
-        (with graphs captured: logged once per width, counted in ``decode_forwards``)."""
+        (counted in ``decode_forwards`` and ``graph_stats`` by reason; with graphs captured,
+        logged once per width)."""
         rows = input_ids.shape[0]
-        fits = self.graphs is not None and self.graphs.fits(rows)
-        if fits and self.attn.decode_graph_fits(meta):
+        sizes = self.graphs.sizes if self.graphs is not None else ()
+        fits = bool(sizes) and rows <= sizes[-1]
+        path = decode_path(sizes, rows, fits and self.attn.decode_graph_fits(meta), self._off)
+        self.graph_stats.count("decode", path)
+        if path[1] is None:
             self.decode_forwards["graph"] += 1
             return self.graphs.run(input_ids, meta)
         self.decode_forwards["eager"] += 1
-        if fits and not self._declined_logged:  # the attention backend declined the batch
-            self._declined_logged = True
-            log.warning(
-                "a decode batch whose prompts outgrow the attention backend's staging buffer "
-                "runs eagerly, through the Triton kernel (logged once)"
-            )
-        elif self.graphs is not None and not fits and rows not in self._eager_widths_logged:
-            self._eager_widths_logged.add(rows)
-            log.warning(
-                "a decode batch of %d rows runs eagerly: the largest decode graph holds %d "
-                "(raise --cuda-graph-max-bs to the widest request's n, or lower the request's n)",
-                rows, self.graphs.sizes[-1],
-            )  # fmt: skip
+        self.graph_stats.warn_eager(path[1], rows, sizes)
         return self.model(input_ids, meta.positions, meta, self.ctx)
 
     def step_batch_ok(self, widths: list[int], levels: list[int]) -> bool:
@@ -470,6 +460,7 @@ class ModelRunner:
                 and self.attn.decode_graph_fits(meta)
             ):
                 self.decode_forwards["graph"] += 1
+                self.graph_stats.replay("step")
                 return self.graphs.run_step(input_ids, meta, levels, cum, nodes, temps, seeds)
             h = self._decode_forward(input_ids, meta)
             out = self.step.run(h, levels, cum, nodes, temps, seeds)

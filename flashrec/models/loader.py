@@ -52,6 +52,59 @@ def _checkpoint_files(model_path: Path) -> list[Path]:
     return files
 
 
+def checkpoint_files(model_path: str | Path) -> list[Path]:
+    """The checkpoint's safetensors files (the index's, else every ``*.safetensors``), in
+    order; ``CheckpointError`` when there is none."""
+    return _checkpoint_files(Path(model_path))
+
+
+def checkpoint_signature(model_path: str | Path) -> dict[str, tuple[tuple[int, ...], str]]:
+    """Every tensor of the checkpoint as stored: name -> (shape, safetensors dtype), read from
+    the files' headers alone (no tensor is read)."""
+    out: dict[str, tuple[tuple[int, ...], str]] = {}
+    for f in _checkpoint_files(Path(model_path)):
+        with open(f, "rb") as fh:
+            size = int.from_bytes(fh.read(8), "little")
+            header = json.loads(fh.read(size))
+        for name, meta in header.items():
+            if name != "__metadata__":
+                out[name] = (tuple(meta["shape"]), str(meta["dtype"]))
+    return out
+
+
+def build_model(mc, model_path: str | Path, dtype: torch.dtype, use_fp8: bool) -> torch.nn.Module:
+    """The model of ``mc`` with ``model_path``'s weights, on the CPU: built on the meta
+    device, then loaded (fused parameters; FP8 quantized or dequantized as ``use_fp8`` says,
+    as at start-up)."""
+    from flashrec.models.registry import get_model_class
+
+    with torch.device("meta"):
+        model = get_model_class(mc)(mc)
+    model = model.to_empty(device="cpu")
+    load_weights(
+        model,
+        read_checkpoint(model_path),
+        dtype,
+        quantize_fp8=use_fp8 and not mc.is_fp8_checkpoint,
+        dequantize_fp8=mc.is_fp8_checkpoint and not use_fp8,
+        block_size=mc.fp8_block_size,
+    )
+    return model
+
+
+def model_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Every tensor a forward reads from the model, by name: parameters, buffers and each
+    FP8 ``Linear``'s ``weight_scale`` (``<module>.weight_scale``). A weight update copies
+    into exactly these."""
+    out = dict(model.named_parameters())
+    out.update(model.named_buffers())
+    for name, mod in model.named_modules():
+        scale = getattr(mod, "weight_scale", None) if isinstance(mod, Linear) else None
+        if scale is not None:
+            out[f"{name}.weight_scale"] = scale
+    return out
+
+
 def read_checkpoint(model_path: str | Path) -> dict[str, torch.Tensor]:
     out: dict[str, torch.Tensor] = {}
     for f in _checkpoint_files(Path(model_path)):

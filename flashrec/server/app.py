@@ -91,6 +91,7 @@ def create_app(engine: ServedEngine, config: ServerConfig) -> web.Application:
         ("POST", "/start_profile", ctl.start_profile),
         ("POST", "/stop_profile", ctl.stop_profile),
         ("POST", "/update_catalog", ctl.update_catalog),
+        ("POST", "/update_weights_from_disk", ctl.update_weights_from_disk),
     )
     for method, path, handler in routes:
         app.router.add_route(method, path, handler, expect_handler=expect_continue)

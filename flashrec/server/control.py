@@ -218,3 +218,61 @@ async def update_catalog(request: web.Request) -> web.Response:
     except ValueError as exc:
         raise bad_request(str(exc), "path") from None
     return web.json_response(info)
+
+
+# the body fields of /update_weights_from_disk (SGLang's UpdateWeightFromDiskReqInput, those
+# that make sense here) and the values each may take beyond its default
+_WEIGHT_FIELDS = ("model_path", "load_format", "weight_version", "flush_cache",
+                  "abort_all_requests")  # fmt: skip
+
+
+def _weights_refused(message: str, status: int = 400) -> web.Response:
+    return web.json_response({"success": False, "message": message}, status=status)
+
+
+async def update_weights_from_disk(request: web.Request) -> web.Response:
+    """``POST /update_weights_from_disk {"model_path": DIR, "load_format", "weight_version",
+    "flush_cache", "abort_all_requests"}`` (SGLang's request and answer shape): new weights
+    without a restart. The checkpoint is read and checked off the engine thread (config,
+    SID layout and vocabulary of its tokenizer, every tensor's shape and dtype), then copied
+    into the served weights' buffers once the running requests have finished; the radix
+    cache is flushed. 400 ``{"success": false, "message"}`` for a checkpoint that cannot
+    serve (the old weights keep serving), 409 while another update runs."""
+    from flashrec.engine.weights import LOAD_FORMATS
+
+    st = request.app[STATE]
+    body = protocol.require_object(await read_json(request, st.config))
+    unknown = sorted(set(body) - set(_WEIGHT_FIELDS))
+    if unknown:
+        return _weights_refused(
+            f"unsupported field(s) {unknown}; supported: {', '.join(_WEIGHT_FIELDS)}"
+        )
+    path = body.get("model_path")
+    if not isinstance(path, str) or not path:
+        return _weights_refused(
+            "'model_path' (a checkpoint directory the server can read) is required"
+        )
+    if body.get("load_format") not in LOAD_FORMATS:
+        return _weights_refused(
+            f"'load_format' {body.get('load_format')!r} is not supported; supported: "
+            "auto, safetensors"
+        )
+    label = body.get("weight_version")
+    if label is not None and not isinstance(label, str):
+        return _weights_refused(f"'weight_version' must be a string, got {label!r}")
+    if body.get("flush_cache", True) is not True:
+        return _weights_refused(
+            "'flush_cache' must be true: the prefix cache holds KV computed with the old weights"
+        )
+    if body.get("abort_all_requests", False) is not False:
+        return _weights_refused(
+            "'abort_all_requests' is not supported: running requests finish on the old weights"
+        )
+    try:  # in flight: the drain waits for it, then 503; its thread holds no exit
+        call = detached(st.engine.update_weights, path, label, name="flashrec-weights-update")
+        info = await in_flight(st, call, "weight update")
+    except ReloadBusyError as exc:
+        return _weights_refused(str(exc), 409)
+    except ValueError as exc:
+        return _weights_refused(str(exc))
+    return web.json_response(info)

@@ -7,7 +7,8 @@ engine in a process of its own, over a pipe); the test fakes do too. The server 
 
 Threads: each prompt builder runs on one prompt-building thread of the server at a time;
 everything else may be called from any thread and blocks at most for one
-engine call, except ``warmup``, ``drain`` and ``reload_catalog``, which take as long as they take.
+engine call, except ``warmup``, ``drain``, ``reload_catalog`` and ``update_weights``, which
+take as long as they take.
 """
 
 from __future__ import annotations
@@ -93,6 +94,12 @@ class ServedEngine(Protocol):
     def flush_cache(self) -> int: ...  # tokens freed from the radix cache
 
     def reload_catalog(self, path: str, packed_base: int | None = None) -> dict[str, Any]: ...
+
+    def update_weights(self, model_path: str, label: str | None = None) -> dict[str, Any]:
+        """New weights from ``model_path`` without a restart (``/update_weights_from_disk``):
+        ValueError for a checkpoint that cannot serve (the old weights keep serving),
+        ``ReloadBusyError`` while another update runs; blocks until swapped in."""
+        ...
 
     def metrics_snapshot(self) -> tuple[dict[str, int], str, dict[str, Any] | None]:
         """What ``/metrics`` reads of the engine in one call: its counters, the profiler's

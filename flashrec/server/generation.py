@@ -76,6 +76,7 @@ async def _respond(request: web.Request, parse: Parse) -> web.StreamResponse:
     req = parse(await read_json(request, st.config), st.limits)
     ans = await st.backend.answer(req, st.model_name, t0)
     timing = {"Server-Timing": server_timing(ans.tokenize_s, ans.results, ans.back)}
+    timing.update(weights_header(ans.results))
     if isinstance(ans.body, str):
         return web.json_response(text=ans.body, headers=timing)
     return await _send_sse(request, ans.body, timing)
@@ -105,6 +106,14 @@ def server_timing(tokenize_s: float, results: list[GenResult], back: float | Non
         if back is not None:
             parts.append(("handoff", min(max(0.0, back - min(done)), parts[-1][1])))
     return ", ".join(f"{name};dur={sec * 1000.0:.3f}" for name, sec in parts)
+
+
+def weights_header(results: list[GenResult]) -> dict[str, str]:
+    """``X-FlashRec-Weights-Hash``: the content hash of the weights the request ran on (a
+    batch's requests all ran between the same two weight updates); none from an engine that
+    does not say."""
+    h = next((getattr(r, "weights_hash", None) for r in results), None)
+    return {} if h is None else {"X-FlashRec-Weights-Hash": h}
 
 
 async def _send_sse(

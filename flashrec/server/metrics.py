@@ -119,6 +119,36 @@ ENGINE_METRICS = (
         "counter",
         "Engine batches that raised; their requests got 500.",
     ),
+    (
+        "weights_version",
+        "flashrec_weights_version",
+        "gauge",
+        "Weight updates swapped in since start-up (0: the start-up weights).",
+    ),
+    (
+        "weight_updates_ok_total",
+        "flashrec_weight_updates_ok_total",
+        "counter",
+        "Weight updates swapped in (POST /update_weights_from_disk).",
+    ),
+    (
+        "weight_updates_rejected_total",
+        "flashrec_weight_updates_rejected_total",
+        "counter",
+        "Weight updates refused (400): the old weights kept serving.",
+    ),
+    (
+        "weight_updates_busy_total",
+        "flashrec_weight_updates_busy_total",
+        "counter",
+        "Weight updates refused because another one was running (409).",
+    ),
+    (
+        "weights_last_swap_ms",
+        "flashrec_weights_last_swap_ms",
+        "gauge",
+        "Engine-thread time of the last weight swap (copy + cache flush), in milliseconds.",
+    ),
 )
 
 
@@ -256,10 +286,16 @@ class ServerMetrics:
             if key in stats:
                 family(name, kind, help)
                 out.append(f"{name} {_fmt(stats[key])}")
+        if stats.get("graph"):  # flashrec_graph_*: captures, replays, eager forwards by reason
+            _graph_families(out, family, stats["graph"])
         if "catalog_hash" in stats:  # an info-style gauge: the hash as a label
             family("flashrec_catalog_info", "gauge", "The active catalog: its content hash.")
             label = _labels({"hash": str(stats["catalog_hash"])})
             out.append(f"flashrec_catalog_info{label} 1")
+        if "weights_hash" in stats:  # an info-style gauge: the served weights' identity
+            family("flashrec_weights_info", "gauge", "The served weights: path and content hash.")
+            wl = {"path": str(stats.get("weights_path", "")), "hash": str(stats["weights_hash"])}
+            out.append(f"flashrec_weights_info{_labels(wl)} 1")
         for name, value in extra.items():
             family(name, "gauge", _EXTRA_HELP.get(name, name))
             out.append(f"{name} {_fmt(value)}")
@@ -309,6 +345,46 @@ class ServerMetrics:
         if procs:
             _gc_families(out, family, procs)
         return "\n".join(out) + "\n"
+
+
+def _graph_families(out: list[str], family: Callable[[str, str, str], None], g: Mapping) -> None:
+    """The ``flashrec_graph_*`` families from ``GraphStats.snapshot()`` (engine/graph_stats.py):
+    every kind and every eager reason has a sample, 0 until it happens, so a gate reads 0,
+    not nothing."""
+    family(
+        "flashrec_graph_captures_total",
+        "counter",
+        "CUDA graphs captured, by kind (decode, step, prefill, piecewise) and size (rows or "
+        "tokens); none on CPU.",
+    )
+    for kind, size, n in g["captures"]:
+        out.append(f"flashrec_graph_captures_total{_labels({'kind': kind, 'size': size})} {n}")
+    family(
+        "flashrec_graph_captures_after_warmup_total",
+        "counter",
+        "CUDA graphs captured after the warm-up, while serving (a capture under load stalls it).",
+    )
+    for kind, n in g["captures_after_warmup"].items():
+        out.append(f"flashrec_graph_captures_after_warmup_total{_labels({'kind': kind})} {n}")
+    family(
+        "flashrec_graph_replays_total",
+        "counter",
+        "Decode and prefill forwards served by a CUDA graph replay, by phase and graph kind.",
+    )
+    phase = {"decode": "decode", "step": "decode", "prefill": "prefill", "piecewise": "prefill"}
+    for kind, n in g["replays"].items():
+        labels = _labels({"phase": phase.get(kind, kind), "kind": kind})
+        out.append(f"flashrec_graph_replays_total{labels} {n}")
+    family(
+        "flashrec_graph_eager_forwards_total",
+        "counter",
+        "Decode and prefill forwards run eagerly, by phase and reason (device_cpu, disabled, "
+        "over_max_batch, attention_declined, over_max_tokens, over_max_prompts, "
+        "shape_not_captured).",
+    )
+    for ph, reason, n in g["eager"]:
+        labels = _labels({"phase": ph, "reason": reason})
+        out.append(f"flashrec_graph_eager_forwards_total{labels} {n}")
 
 
 def _gc_families(out: list[str], family: Callable[[str, str, str], None], procs: list) -> None:

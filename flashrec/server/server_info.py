@@ -146,6 +146,8 @@ async def server_info_body(st: ServerState, request: web.Request) -> dict[str, A
         },
         "limits": dataclasses.asdict(st.limits),
         "engine": engine_info,
+        # graph health as of now: captured sizes per kind, replays, eager forwards by reason
+        "graphs": await graph_health(engine),
         "versions": {
             "flashrec": flashrec.__version__,
             "python": platform.python_version(),
@@ -162,6 +164,17 @@ async def server_info_body(st: ServerState, request: web.Request) -> dict[str, A
         # the loop this server actually runs on (an embedded server runs on its caller's)
         "event_loop": event_loop,
     }
+
+
+async def graph_health(engine: Any) -> dict[str, Any] | None:
+    """``/get_server_info``'s ``graphs``: the engine's graph counters (``GraphStats``) as of
+    now, read from the ``/metrics`` snapshot (an engine process's too, over the pipe); None
+    for an engine that keeps none."""
+    from flashrec.engine.graph_stats import describe
+
+    stats, _, _ = await asyncio.to_thread(engine.metrics_snapshot)
+    snap = stats.get("graph")
+    return describe(snap) if snap else None
 
 
 def _torch_version() -> str:

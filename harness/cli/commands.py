@@ -12,6 +12,7 @@ COMMANDS: dict[str, str] = {
     "gate": "harness.cli.gate:main",
     "quick": "harness.cli.quick:main",
     "reference-server": "harness.cli.reference_server:main",
+    "soak": "harness.cli.soak:main",
     "witness": "harness.cli.witness:main",
 }
 EXIT_GATE, EXIT_USAGE, EXIT_CELLS, EXIT_INTERRUPT = 1, 2, 3, 130

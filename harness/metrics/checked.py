@@ -16,6 +16,7 @@ from harness.load.client import Record
 from harness.metrics.host import METRICS as HOST_METRICS
 from harness.metrics.host import SERVER_METRICS
 from harness.metrics.rounds import DIRECTIONS, QUALITY_PREFIXES, SERVER_PHASES, counted
+from harness.metrics.server import GRAPH_METRICS
 
 WORKLOAD_QUALITY = ("hit@", "ndcg@", "mrr@")  # the workload's ground-truth metrics (recall@: both)
 EVAL_QUALITY = ("pass@", "position1_pass@", "pid_pass@", "pid_position1_pass@", "pid_recall@")
@@ -114,6 +115,8 @@ def _reason(name: str, res: Any, ok: list[Record], evaluated: set[str]) -> str |
         return "the server sends no Server-Timing header with this phase"
     if name in GC_METRICS:
         return "the server's /metrics has no Python GC counters"
+    if name in GRAPH_METRICS:
+        return "the server's /metrics has no graph counters (flashrec_graph_*)"
     if name in HOST_METRICS or name in SERVER_METRICS:
         return "no CPU reading of the server's processes (not launched by this run, or no /proc)"
     return None

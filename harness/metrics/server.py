@@ -6,8 +6,13 @@ has its explanation. The harness scrapes ``/metrics`` before and after each meas
 (outside the timed load) and keeps the deltas as round metrics:
 ``server_gc_pause_ms`` (every generation), ``server_gc_full_collections`` and
 ``server_gc_slow_pauses`` (>= 50 ms), summed over the server's processes (its engine
-process's samples carry ``process="engine"``). A server without these families (another engine, an
-older FlashRec) simply has none.
+process's samples carry ``process="engine"``). From its ``flashrec_graph_*`` families, the
+round's graph health: ``server_graph_eager_decode_forwards`` / ``..._prefill_forwards``
+(forwards that left the CUDA graphs: a silent fall-back to eager halves QPS),
+``server_graph_replay_decode_forwards`` / ``..._prefill_forwards`` and
+``server_graph_captures_after_warmup`` (a total since the server's warm-up, not a delta), so a
+matrix gate can require no eager decode and no capture while serving without a trace. A server
+without these families (another engine, an older FlashRec) simply has none.
 """
 
 from __future__ import annotations
@@ -65,6 +70,12 @@ def _sum(samples: dict[str, float], family: str, label: str = "") -> float | Non
 
 
 def gc_delta(before: dict[str, float] | None, after: dict[str, float] | None) -> dict[str, float]:
+    """The round's server metrics from two scrapes: its GC pauses and its graph health
+    (:func:`graph_delta`); {} without the families in both."""
+    return {**_gc_only(before, after), **graph_delta(before, after)}
+
+
+def _gc_only(before: dict[str, float] | None, after: dict[str, float] | None) -> dict[str, float]:
     """The round's GC metrics from two scrapes ({} without the families in both)."""
     if not before or not after:
         return {}
@@ -78,6 +89,39 @@ def gc_delta(before: dict[str, float] | None, after: dict[str, float] | None) ->
     ):
         b, a = _sum(before, family, label), _sum(after, family, label)
         if b is not None and a is not None:
+            out[name] = a - b
+    return {k: v for k, v in out.items() if math.isfinite(v)}
+
+
+GRAPH_EAGER = "flashrec_graph_eager_forwards_total"
+GRAPH_REPLAYS = "flashrec_graph_replays_total"
+GRAPH_LATE = "flashrec_graph_captures_after_warmup_total"
+# round metric -> (family, label selecting its samples, a delta over the round or the total at
+# its end): a capture after warm-up counts wherever it happened, between rounds included
+GRAPH_METRICS = {
+    "server_graph_eager_decode_forwards": (GRAPH_EAGER, 'phase="decode"', True),
+    "server_graph_eager_prefill_forwards": (GRAPH_EAGER, 'phase="prefill"', True),
+    "server_graph_replay_decode_forwards": (GRAPH_REPLAYS, 'phase="decode"', True),
+    "server_graph_replay_prefill_forwards": (GRAPH_REPLAYS, 'phase="prefill"', True),
+    "server_graph_captures_after_warmup": (GRAPH_LATE, "", False),
+}
+
+
+def graph_delta(
+    before: dict[str, float] | None, after: dict[str, float] | None
+) -> dict[str, float]:
+    """The round's graph health from two scrapes of FlashRec's ``flashrec_graph_*``
+    families: decode and prefill forwards run eagerly (every reason) or replayed during the
+    round, and the captures after the server's warm-up as of the round's end. A server
+    without the families (another engine, an older FlashRec) gives none: a gate on them is
+    then ``no_data`` (:mod:`harness.metrics.checked`), never a pass."""
+    if not before or not after:
+        return {}
+    out: dict[str, float] = {}
+    for name, (family, label, delta) in GRAPH_METRICS.items():
+        a = _sum(after, family, label)
+        b = _sum(before, family, label) if delta else 0.0
+        if a is not None and b is not None:
             out[name] = a - b
     return {k: v for k, v in out.items() if math.isfinite(v)}
 

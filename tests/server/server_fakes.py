@@ -291,5 +291,8 @@ class StubEngine:
     def reload_catalog(self, path: str, packed_base: int | None = None) -> dict[str, Any]:
         raise ValueError("this engine cannot reload its catalog")
 
+    def update_weights(self, model_path: str, label: str | None = None) -> dict[str, Any]:
+        raise ValueError("this engine cannot update its weights")
+
     def metrics_snapshot(self) -> tuple[dict[str, int], str, None]:
         return {}, "idle", None

@@ -53,6 +53,7 @@ class RemoteEngine:
         info = dict(self._info.server_info)
         info["engine_process_pid"] = self._info.pid
         info["catalog"] = self.proc.call("catalog_info")
+        info["weights"] = self.proc.call("weights_info")
         return info
 
     def sid_text_table(self) -> dict[int, str]:
@@ -136,6 +137,11 @@ class RemoteEngine:
         """Catalog hot reload in the engine process: built on a call thread there, swapped
         on its engine thread between steps."""
         return self.proc.call("reload_catalog", path, packed_base, timeout=None)
+
+    def update_weights(self, model_path: str, label: str | None = None) -> dict[str, Any]:
+        """New weights in the engine process: staged on a call thread there, swapped on its
+        engine thread once no request runs."""
+        return self.proc.call("update_weights", model_path, label, timeout=None)
 
 
 class RemoteProfiler:

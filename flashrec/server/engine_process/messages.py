@@ -87,6 +87,7 @@ class Result(NamedTuple):
     engine_s: float | None
     done_at: float | None
     catalog_hash: str | None = None  # the catalog the request decoded with
+    weights_hash: str | None = None  # the weights it ran on (``EngineLoop._resolve``)
 
 
 class RequestError(NamedTuple):
@@ -155,7 +156,7 @@ def result_to_wire(res: GenResult) -> Result:
     fields = (
         res.rid, b.token_ids, b.cum_logprobs, b.sequence_scores, b.finish_reasons,
         res.prompt_tokens, res.cached_tokens, res.error, res.queue_s, res.engine_s, res.done_at,
-        res.catalog_hash,
+        res.catalog_hash, getattr(res, "weights_hash", None),
     )  # fmt: skip
     # Result(*fields), without the Python-level __new__ of a NamedTuple: one per request
     return tuple.__new__(Result, fields)
@@ -166,7 +167,7 @@ def result_from_wire(msg: Result, text: Callable[[list[int]], str] | str = "") -
     beams = BeamColumns(
         msg.token_ids, msg.cum_logprobs, msg.sequence_scores, msg.finish_reasons, text
     )
-    return GenResult(
+    res = GenResult(
         msg.rid,
         beams,
         msg.prompt_tokens,
@@ -177,6 +178,9 @@ def result_from_wire(msg: Result, text: Callable[[list[int]], str] | str = "") -
         done_at=msg.done_at,
         catalog_hash=msg.catalog_hash,
     )
+    if msg.weights_hash is not None:
+        res.weights_hash = msg.weights_hash  # type: ignore[attr-defined]
+    return res
 
 
 # ---- exceptions --------------------------------------------------------------------------

@@ -1,0 +1,295 @@
+"""New weights without a restart (``POST /update_weights_from_disk``).
+
+    any thread (a call thread)          engine thread, between steps
+    stage_weights(path)                 nothing running: the swap
+      directory, config.json, SID        copy_ every staged tensor INTO the served one
+      layout + vocabulary, every         (same storage: CUDA graphs and the LM head's
+      tensor's shape and dtype,          views stay valid), flush the radix cache,
+      content hash, the model built      the new identity
+      on the CPU as at start-up
+      (FP8 quantized the same way)
+
+A checkpoint that differs from the served one in anything but its values is refused with a
+``ValueError`` naming the first difference; the served weights keep serving. The swap waits
+until no request runs (``EngineLoop.call_when_idle``): requests in flight finish on the
+weights they started with, requests admitted after it see the new ones. One update at a time:
+a second one while the first runs is refused (``ReloadBusyError``, HTTP 409).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from flashrec.config import EngineConfig, ModelConfig
+from flashrec.engine.request import ReloadBusyError
+from flashrec.models.loader import (
+    build_model,
+    checkpoint_files,
+    checkpoint_signature,
+    model_tensors,
+)
+from flashrec.prompt import load_tokenizer
+from flashrec.sid.layout import SidLayout, resolve_sid_layout
+
+log = logging.getLogger("flashrec")
+
+HASH_METHOD = "sha256 over each safetensors file's name and bytes, in file order"
+# ModelConfig fields that may differ: how the tensors are stored, checked tensor by tensor
+_STORAGE_FIELDS = {"torch_dtype", "quantization_config"}
+LOAD_FORMATS = (None, "auto", "safetensors")  # SGLang's ``load_format`` values we read
+
+
+def checkpoint_hash(model_path: str | Path) -> str:
+    """sha256 over each safetensors file's name and bytes (``HASH_METHOD``)."""
+    h = hashlib.sha256()
+    for f in checkpoint_files(model_path):
+        h.update(f.name.encode() + b"\0")
+        with open(f, "rb") as fh:
+            while chunk := fh.read(1 << 24):
+                h.update(chunk)
+    return h.hexdigest()
+
+
+def vocab_digest(tokenizer: Any) -> str:
+    """A digest of the tokenizer's vocabulary (token -> id) and added tokens ("" without a
+    tokenizer): equal digests build the same prompt ids."""
+    if tokenizer is None:
+        return ""
+    vocab = sorted(tokenizer.get_vocab().items())
+    return hashlib.sha256(json.dumps(vocab).encode()).hexdigest()
+
+
+@dataclasses.dataclass(frozen=True)
+class WeightsVersion:
+    """The served weights' identity: directory, content hash, update count (0: start-up) and
+    the label an update was given (SGLang's ``weight_version``)."""
+
+    path: str
+    hash: str
+    version: int = 0
+    label: str | None = None
+    signature: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
+
+    def info(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "hash": self.hash,
+            "hash_method": HASH_METHOD,
+            "version": self.version,
+            "weight_version": self.label,
+        }
+
+
+def identify(model_path: str) -> WeightsVersion:
+    """The start-up weights' identity (their files hashed once)."""
+    return WeightsVersion(model_path, checkpoint_hash(model_path), 0, None,
+                          checkpoint_signature(model_path))  # fmt: skip
+
+
+class WeightsHolder(Protocol):
+    """What a weight update reads of the engine (``Engine`` has it; named here, not imported,
+    since the engine imports this module)."""
+
+    config: EngineConfig
+    model_config: ModelConfig
+    layout: SidLayout
+    weights: WeightsVersion
+    vocab_digest: str
+    runner: Any  # ModelRunner: .model, .dtype, .use_fp8, .device
+
+    def swap_weights(self, staged: StagedWeights) -> float: ...
+
+
+@dataclasses.dataclass
+class StagedWeights:
+    """A checked checkpoint ready to swap in: its identity and the model's tensors on the CPU
+    (page-locked where the model is on CUDA), named as ``model_tensors`` names them."""
+
+    version: WeightsVersion
+    tensors: dict[str, torch.Tensor]
+    load_ms: float
+    hash_ms: float
+
+
+def _differences(new: dict, old: dict, what: str) -> None:
+    """ValueError naming the first of ``new``'s entries missing from, extra to or unequal to
+    ``old``'s (and how many differ), if any."""
+    missing = sorted(set(old) - set(new))
+    extra = sorted(set(new) - set(old))
+    unequal = sorted(k for k in set(new) & set(old) if new[k] != old[k])
+    count = len(missing) + len(extra) + len(unequal)
+    if not count:
+        return
+    if missing:
+        first = f"{what} {missing[0]!r} is missing"
+    elif extra:
+        first = f"{what} {extra[0]!r} is not in the served checkpoint"
+    else:
+        k = unequal[0]
+        first = f"{what} {k!r}: {_fmt(new[k])}, served {_fmt(old[k])}"
+    raise ValueError(f"{first} ({count} difference{'s' if count > 1 else ''} in all)")
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, tuple) and len(v) == 2 and isinstance(v[0], tuple):
+        return f"shape {list(v[0])} dtype {v[1]}"
+    return repr(v)
+
+
+def _layout_fields(layout: SidLayout) -> dict[str, Any]:
+    return {
+        "sid": layout.to_arg(),
+        "sid_begin": layout.sid_begin,
+        "sid_end": layout.sid_end,
+        "code_start": layout.code_start,
+        "codebook_size": layout.codebook_size,
+        "num_levels": layout.num_levels,
+    }
+
+
+def stage_weights(
+    engine: WeightsHolder, model_path: str, version: int, label: str | None
+) -> StagedWeights:
+    """Read and check ``model_path`` against what ``engine`` serves, then build its tensors on
+    the CPU; ValueError naming the first difference (nothing served changes). Any thread."""
+    t0 = time.perf_counter()
+    path = Path(model_path)
+    if not path.is_dir():
+        raise ValueError(f"model_path {model_path!r}: no such directory")
+    served: WeightsVersion = engine.weights
+    try:
+        mc = ModelConfig.from_path(path)
+    except (OSError, KeyError, json.JSONDecodeError) as exc:
+        raise ValueError(f"model_path {model_path!r}: unreadable config.json ({exc})") from None
+    keep = [f.name for f in dataclasses.fields(ModelConfig) if f.name not in _STORAGE_FIELDS]
+    try:
+        _differences(
+            {k: getattr(mc, k) for k in keep},
+            {k: getattr(engine.model_config, k) for k in keep},
+            "config.json field",
+        )
+        try:
+            tok = load_tokenizer(str(path))
+        except Exception as exc:  # noqa: BLE001 - any tokenizer failure: this checkpoint
+            raise ValueError(f"its tokenizer does not load ({type(exc).__name__}: {exc})") from None
+        layout = resolve_sid_layout(tok, engine.config.sid)
+        _differences(_layout_fields(layout), _layout_fields(engine.layout), "SID layout field")
+        if vocab_digest(tok) != engine.vocab_digest:
+            raise ValueError("its tokenizer's vocabulary differs from the served tokenizer's")
+        _differences(checkpoint_signature(path), served.signature, "tensor")
+    except ValueError as exc:
+        raise ValueError(f"model_path {model_path!r}: {exc}") from None
+    t1 = time.perf_counter()
+    digest = checkpoint_hash(path)
+    t2 = time.perf_counter()
+    runner = engine.runner
+    model = build_model(mc, path, runner.dtype, runner.use_fp8)
+    tensors = model_tensors(model)
+    want = {k: (tuple(t.shape), t.dtype) for k, t in model_tensors(runner.model).items()}
+    got = {k: (tuple(t.shape), t.dtype) for k, t in tensors.items()}
+    try:
+        _differences(got, want, "model tensor")
+    except ValueError as exc:
+        raise ValueError(f"model_path {model_path!r}: {exc}") from None
+    if runner.device.type == "cuda":  # page-locked: the swap's copies run at full speed
+        tensors = {k: t.pin_memory() for k, t in tensors.items()}
+    ident = WeightsVersion(str(path), digest, version, label, served.signature)
+    load_ms = (t1 - t0 + time.perf_counter() - t2) * 1e3
+    return StagedWeights(ident, tensors, load_ms, (t2 - t1) * 1e3)
+
+
+def copy_weights(model: torch.nn.Module, staged: StagedWeights) -> None:
+    """Copy every staged tensor into the model's own (same storage, so captured graphs and
+    views of the weights read the new values); waits for the copies on CUDA."""
+    served = model_tensors(model)
+    with torch.no_grad():
+        for name, dst in served.items():
+            dst.copy_(staged.tensors[name], non_blocking=True)
+    if any(t.is_cuda for t in served.values()):
+        torch.cuda.synchronize()
+
+
+class WeightUpdater:
+    """``update(path)`` on any thread but the engine thread: stages the checkpoint where it is
+    called, swaps it through ``call_when_idle`` (runs a function on the engine thread once no
+    request runs) and answers with the new identity and timings. Counts updates by outcome
+    (ok / rejected / busy) and keeps the last swap's time."""
+
+    def __init__(
+        self, engine: WeightsHolder, call_when_idle: Callable[[Callable[[], Any]], Future]
+    ):
+        self.engine = engine
+        self.call_when_idle = call_when_idle
+        self._lock = threading.Lock()  # held by the one update running
+        self._counts = threading.Lock()
+        self.outcomes = {"ok": 0, "rejected": 0, "busy": 0}
+        self.last_swap_ms = 0.0
+        self.updates = 0
+
+    def update(self, model_path: str, label: str | None = None) -> dict[str, Any]:
+        """ValueError for a checkpoint that cannot serve here (nothing changes),
+        ``ReloadBusyError`` while another update runs."""
+        if not self._lock.acquire(blocking=False):
+            self._count("busy")
+            raise ReloadBusyError("a weight update is already running; retry once it answers")
+        try:
+            try:
+                if getattr(self.engine, "weights", None) is None:
+                    raise ValueError("this engine cannot update its weights")
+                staged = stage_weights(self.engine, model_path, self.updates + 1, label)
+            except ValueError as exc:
+                self._count("rejected")
+                log.warning("weight update refused: %s", exc)
+                raise
+            t0 = time.perf_counter()
+            swap_ms = self.call_when_idle(lambda: self.engine.swap_weights(staged)).result()
+            wait_ms = (time.perf_counter() - t0) * 1e3
+            self.updates += 1
+            self._count("ok")
+            self.last_swap_ms = swap_ms
+            v = staged.version
+            log.info(
+                "weights %s swapped in: hash %s (load %.1f ms, hash %.1f ms, swap %.1f ms "
+                "after %.1f ms waiting for the running requests)",
+                v.path, v.hash, staged.load_ms, staged.hash_ms, swap_ms, wait_ms - swap_ms,
+            )  # fmt: skip
+            return {
+                "success": True,
+                "message": f"Succeeded to update model weights from {v.path}.",
+                "num_paused_requests": 0,
+                "model_path": v.path,
+                "weights_hash": v.hash,
+                "weights_version": v.version,
+                "weight_version": v.label,
+                "load_ms": round(staged.load_ms, 3),
+                "hash_ms": round(staged.hash_ms, 3),
+                # the engine thread's copy + cache flush, and how long the update waited for
+                # the requests running when it was asked, then the swap
+                "swap_ms": round(swap_ms, 3),
+                "swap_wait_ms": round(wait_ms, 3),
+            }
+        finally:
+            self._lock.release()
+
+    def _count(self, outcome: str) -> None:
+        with self._counts:
+            self.outcomes[outcome] += 1
+
+    def stats(self) -> dict[str, float]:
+        return {
+            "weight_updates_ok_total": self.outcomes["ok"],
+            "weight_updates_rejected_total": self.outcomes["rejected"],
+            "weight_updates_busy_total": self.outcomes["busy"],
+            "weights_last_swap_ms": self.last_swap_ms,
+        }

@@ -1,0 +1,102 @@
+"""RSS, open fds and threads of every process of a server's process group, from /proc.
+
+A launched server runs in a process group of its own (its pid is the group's id,
+:mod:`harness.servers.launch`); its engine process, extra front ends and any helper process
+it spawns are members. Each process is named by its role where the server says it
+(:func:`roles`: ``frontend-<i>`` from ``/get_server_info``'s ``frontend``, ``engine`` from
+``engine.engine_process_pid``), else by what /proc says (``resource-tracker``) or ``proc``,
+with its pid: ``engine-4242``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+
+from harness.servers.launch import group_members
+
+MIB = 1024.0 * 1024.0
+
+
+@dataclass(frozen=True)
+class ProcSample:
+    """One process at one moment."""
+
+    pid: int
+    rss_mib: float
+    fds: int
+    threads: int
+
+
+def read_proc(pid: int) -> ProcSample | None:
+    """``pid``'s RSS (MiB), open fds and threads; None when it is gone or unreadable."""
+    base = Path("/proc") / str(pid)
+    try:
+        status = (base / "status").read_text()
+        fds = len(os.listdir(base / "fd"))
+    except OSError:
+        return None
+    fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+    try:
+        rss_kib = float(fields.get("VmRSS", "0 kB").split()[0])
+        threads = int(fields["Threads"].strip())
+    except (KeyError, ValueError, IndexError):
+        return None
+    return ProcSample(pid, rss_kib / 1024.0, fds, threads)
+
+
+def sample_group(pgid: int) -> dict[int, ProcSample]:
+    """Every live member of process group ``pgid``, by pid."""
+    out = {}
+    for pid in sorted(group_members(pgid)):
+        s = read_proc(pid)
+        if s is not None:
+            out[pid] = s
+    return out
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+async def roles(base_url: str, pgid: int | None, tries: int = 24) -> dict[int, str]:
+    """pid -> role of the server's processes that say who they are: each front end that
+    answers ``/get_server_info`` (a fresh connection per try, so that the kernel spreads
+    them over the front ends that share the port) and the engine process it names."""
+    out: dict[int, str] = {}
+    conn = aiohttp.TCPConnector(force_close=True)
+    timeout = aiohttp.ClientTimeout(total=10)
+    async with aiohttp.ClientSession(connector=conn, timeout=timeout) as session:
+        for _ in range(tries):
+            try:
+                async with session.get(f"{base_url}/get_server_info") as r:
+                    info = await r.json(content_type=None) if r.status == 200 else {}
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError):
+                break
+            front = info.get("frontend") if isinstance(info, dict) else None
+            if isinstance(front, dict) and isinstance(front.get("pid"), int):
+                out[front["pid"]] = f"frontend-{front.get('index', 0)}"
+            engine = info.get("engine") if isinstance(info, dict) else None
+            if isinstance(engine, dict) and isinstance(engine.get("engine_process_pid"), int):
+                out[engine["engine_process_pid"]] = "engine"
+            count = front.get("count", 1) if isinstance(front, dict) else 1
+            if sum(r.startswith("frontend") for r in out.values()) >= count:
+                break
+    if pgid is not None and pgid not in out:
+        out[pgid] = "server"
+    return out
+
+
+def role_of(pid: int, known: dict[int, str]) -> str:
+    """The role of a process of the group: the one the server named, else from /proc."""
+    role = known.get(pid)
+    if role is None:
+        role = "resource-tracker" if "resource_tracker" in _cmdline(pid) else "proc"
+    return role

@@ -1,0 +1,195 @@
+"""A soak's report: the trend of every resource, the verdict, and the files in ``--out``.
+
+``soak.json`` (everything: config, trends, probe log, actions, errors, idle gauges, the
+rows), ``samples.csv`` (one row per interval, one column per resource; per process
+``rss_mib[role-pid]`` etc.) and ``REPORT.md``. A soak fails (exit 1) when a gated resource
+grows (:mod:`harness.soak.trend`), the probe's answer changed or failed, any request or action
+failed, or the slot / KV gauges did not come back to 0 after the load.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import math
+from pathlib import Path
+
+from harness.soak.config import SoakConfig
+from harness.soak.probe import Probe
+from harness.soak.run import GAUGES, State
+from harness.soak.trend import Trend, fit
+
+_NOT_FITTED = {
+    "t_s",
+    "requests",
+    "sent",
+    "rate",
+    "ok",
+    "errors",
+    "errors_total",
+    "warmup",
+    "final",
+    "probe",
+    "max_ms",
+}
+
+
+def kind(column: str) -> str:
+    """``rss_mib[engine-42]`` -> ``rss_mib``."""
+    return column.split("[", 1)[0]
+
+
+def trends(rows: list[dict], tolerances: dict[str, tuple[float, float]]) -> list[Trend]:
+    """A trend per resource column over the rows under load (warm-up and final rows out)."""
+    used = [r for r in rows if not r["warmup"] and not r["final"]]
+    columns: list[str] = []
+    for r in used:
+        columns += [c for c in r if c not in _NOT_FITTED and c not in columns]
+    x = [r["requests"] for r in used]
+    out = []
+    for c in columns:
+        if c in GAUGES and all(r.get(c) is None for r in used):
+            continue
+        tol, allow = tolerances.get(kind(c), (math.inf, 0.0))
+        out.append(fit(c, x, [r.get(c) for r in used], tol, allow))
+    return out
+
+
+def verdict(state: State, probe: Probe, fitted: list[Trend]) -> list[str]:
+    """Why the soak fails, one line per reason (empty: it passes)."""
+    out = [
+        f"{t.resource} grows: {t.slope:+.3g} per 1,000 requests "
+        f"[{t.low:+.3g}, {t.high:+.3g}] > {t.tolerance:g} (run allowance {t.allowance:g})"
+        for t in fitted
+        if t.grows
+    ]
+    if probe.changes:
+        first = probe.changes[0]
+        out.append(
+            f"the probe's answer changed {len(probe.changes)} time(s), first at "
+            f"{first['t_s']:.0f} s: {'; '.join(first['diff'][:3])}"
+        )
+    if state.errors:
+        out.append(f"{state.errors} error(s); first: {state.error_log[0]['error'][:120]}")
+    leaked = {k: v for k, v in state.idle.items() if v}
+    if leaked:
+        out.append(f"not idle after the load: {leaked}")
+    if probe.sent == 0:
+        out.append("no probe answered")
+    if state.interrupted:
+        out.append(f"interrupted after {state.elapsed_s:.0f} s")
+    return out
+
+
+def summary_line(cfg: SoakConfig, state: State, probe: Probe, fitted, failures) -> str:
+    gated = [t for t in fitted if math.isfinite(t.tolerance)]
+    rate = state.done / state.elapsed_s if state.elapsed_s else 0.0
+    probe_word = "changed" if probe.changes else "unchanged"
+    word = "INTERRUPTED" if state.interrupted else ("FAIL" if failures else "PASS")
+    return (
+        f"soak {state.elapsed_s / 60:.1f} min: {state.done} requests ({rate:.2f}/s, asked "
+        f"{cfg.rate:g}/s), {state.errors} errors, probe {probe_word} ({probe.sent} sent), "
+        f"{len(state.actions)} actions, {sum(t.grows for t in gated)} of {len(gated)} gated "
+        f"trends grow: {word}"
+    )
+
+
+def _num(v: float) -> str:
+    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:+.3g}"
+
+
+def write_samples(out: Path, rows: list[dict]) -> None:
+    """``samples.csv``: one row per interval, one column per resource (rewritten whole: a
+    process seen later adds its columns)."""
+    columns: list[str] = []
+    for r in rows:
+        columns += [c for c in r if c not in columns]
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / "samples.csv.tmp"
+    with open(tmp, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=columns)
+        w.writeheader()
+        w.writerows(rows)
+    tmp.replace(out / "samples.csv")
+
+
+def write(out: Path, cfg: SoakConfig, state: State, probe: Probe, meta: dict) -> tuple[str, bool]:
+    """Write soak.json, samples.csv and REPORT.md into ``out``; (summary line, passed)."""
+    out.mkdir(parents=True, exist_ok=True)
+    fitted = trends(state.rows, cfg.tolerances)
+    failures = verdict(state, probe, fitted)
+    line = summary_line(cfg, state, probe, fitted, failures)
+    write_samples(out, state.rows)
+    config = dataclasses.asdict(cfg)
+    config["tolerances"] = {
+        k: [v if math.isfinite(v) else "inf" for v in pair] for k, pair in cfg.tolerances.items()
+    }
+    doc = {
+        "summary": line,
+        "passed": not failures,
+        "failures": failures,
+        "meta": meta,
+        "config": config,
+        "requests": state.done,
+        "sent": state.sent,
+        "errors": state.errors,
+        "elapsed_s": round(state.elapsed_s, 3),
+        "trends": [t.row() for t in fitted],
+        "probe": probe.summary,
+        "actions": state.actions,
+        "error_log": state.error_log,
+        "idle_after": state.idle,
+        "processes": {str(p): n for p, n in state.names.items()},
+        "notes": state.notes,
+        "samples": state.rows,
+    }
+    (out / "soak.json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
+    (out / "REPORT.md").write_text(markdown(line, failures, fitted, state, probe, meta))
+    return line, not failures
+
+
+def markdown(line, failures, fitted, state: State, probe: Probe, meta: dict) -> str:
+    md = ["# Soak", "", f"**{line}**", ""]
+    md += [f"- {k}: `{v}`" for k, v in meta.items()] + [""]
+    if failures:
+        md += ["## Failures", ""] + [f"- {f}" for f in failures] + [""]
+    md += [
+        "## Trends (per 1,000 requests, 95% interval; warm-up and final rows left out)",
+        "",
+        "| resource | samples | first | last | slope | 95% interval | tolerance (run) | verdict |",
+        "| --- | ---: | ---: | ---: | ---: | --- | ---: | --- |",
+    ]
+    for t in fitted:
+        tol = f"{t.tolerance:g} ({t.allowance:g})" if math.isfinite(t.tolerance) else "report only"
+        md.append(
+            f"| `{t.resource}` | {t.samples} | {t.first:.4g} | {t.last:.4g} | "
+            f"{_num(t.slope)} | [{_num(t.low)}, {_num(t.high)}] | {tol} | "
+            f"{'**grows**' if t.grows else t.verdict} |"
+        )
+    md += [
+        "",
+        f"## Probe: {probe.sent} sent, {len(probe.changes)} changes, {len(probe.errors)} errors",
+        "",
+    ]
+    md += [f"- {c['t_s']:.0f} s: {'; '.join(c['diff'])}" for c in probe.changes[:20]]
+    if state.actions:
+        md += [
+            "",
+            "## Actions",
+            "",
+            "| t (s) | action | ok | took (s) | answer |",
+            "| ---: | --- | --- | ---: | --- |",
+        ]
+        md += [
+            f"| {a['t_s']:.0f} | {a['action']} {a['arg'] or ''} | {a['ok']} | "
+            f"{a['took_s']:.2f} | {a['detail'][:80].replace('|', '/')} |"
+            for a in state.actions
+        ]
+    if state.error_log:
+        md += ["", "## Errors (first 20)", ""]
+        md += [f"- {e['t_s']:.0f} s {e['kind']}: {e['error'][:160]}" for e in state.error_log[:20]]
+    md += ["", f"Idle after the load: {state.idle}", ""]
+    md += [f"Note: {n}" for n in state.notes]
+    md += ["", "Samples: `samples.csv`; everything: `soak.json`.", ""]
+    return "\n".join(md)

@@ -1,0 +1,62 @@
+"""Weight update on the engine (``engine/weights.py``): the staged checkpoint is copied into
+the served tensors' own storage, the engine then answers as a fresh engine on the new
+checkpoint (BF16 and ``--quantization fp8``: the new weights quantized as the loader does),
+and a checkpoint that differs in anything but its values is refused before anything changes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from flashrec.config import EngineConfig
+from flashrec.engine.engine import Engine
+from flashrec.engine.weights import checkpoint_hash, stage_weights
+from flashrec.models.loader import model_tensors
+
+
+def _engine(path, catalog, **kw) -> Engine:
+    return Engine(
+        EngineConfig(model_path=str(path), sid_vocab_file=str(catalog / "catalog.json"), **kw)
+    )
+
+
+def _answers(eng: Engine) -> list:
+    reqs = [
+        eng.new_request(eng.build_prompt(text=f"user {i} likes item {i * 7}"), n=8)
+        for i in range(3)
+    ]
+    return [[(b.token_ids, b.sequence_score) for b in r.beams] for r in eng.generate(reqs)]
+
+
+@pytest.mark.parametrize("quantization", [None, "fp8"])
+def test_swap_equals_a_fresh_engine(synth_model, tiny_model, quantization) -> None:
+    other = synth_model("tiny", seed=1)
+    kw = {"quantization": quantization} if quantization else {}
+    eng = _engine(tiny_model, tiny_model, **kw)
+    before = _answers(eng)
+    ptrs = {k: t.data_ptr() for k, t in model_tensors(eng.runner.model).items()}
+    staged = stage_weights(eng, str(other), 1, "v1")
+    assert _answers(eng) == before  # staging changes nothing served
+    eng.swap_weights(staged)
+    assert {k: t.data_ptr() for k, t in model_tensors(eng.runner.model).items()} == ptrs
+    assert eng.weights.hash == checkpoint_hash(other) and eng.weights.version == 1
+    fresh = _engine(other, tiny_model, **kw)
+    want = model_tensors(fresh.runner.model)
+    for name, t in model_tensors(eng.runner.model).items():  # FP8 codes and scales included
+        assert t.dtype == want[name].dtype and torch.equal(t, want[name]), name
+    assert _answers(eng) == _answers(fresh) != before
+
+
+def test_refused_before_anything_changes(synth_model, tiny_model, tmp_path) -> None:
+    eng = _engine(tiny_model, tiny_model)
+    served = {k: t.clone() for k, t in model_tensors(eng.runner.model).items()}
+    for path, words in (
+        (tmp_path / "none", "no such directory"),
+        (synth_model("tiny", num_hidden_layers=3), "num_hidden_layers"),
+        (synth_model("tiny", dtype="bf16"), "dtype BF16"),
+    ):
+        with pytest.raises(ValueError, match=words):
+            stage_weights(eng, str(path), 1, None)
+    assert eng.weights.version == 0 and eng.weights.hash == checkpoint_hash(tiny_model)
+    for name, t in model_tensors(eng.runner.model).items():
+        assert torch.equal(t, served[name]), name

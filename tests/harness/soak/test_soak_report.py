@@ -1,0 +1,87 @@
+"""The soak report from planted samples: a growing resource fails it and is named, as are
+gauges left non-idle after the load; /proc sampling sees a process group's members."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from harness.soak import report
+from harness.soak.config import SoakConfig
+from harness.soak.probe import Probe
+from harness.soak.procs import read_proc, sample_group
+from harness.soak.run import State, progress_line
+
+
+def _rows(n: int, fds_per_request: float) -> list[dict]:
+    rows = []
+    for i in range(n):
+        done = 500 * (i + 1)
+        rows.append({
+            "t_s": 60.0 * (i + 1), "requests": done, "sent": done, "rate": 8.3, "ok": 500,
+            "errors": 0, "errors_total": 0, "warmup": int(i == 0), "final": int(i == n - 1),
+            "probe": "ok", "p50_ms": 20.0 + (i % 3), "p90_ms": 30.0, "p99_ms": 40.0,
+            "max_ms": 50.0, "slots_used": 0.0, "processes": 2,
+            "rss_mib[engine-7]": 400.0 + (i % 2) * 0.5,
+            "fds[engine-7]": 20 + int(done * fds_per_request),
+        })  # fmt: skip
+    return rows
+
+
+def _write(tmp_path, rows, idle=None):
+    cfg = SoakConfig(duration_s=3600, rate=8.3, interval_s=60, warmup_s=60)
+    state = State(rows=rows, done=rows[-1]["requests"], sent=rows[-1]["requests"],
+                  elapsed_s=rows[-1]["t_s"], idle=idle or {"slots_used": 0.0})  # fmt: skip
+    probe = Probe(1e-4)
+    probe.sent = 3
+    line, passed = report.write(tmp_path, cfg, state, probe, {"command": "test"})
+    return line, passed, json.loads((tmp_path / "soak.json").read_text())
+
+
+def test_a_leaking_fd_fails_the_soak_and_is_named(tmp_path):
+    line, passed, doc = _write(tmp_path, _rows(30, 0.002))  # 2 fds per 1,000 requests
+    assert not passed and line.endswith("FAIL")
+    trend = {t["resource"]: t for t in doc["trends"]}["fds[engine-7]"]
+    assert trend["verdict"] == "grows" and abs(trend["slope"] - 2.0) < 0.1
+    assert doc["failures"] == [f for f in doc["failures"] if f.startswith("fds[engine-7] grows")]
+    assert "**grows**" in (tmp_path / "REPORT.md").read_text()
+    assert (tmp_path / "samples.csv").read_text().count("\n") == 31
+
+
+def test_flat_resources_pass_and_warmup_and_final_rows_are_left_out(tmp_path):
+    line, passed, doc = _write(tmp_path, _rows(30, 0.0))
+    assert passed and line.endswith("PASS"), doc["failures"]
+    assert all(t["samples"] == 28 for t in doc["trends"])
+
+
+def test_gauges_left_busy_after_the_load_fail(tmp_path):
+    _, passed, doc = _write(tmp_path, _rows(10, 0.0), idle={"slots_used": 8.0})
+    assert not passed and any("not idle" in f for f in doc["failures"])
+
+
+def test_progress_line():
+    row = _rows(3, 0.0)[1]
+    text = progress_line(row)
+    assert text.startswith("[0:02:00] req 1000 (8.3/s) err 0/0 p50 21 p99 40 ms")
+    assert "2 procs rss 400 MiB" in text and "probe ok" in text
+
+
+def test_proc_sampling_sees_a_process_group():
+    me = read_proc(os.getpid())
+    assert me is not None and me.rss_mib > 1 and me.fds >= 3 and me.threads >= 1
+    assert read_proc(2**22 + 12345) is None  # no such pid
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                            start_new_session=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while proc.pid not in sample_group(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        got = sample_group(proc.pid)
+        assert list(got) == [proc.pid] and got[proc.pid].threads >= 1
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
