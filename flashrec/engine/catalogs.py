@@ -7,13 +7,11 @@ second one while the first runs is refused (``ReloadBusyError``, HTTP 409), not 
 from __future__ import annotations
 
 import logging
-import threading
-import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
-from flashrec.engine.request import ReloadBusyError
+from flashrec.engine.swaps import SwapGuard
 
 if TYPE_CHECKING:
     from flashrec.engine.engine import Engine
@@ -30,63 +28,44 @@ class CatalogReloader:
     def __init__(self, engine: Engine, call: Callable[[Callable[[], Any]], Future]) -> None:
         self.engine = engine
         self.call = call
-        self._lock = threading.Lock()  # held by the one reload running
-        self._counts = threading.Lock()
-        self.outcomes = {"ok": 0, "rejected": 0, "busy": 0}
-        self.last_swap_ms = 0.0
+        self.guard = SwapGuard(
+            "catalog reload", "a catalog reload is already running; retry once it answers"
+        )
 
     def reload(self, path: str, packed_base: int | None = None) -> dict[str, Any]:
         """ValueError for a file that cannot serve (nothing changes), ``ReloadBusyError``
         while another reload runs. ``packed_base``: the base of the file's packed-integer keys
         (None: the server's ``--packed-base``, else RecIF's 8192)."""
-        if not self._lock.acquire(blocking=False):
-            self._count("busy")
-            raise ReloadBusyError("a catalog reload is already running; retry once it answers")
-        try:
-            try:
-                build = getattr(self.engine, "build_catalog", None)
-                if build is None:
-                    raise ValueError("this engine cannot reload its catalog")
-                version = build(path) if packed_base is None else build(path, packed_base)
-            except ValueError as exc:
-                self._count("rejected")
-                log.warning("catalog reload refused: %s", exc)
-                raise
-            t0 = time.perf_counter()
-            swap_ms = self.call(lambda: self.engine.swap_catalog(version)).result()
-            wait_ms = (time.perf_counter() - t0) * 1e3
-            self._count("ok")
-            self.last_swap_ms = swap_ms
-            log.info(
-                "catalog %s swapped in: %d SIDs, hash %s (load %.1f ms, build %.1f ms, "
-                "swap %.3f ms after %.1f ms waiting for the step)",
-                path, version.size, version.hash, version.load_ms, version.build_ms,
-                swap_ms, wait_ms,
-            )  # fmt: skip
-            return {
-                "success": True,
-                "path": version.path,
-                "catalog_hash": version.hash,
-                "sids": version.size,
-                "depth": version.depth,
-                "load_ms": round(version.load_ms, 3),
-                "build_ms": round(version.build_ms, 3),
-                # the engine thread's own work, and how long the reload waited for it (the
-                # step running when it was asked, then the swap)
-                "swap_ms": round(swap_ms, 3),
-                "swap_wait_ms": round(wait_ms, 3),
-            }
-        finally:
-            self._lock.release()
 
-    def _count(self, outcome: str) -> None:
-        with self._counts:
-            self.outcomes[outcome] += 1
+        def stage() -> Any:
+            build = getattr(self.engine, "build_catalog", None)
+            if build is None:
+                raise ValueError("this engine cannot reload its catalog")
+            return build(path) if packed_base is None else build(path, packed_base)
+
+        def swap(version: Any) -> float:
+            return self.call(lambda: self.engine.swap_catalog(version)).result()
+
+        version, swap_ms, wait_ms = self.guard.run(stage, swap)
+        log.info(
+            "catalog %s swapped in: %d SIDs, hash %s (load %.1f ms, build %.1f ms, "
+            "swap %.3f ms after %.1f ms waiting for the step)",
+            path, version.size, version.hash, version.load_ms, version.build_ms,
+            swap_ms, wait_ms,
+        )  # fmt: skip
+        return {
+            "success": True,
+            "path": version.path,
+            "catalog_hash": version.hash,
+            "sids": version.size,
+            "depth": version.depth,
+            "load_ms": round(version.load_ms, 3),
+            "build_ms": round(version.build_ms, 3),
+            # the engine thread's own work, and how long the reload waited for it (the
+            # step running when it was asked, then the swap)
+            "swap_ms": round(swap_ms, 3),
+            "swap_wait_ms": round(wait_ms, 3),
+        }
 
     def stats(self) -> dict[str, float]:
-        return {
-            "catalog_reloads_ok_total": self.outcomes["ok"],
-            "catalog_reloads_rejected_total": self.outcomes["rejected"],
-            "catalog_reloads_busy_total": self.outcomes["busy"],
-            "catalog_last_swap_ms": self.last_swap_ms,
-        }
+        return self.guard.stats("catalog_reloads", "catalog_last_swap_ms")

@@ -22,7 +22,6 @@ import dataclasses
 import hashlib
 import json
 import logging
-import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -32,7 +31,7 @@ from typing import Any, Protocol
 import torch
 
 from flashrec.config import EngineConfig, ModelConfig
-from flashrec.engine.request import ReloadBusyError
+from flashrec.engine.swaps import SwapGuard
 from flashrec.models.loader import (
     build_model,
     checkpoint_files,
@@ -231,65 +230,47 @@ class WeightUpdater:
     ):
         self.engine = engine
         self.call_when_idle = call_when_idle
-        self._lock = threading.Lock()  # held by the one update running
-        self._counts = threading.Lock()
-        self.outcomes = {"ok": 0, "rejected": 0, "busy": 0}
-        self.last_swap_ms = 0.0
+        self.guard = SwapGuard(
+            "weight update", "a weight update is already running; retry once it answers"
+        )
         self.updates = 0
 
     def update(self, model_path: str, label: str | None = None) -> dict[str, Any]:
         """ValueError for a checkpoint that cannot serve here (nothing changes),
         ``ReloadBusyError`` while another update runs."""
-        if not self._lock.acquire(blocking=False):
-            self._count("busy")
-            raise ReloadBusyError("a weight update is already running; retry once it answers")
-        try:
-            try:
-                if getattr(self.engine, "weights", None) is None:
-                    raise ValueError("this engine cannot update its weights")
-                staged = stage_weights(self.engine, model_path, self.updates + 1, label)
-            except ValueError as exc:
-                self._count("rejected")
-                log.warning("weight update refused: %s", exc)
-                raise
-            t0 = time.perf_counter()
-            swap_ms = self.call_when_idle(lambda: self.engine.swap_weights(staged)).result()
-            wait_ms = (time.perf_counter() - t0) * 1e3
-            self.updates += 1
-            self._count("ok")
-            self.last_swap_ms = swap_ms
-            v = staged.version
-            log.info(
-                "weights %s swapped in: hash %s (load %.1f ms, hash %.1f ms, swap %.1f ms "
-                "after %.1f ms waiting for the running requests)",
-                v.path, v.hash, staged.load_ms, staged.hash_ms, swap_ms, wait_ms - swap_ms,
-            )  # fmt: skip
-            return {
-                "success": True,
-                "message": f"Succeeded to update model weights from {v.path}.",
-                "num_paused_requests": 0,
-                "model_path": v.path,
-                "weights_hash": v.hash,
-                "weights_version": v.version,
-                "weight_version": v.label,
-                "load_ms": round(staged.load_ms, 3),
-                "hash_ms": round(staged.hash_ms, 3),
-                # the engine thread's copy + cache flush, and how long the update waited for
-                # the requests running when it was asked, then the swap
-                "swap_ms": round(swap_ms, 3),
-                "swap_wait_ms": round(wait_ms, 3),
-            }
-        finally:
-            self._lock.release()
 
-    def _count(self, outcome: str) -> None:
-        with self._counts:
-            self.outcomes[outcome] += 1
+        def stage() -> StagedWeights:
+            if getattr(self.engine, "weights", None) is None:
+                raise ValueError("this engine cannot update its weights")
+            return stage_weights(self.engine, model_path, self.updates + 1, label)
+
+        def swap(staged: StagedWeights) -> float:
+            swap_ms = self.call_when_idle(lambda: self.engine.swap_weights(staged)).result()
+            self.updates += 1  # before the next update may stage (still one at a time)
+            return swap_ms
+
+        staged, swap_ms, wait_ms = self.guard.run(stage, swap)
+        v = staged.version
+        log.info(
+            "weights %s swapped in: hash %s (load %.1f ms, hash %.1f ms, swap %.1f ms "
+            "after %.1f ms waiting for the running requests)",
+            v.path, v.hash, staged.load_ms, staged.hash_ms, swap_ms, wait_ms - swap_ms,
+        )  # fmt: skip
+        return {
+            "success": True,
+            "message": f"Succeeded to update model weights from {v.path}.",
+            "num_paused_requests": 0,
+            "model_path": v.path,
+            "weights_hash": v.hash,
+            "weights_version": v.version,
+            "weight_version": v.label,
+            "load_ms": round(staged.load_ms, 3),
+            "hash_ms": round(staged.hash_ms, 3),
+            # the engine thread's copy + cache flush, and how long the update waited for
+            # the requests running when it was asked, then the swap
+            "swap_ms": round(swap_ms, 3),
+            "swap_wait_ms": round(wait_ms, 3),
+        }
 
     def stats(self) -> dict[str, float]:
-        return {
-            "weight_updates_ok_total": self.outcomes["ok"],
-            "weight_updates_rejected_total": self.outcomes["rejected"],
-            "weight_updates_busy_total": self.outcomes["busy"],
-            "weights_last_swap_ms": self.last_swap_ms,
-        }
+        return self.guard.stats("weight_updates", "weights_last_swap_ms")

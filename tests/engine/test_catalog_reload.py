@@ -119,7 +119,7 @@ def test_second_reload_while_one_runs_is_busy(tiny_model, tmp_path):
     loop = EngineLoop(eng)
     loop.start()
     try:
-        held = loop.reloader._lock  # a reload in progress holds it
+        held = loop.reloader.guard._lock  # a reload in progress holds it
         held.acquire()
         try:
             with pytest.raises(ReloadBusyError):
