@@ -79,7 +79,7 @@ ENV_VARS = {
 
 ZH = {
     "model_path": "HF 格式 checkpoint 目录（config.json、tokenizer、safetensors）",
-    "sid_vocab_file": "合法 SID 目录（逗号键 JSON、RecIF sid2pid.json 或 pid2sid parquet、列表 JSON 或文本行）；不设时对 SID codebook 做无约束解码（仅冒烟）",
+    "sid_vocab_file": "合法 SID 目录（逗号键 JSON、RecIF sid2pid.json 或 pid2sid parquet、列表 JSON 或文本行）；可重复，写作 NAME=PATH 即为具名目录，请求用 'catalog' 字段选择（第一个为默认；不带名字的文件名为 'default'）；不设时对 SID codebook 做无约束解码（仅冒烟）",
     "packed_base": "目录中打包整数键写入时所用的进制 B（a*B^2 + b*B + c；也是 /update_catalog 的 packed_base 的默认值）；默认 8192，即 RecIF 的 sid2pid.json，绝不取模型的 codebook 大小",
     "max_catalog_bytes": "读取的目录文件最大字节数（--sid-vocab-file、/update_catalog；0 = 不限）；目录路径必须是普通文件（FIFO 或设备文件会被拒绝并说明原因）",
     "catalog_read_timeout_s": "目录文件须在这么多秒内读完（0 = 不限），否则被拒绝（/update_catalog 返回 400）",

@@ -3,9 +3,38 @@ defaults left ``None`` resolve per device in the ``resolved_*`` properties."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from flashrec.config.flags import check_choice, opt
+
+# a catalog's name in --sid-vocab-file NAME=PATH, in requests and in /update_catalog
+CATALOG_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
+DEFAULT_CATALOG = "default"
+
+
+def parse_catalog_specs(
+    value: str | tuple[str, ...] | list[str] | None,
+) -> tuple[tuple[str, str], ...]:
+    """``--sid-vocab-file`` value(s) as ``(name, path)`` pairs (see ``EngineConfig.catalog_specs``).
+    ``NAME=PATH`` is named where the part before the first ``=`` is a catalog name (a path
+    holding ``=`` is written ``./a=b.json``)."""
+    if not value:
+        return ()
+    items = [value] if isinstance(value, str) else list(value)
+    out: list[tuple[str, str]] = []
+    for item in items:
+        name, sep, path = item.partition("=")
+        if not sep or not CATALOG_NAME.fullmatch(name):
+            name, path = DEFAULT_CATALOG, item
+        if not path:
+            raise ValueError(f"--sid-vocab-file {item!r}: no path after '{name}='")
+        if any(n == name for n, _ in out):
+            raise ValueError(
+                f"--sid-vocab-file: catalog name {name!r} given twice (name each file: NAME=PATH)"
+            )
+        out.append((name, path))
+    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -15,9 +44,10 @@ class EngineConfig:
     model_path: str = opt(
         "", "HF-format checkpoint directory (config.json, tokenizer, safetensors)"
     )
-    sid_vocab_file: str | None = opt(
+    sid_vocab_file: str | tuple[str, ...] | None = opt(
         None,
-        "catalog of valid SIDs (comma-key JSON, RecIF sid2pid.json or pid2sid parquet, list-of-lists JSON or text lines); without it decoding is unconstrained (smoke only)",
+        "catalog of valid SIDs (comma-key JSON, RecIF sid2pid.json or pid2sid parquet, list-of-lists JSON or text lines); repeatable as NAME=PATH for named catalogs a request picks by its 'catalog' field (the first is the default; an unnamed file is 'default'); without it decoding is unconstrained (smoke only)",
+        repeat=True,
     )
     packed_base: int | None = opt(
         None,
@@ -175,6 +205,10 @@ class EngineConfig:
     )
 
     def __post_init__(self) -> None:
+        if isinstance(self.sid_vocab_file, list | tuple):  # --sid-vocab-file given repeatedly
+            files = tuple(self.sid_vocab_file)
+            object.__setattr__(self, "sid_vocab_file", files[0] if len(files) == 1 else files)
+        self.catalog_specs  # noqa: B018 - names and paths checked here, at start-up
         check_choice(self, "qk_rope_rounding")
         check_choice(self, "decode_prompt_attention")
         if self.prefix_cache_max_nodes < 0:
@@ -216,6 +250,13 @@ class EngineConfig:
                 "--decode-prompt-attention flashinfer picks its kernel by the batch's width: "
                 "leave it at auto or triton"
             )
+
+    @property
+    def catalog_specs(self) -> tuple[tuple[str, str], ...]:
+        """``(name, path)`` of each ``--sid-vocab-file`` (``NAME=PATH`` or ``PATH``, named
+        ``default``), the default catalog first; empty without one. ValueError for a name
+        given twice, an empty path, or several files of which one is unnamed."""
+        return parse_catalog_specs(self.sid_vocab_file)
 
     @property
     def resolved_device(self) -> str:

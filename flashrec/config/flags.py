@@ -11,9 +11,15 @@ from dataclasses import field
 from typing import Any
 
 
-def opt(default: Any, help: str, choices: tuple | None = None, flag: bool = False) -> Any:
-    return field(default=default, metadata={"help": help, "choices": choices, "flag": flag})
-
+def opt(
+    default: Any, help: str, choices: tuple | None = None, flag: bool = False, repeat: bool = False
+) -> Any:
+    """A config field and its ``--flag``; ``repeat``: the flag may be given several times (the
+    field then holds a tuple of the values, or the one value given once)."""
+    meta = {"help": help, "choices": choices, "flag": flag}
+    if repeat:
+        meta["repeat"] = True
+    return field(default=default, metadata=meta)
 
 
 def check_choice(config: Any, name: str) -> None:
@@ -27,12 +33,10 @@ def check_choice(config: Any, name: str) -> None:
         raise ValueError(f"{flag} must be {words}, got {value!r}")
 
 
-
 def uvloop_installed() -> bool:
     import importlib.util
 
     return importlib.util.find_spec("uvloop") is not None
-
 
 
 def add_config_args(parser: argparse.ArgumentParser, cls: type) -> None:
@@ -50,6 +54,11 @@ def add_config_args(parser: argparse.ArgumentParser, cls: type) -> None:
                 action=argparse.BooleanOptionalAction,
                 default=f.default,
                 help=meta.get("help"),
+            )
+            continue
+        if meta.get("repeat"):
+            parser.add_argument(
+                name, dest=f.name, action="append", default=f.default, help=meta.get("help")
             )
             continue
         conv: Any = str

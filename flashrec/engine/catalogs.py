@@ -1,7 +1,8 @@
 """Catalog hot reload: load, validate and build a new catalog off the engine thread, then swap
 it in on the engine thread between steps. Requests in flight finish on the catalog they were
-admitted with; requests admitted after the swap take the new one. One reload at a time: a
-second one while the first runs is refused (``ReloadBusyError``, HTTP 409), not queued.
+admitted with; requests admitted after the swap take the new one. One reload (or rollback) at
+a time: a second one while the first runs is refused (``ReloadBusyError``, HTTP 409), not
+queued. A named catalog keeps the version a reload replaced; a rollback returns to it.
 """
 
 from __future__ import annotations
@@ -28,23 +29,27 @@ class CatalogReloader:
     def __init__(self, engine: Engine, call: Callable[[Callable[[], Any]], Future]) -> None:
         self.engine = engine
         self.call = call
-        self.guard = SwapGuard(
-            "catalog reload", "a catalog reload is already running; retry once it answers"
-        )
+        busy = "a catalog reload or rollback is already running; retry once it answers"
+        self.guard = SwapGuard("catalog reload", busy)
+        self.rollbacks = SwapGuard("catalog rollback", busy, lock=self.guard._lock)
 
-    def reload(self, path: str, packed_base: int | None = None) -> dict[str, Any]:
-        """ValueError for a file that cannot serve (nothing changes), ``ReloadBusyError``
-        while another reload runs. ``packed_base``: the base of the file's packed-integer keys
-        (None: the server's ``--packed-base``, else RecIF's 8192)."""
+    def reload(
+        self, path: str, packed_base: int | None = None, name: str | None = None
+    ) -> dict[str, Any]:
+        """ValueError for a file that cannot serve or an unknown ``name`` (nothing changes),
+        ``ReloadBusyError`` while another reload or rollback runs. ``packed_base``: the base
+        of the file's packed-integer keys (None: the server's ``--packed-base``, else RecIF's
+        8192). ``name``: the catalog it replaces (None: the default)."""
 
         def stage() -> Any:
             build = getattr(self.engine, "build_catalog", None)
             if build is None:
                 raise ValueError("this engine cannot reload its catalog")
+            self._check_name(name)
             return build(path) if packed_base is None else build(path, packed_base)
 
         def swap(version: Any) -> float:
-            return self.call(lambda: self.engine.swap_catalog(version)).result()
+            return self.call(lambda: self.engine.swap_catalog(version, name)).result()
 
         version, swap_ms, wait_ms = self.guard.run(stage, swap)
         log.info(
@@ -53,8 +58,14 @@ class CatalogReloader:
             path, version.size, version.hash, version.load_ms, version.build_ms,
             swap_ms, wait_ms,
         )  # fmt: skip
+        out: dict[str, Any] = {"success": True}
+        catalogs = getattr(self.engine, "catalogs", None)
+        if catalogs is not None:  # which name and version it became
+            entry = catalogs.entry(name)
+            out.update(name=entry.name, version=entry.version)
+            out["previous_version"] = entry.previous_version
         return {
-            "success": True,
+            **out,
             "path": version.path,
             "catalog_hash": version.hash,
             "sids": version.size,
@@ -67,5 +78,46 @@ class CatalogReloader:
             "swap_wait_ms": round(wait_ms, 3),
         }
 
+    def rollback(self, name: str | None = None) -> dict[str, Any]:
+        """Catalog ``name`` (None: the default) serves its previous version again, swapped
+        in on the engine thread between steps. ValueError for an unknown name or a catalog
+        with no previous version (nothing changes), ``ReloadBusyError`` while a reload or
+        another rollback runs."""
+
+        def stage() -> None:
+            self._check_name(name)
+            self.engine.catalogs.rollback_target(name)  # NoPreviousCatalogError: none
+
+        def swap(_: None) -> float:
+            return self.call(lambda: self.engine.rollback_catalog(name)).result()
+
+        _, swap_ms, wait_ms = self.rollbacks.run(stage, swap)
+        entry = self.engine.catalogs.entry(name)
+        version = entry.current
+        log.info(
+            "catalog %s rolled back to version %d (%s, hash %s)",
+            entry.name, entry.version, version.path, version.hash,
+        )  # fmt: skip
+        return {
+            "success": True,
+            "name": entry.name,
+            "version": entry.version,
+            "path": version.path,
+            "catalog_hash": version.hash,
+            "sids": version.size,
+            "swap_ms": round(swap_ms, 3),
+            "swap_wait_ms": round(wait_ms, 3),
+        }
+
+    def _check_name(self, name: str | None) -> None:
+        catalogs = getattr(self.engine, "catalogs", None)
+        if catalogs is None:
+            if name is not None:
+                raise ValueError("this engine holds one catalog; it takes no name")
+            return
+        catalogs.entry(name)  # UnknownCatalogError (a ValueError) naming the held ones
+
     def stats(self) -> dict[str, float]:
-        return self.guard.stats("catalog_reloads", "catalog_last_swap_ms")
+        out = self.guard.stats("catalog_reloads", "catalog_last_swap_ms")
+        out.update(self.rollbacks.stats("catalog_rollbacks", "catalog_last_rollback_ms"))
+        return out

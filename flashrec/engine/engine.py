@@ -20,6 +20,7 @@ import torch
 
 from flashrec import __version__, boundedread
 from flashrec.config import EngineConfig, ModelConfig, env_flag
+from flashrec.config.engine import DEFAULT_CATALOG
 from flashrec.engine.request import GenRequest, GenResult, check_request_limits
 from flashrec.engine.runner import ModelRunner
 from flashrec.engine.scheduler import Scheduler
@@ -31,6 +32,7 @@ from flashrec.engine.weights import (
     vocab_digest,
 )
 from flashrec.prompt import build_prompt_ids, load_tokenizer, share_word_cache
+from flashrec.sid.catalog_set import CatalogSet, NamedCatalog
 from flashrec.sid.layout import resolve_sid_layout
 from flashrec.sid.version import CatalogVersion, build_catalog_version, unconstrained
 
@@ -62,30 +64,18 @@ class Engine:
         # once, under it, as a hot reload reads one (a trailing end code dropped, packed keys
         # base --packed-base or 8192, never its codebook size, a depth beyond its levels refused)
         self.layout = resolve_sid_layout(self.tokenizer, config.sid)
-        if config.sid_vocab_file:
-            with self.catalog_limits():
-                version = build_catalog_version(
-                    config.sid_vocab_file, self.layout, None, config.resolved_device,
-                    config.packed_base,
-                )  # fmt: skip
-            self.depth = version.depth
-            log.info(
-                "catalog %s: %d SIDs, depth %d, hash %s",
-                config.sid_vocab_file, version.size, self.depth, version.hash,
-            )  # fmt: skip
-        else:
-            self.depth = self.layout.num_levels
-            version = unconstrained(self.depth)
-            log.warning(
-                "no --sid-vocab-file: decoding is unconstrained over the SID codebooks (smoke only)"
-            )
-        # the active catalog (a hot reload swaps it: ``build_catalog`` + ``swap_catalog``)
-        self.catalog_version: CatalogVersion = version
+        named = self._load_catalogs(config)
+        self.depth = named[0][1].depth
+        # the served catalogs by name, the first the default (a hot reload swaps one:
+        # ``build_catalog`` + ``swap_catalog``; ``rollback_catalog`` returns to the last)
+        self.catalogs = CatalogSet(named)
+        version = self.catalog_version
         self.runner = ModelRunner(
             config, self.model_config, self.layout, self.depth, trie=version.trie
         )
         self.runner.step_catalog = version
         self.scheduler = Scheduler(self.runner, self.layout, version, self.tokenizer)
+        self.scheduler.catalogs = self.catalogs
         self.scheduler.debug_hash = env_flag("FLASHREC_DEBUG_STEP_HASH")
         self._ids = itertools.count()
         # the served weights' identity and what a weight update must match (engine/weights.py)
@@ -93,9 +83,41 @@ class Engine:
         self.vocab_digest = vocab_digest(self.tokenizer)
         log.info("weights %s: hash %s", config.model_path, self.weights.hash)
 
+    def _load_catalogs(self, config: EngineConfig) -> list[tuple[str, CatalogVersion]]:
+        """Every ``--sid-vocab-file`` read and built (the first sets the depth the others must
+        have); without one, the unconstrained search as the ``default`` catalog."""
+        specs = config.catalog_specs
+        if not specs:
+            log.warning(
+                "no --sid-vocab-file: decoding is unconstrained over the SID codebooks (smoke only)"
+            )
+            return [(DEFAULT_CATALOG, unconstrained(self.layout.num_levels))]
+        # the layout comes from --sid or the tokenizer, not the catalog; a catalog is read
+        # under it as a hot reload reads one (a trailing end code dropped, packed keys base
+        # --packed-base or 8192, never its codebook size, a depth beyond its levels refused)
+        named: list[tuple[str, CatalogVersion]] = []
+        for name, path in specs:
+            depth = named[0][1].depth if named else None
+            with self.catalog_limits():
+                version = build_catalog_version(
+                    path, self.layout, depth, config.resolved_device, config.packed_base
+                )
+            log.info(
+                "catalog %s (%s): %d SIDs, depth %d, hash %s, %.1f MiB on %s",
+                name, path, version.size, version.depth, version.hash,
+                version.trie.nbytes() / 2**20, config.resolved_device,
+            )  # fmt: skip
+            named.append((name, version))
+        return named
+
+    @property
+    def catalog_version(self) -> CatalogVersion:
+        """The default catalog's served version."""
+        return self.catalogs.get(None)
+
     @property
     def trie(self):
-        """The active catalog's trie (None: unconstrained)."""
+        """The default catalog's trie (None: unconstrained)."""
         return self.catalog_version.trie
 
     # ---- catalog hot reload -------------------------------------------------------------
@@ -114,16 +136,33 @@ class Engine:
         (a regular file of at most ``--max-catalog-bytes``, read within its timeout)."""
         return boundedread.using(self.config.max_catalog_bytes, self.config.catalog_read_timeout_s)
 
-    def swap_catalog(self, version: CatalogVersion) -> float:
-        """Make ``version`` the active catalog (engine thread, between steps); returns the
+    def swap_catalog(self, version: CatalogVersion, name: str | None = None) -> float:
+        """Make ``version`` catalog ``name``'s served one (None: the default's), keeping the
+        one it replaces for a rollback (engine thread, between steps); returns the
         milliseconds it took. Running requests keep theirs."""
         t0 = time.perf_counter()
         if version.depth != self.depth:
             raise ValueError(f"catalog depth {version.depth} != the engine's {self.depth}")
-        self.catalog_version = version
-        self.scheduler.set_catalog(version)
-        self.runner.use_catalog(version)
+        self._serve(self.catalogs.install(name, version))
         return (time.perf_counter() - t0) * 1e3
+
+    def rollback_catalog(self, name: str | None = None) -> float:
+        """Catalog ``name`` (None: the default) serves its previous version again (engine
+        thread, between steps); NoPreviousCatalogError when it has none. Milliseconds taken."""
+        t0 = time.perf_counter()
+        self._serve(self.catalogs.rollback(name))
+        return (time.perf_counter() - t0) * 1e3
+
+    def _serve(self, entry: NamedCatalog) -> None:
+        """Requests admitted from now on that name ``entry`` decode with its served version;
+        the default's also becomes the static step's where no step graph captured the old."""
+        if entry.name == self.catalogs.default:
+            self.scheduler.set_catalog(entry.current)
+            self.runner.use_catalog(entry.current)
+
+    def check_catalog_name(self, name: str | None) -> None:
+        """UnknownCatalogError unless this engine holds catalog ``name`` (None: the default)."""
+        self.catalogs.entry(name)
 
     # ---- weight update ------------------------------------------------------------------
     def swap_weights(self, staged: StagedWeights) -> float:
@@ -189,6 +228,7 @@ class Engine:
         temperature: float = 0.0,
         seed: int | None = None,
         rid: str | None = None,
+        catalog: str | None = None,
     ) -> GenRequest:
         return GenRequest(
             rid or f"req-{next(self._ids)}",
@@ -197,6 +237,7 @@ class Engine:
             max_tokens or (self.depth + 1),
             temperature,
             seed,
+            catalog=catalog,
         )
 
     # ---- offline execution --------------------------------------------------------------
@@ -218,6 +259,7 @@ class Engine:
         check_request_limits(
             r, self.max_beam_rows, self.config.max_seq_len, self.runner.kv.pool_tokens
         )
+        self.check_catalog_name(r.catalog)
 
     def server_info(self) -> dict[str, Any]:
         import dataclasses
@@ -235,6 +277,7 @@ class Engine:
                 "sid_end": self.layout.sid_end,
             },
             "catalog": self.catalog_version.info(),
+            "catalogs": self.catalogs.info(),
             "weights": self.weights.info(),
             "device": str(self.runner.device),
             "dtype": str(self.runner.dtype),

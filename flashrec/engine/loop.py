@@ -141,9 +141,15 @@ class EngineLoop:
         counters are the process's own)."""
         return self.stats(), self.profiler.state, None
 
-    def reload_catalog(self, path: str, packed_base: int | None = None) -> dict[str, Any]:
+    def reload_catalog(
+        self, path: str, packed_base: int | None = None, name: str | None = None
+    ) -> dict[str, Any]:
         """Catalog hot reload (``CatalogReloader.reload``); call it off the engine thread."""
-        return self.reloader.reload(path, packed_base)
+        return self.reloader.reload(path, packed_base, name)
+
+    def rollback_catalog(self, name: str | None = None) -> dict[str, Any]:
+        """Catalog rollback (``CatalogReloader.rollback``); call it off the engine thread."""
+        return self.reloader.rollback(name)
 
     def update_weights(self, model_path: str, label: str | None = None) -> dict[str, Any]:
         """New weights without a restart (``WeightUpdater.update``); call it off the engine
@@ -156,9 +162,15 @@ class EngineLoop:
         return weights.info() if weights is not None else {}
 
     def catalog_info(self) -> dict[str, Any]:
-        """The active catalog (``CatalogVersion.info``), as ``/get_server_info`` shows it."""
+        """The default catalog (``CatalogVersion.info``), as ``/get_server_info`` shows it."""
         version = getattr(self.engine, "catalog_version", None)
         return version.info() if version is not None else {}
+
+    def catalogs_info(self) -> list[dict[str, Any]]:
+        """Every named catalog (``CatalogSet.info``): version, hash, size, device bytes and
+        the previous version a rollback returns to."""
+        catalogs = getattr(self.engine, "catalogs", None)
+        return catalogs.info() if catalogs is not None else []
 
     def flush_cache(self) -> int:
         """Empty the radix cache on the engine thread; returns the tokens freed."""
@@ -198,6 +210,9 @@ class EngineLoop:
             snap["catalog_hash"] = s.catalog.hash or "unconstrained"
             snap["catalog_sids"] = s.catalog.size or 0
             snap["catalogs_live"] = len(live())
+            catalogs = getattr(self.engine, "catalogs", None)
+            if catalogs is not None:  # per name: flashrec_catalog_* gauges labelled by name
+                snap["catalogs"] = catalogs.info()
             snap["decode_other_catalog_steps_total"] = s.stats.other_catalog_steps_total
         weights = getattr(self.engine, "weights", None)
         if weights is not None:  # the served weights' identity (an info-style gauge)

@@ -57,6 +57,8 @@ class GenRequest:
     temperature: float = 0.0
     seed: int | None = None
     arrival: float = field(default_factory=time.monotonic)
+    # the catalog it decodes over, by name (``--sid-vocab-file NAME=PATH``; None: the default)
+    catalog: str | None = None
 
     @property
     def prompt_len(self) -> int:

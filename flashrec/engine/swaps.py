@@ -24,10 +24,12 @@ class SwapGuard:
     ``swap(staged)`` (returns its engine-thread milliseconds); answers ``(staged, swap_ms,
     wait_ms)``, ``wait_ms`` from asking for the swap to its end."""
 
-    def __init__(self, what: str, busy_message: str) -> None:
+    def __init__(self, what: str, busy_message: str, lock: threading.Lock | None = None) -> None:
         self.what = what  # "catalog reload", "weight update": for the log
         self.busy_message = busy_message
-        self._lock = threading.Lock()  # held by the one swap running
+        # held by the one swap running; guards given one lock exclude each other (a catalog
+        # rollback and a reload), each counting its own outcomes
+        self._lock = lock if lock is not None else threading.Lock()
         self._counts = threading.Lock()
         self.outcomes = {"ok": 0, "rejected": 0, "busy": 0}
         self.last_swap_ms = 0.0

@@ -12,6 +12,7 @@ Routes (see ``docs/api.md``)::
 
     GET  /health  /v1/models  /get_server_info  /metrics
     POST /v1/chat/completions  /generate  /start_profile  /stop_profile  /update_catalog
+         /rollback_catalog  /update_weights_from_disk
     POST|GET /flush_cache
 
 On SIGTERM or SIGINT: new generation requests get 503 (every answer then closes its
@@ -91,6 +92,7 @@ def create_app(engine: ServedEngine, config: ServerConfig) -> web.Application:
         ("POST", "/start_profile", ctl.start_profile),
         ("POST", "/stop_profile", ctl.stop_profile),
         ("POST", "/update_catalog", ctl.update_catalog),
+        ("POST", "/rollback_catalog", ctl.rollback_catalog),
         ("POST", "/update_weights_from_disk", ctl.update_weights_from_disk),
     )
     for method, path, handler in routes:
@@ -417,8 +419,8 @@ def preflight(config: ServerConfig) -> str | None:
         return f"cannot listen on {config.host}:{config.port}: {exc.strerror or exc}"
     try:
         boundedread.check_checkpoint(config.model_path)
-        if config.sid_vocab_file:
-            boundedread.check_file(config.sid_vocab_file, "catalog", config.max_catalog_bytes)
+        for _, path in config.catalog_specs:
+            boundedread.check_file(path, "catalog", config.max_catalog_bytes)
     except boundedread.FileLimitError as exc:
         return str(exc)
     return None

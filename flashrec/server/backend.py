@@ -189,7 +189,9 @@ class Backend:
         for prompt in req.prompt_inputs():  # one engine request per prompt, for either protocol
             ids = await self.build_prompt(prompt.param, **prompt.kwargs)
             rid = f"{req.rid_prefix}{uuid.uuid4().hex}"
-            gens.append(GenRequest(rid, ids, p.n, p.max_tokens, p.temperature, p.seed))
+            gens.append(
+                GenRequest(rid, ids, p.n, p.max_tokens, p.temperature, p.seed, catalog=p.catalog)
+            )
         t_tok = time.perf_counter() - t_tok  # prompt building (the requests made at once)
         results = await self.generate(gens)
         back = time.monotonic()  # the results are the handler's, on the event loop

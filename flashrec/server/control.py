@@ -1,5 +1,6 @@
 """The control and introspection endpoints: ``/health``, ``/v1/models``, ``/get_server_info``,
-``/metrics``, ``/flush_cache``, ``/start_profile``, ``/stop_profile``, ``/update_catalog``.
+``/metrics``, ``/flush_cache``, ``/start_profile``, ``/stop_profile``, ``/update_catalog``,
+``/rollback_catalog``.
 
 A control call that may run long (a catalog reload) runs on a daemon thread that no exit waits
 for (``detached``), and in flight like a generation (``in_flight``), so that the drain waits for
@@ -17,6 +18,7 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
+from flashrec.config.engine import DEFAULT_CATALOG
 from flashrec.engine.request import ReloadBusyError
 from flashrec.profiler import ProfileError
 from flashrec.server import protocol
@@ -192,17 +194,33 @@ async def stop_profile(request: web.Request) -> web.Response:
     return web.json_response({"success": True, "message": "Stop profiling.", **info})
 
 
+def _catalog_name(body: dict, config) -> str | None:
+    """The body's ``name``: None (the default catalog) or one the server holds, else 400
+    listing the held names."""
+    name = protocol.get_str(body, "name", "name")
+    names = [n for n, _ in config.catalog_specs] or [DEFAULT_CATALOG]
+    if name is not None and name not in names:
+        raise bad_request(
+            f"unknown catalog {name!r}; this server holds: {', '.join(names)}", "name"
+        )
+    return name
+
+
 async def update_catalog(request: web.Request) -> web.Response:
-    """``POST /update_catalog {"path": ..., "packed_base": B}``: catalog hot reload. The file
-    is loaded, validated and built off the engine thread, then swapped in between steps;
-    requests in flight finish on their catalog. ``packed_base`` (optional): the base of the
-    file's packed-integer keys (default ``--packed-base``, else 8192). 400 for a file that
-    cannot serve (the old catalog keeps serving), 409 while another reload runs."""
+    """``POST /update_catalog {"path": ..., "name": N, "packed_base": B}``: catalog hot
+    reload. The file is loaded, validated and built off the engine thread, then swapped in
+    between steps; requests in flight finish on their catalog. ``name`` (optional): the named
+    catalog it replaces (default: the default one), whose replaced version is kept for
+    ``/rollback_catalog``. ``packed_base`` (optional): the base of the file's packed-integer
+    keys (default ``--packed-base``, else 8192). 400 for a file that cannot serve or an
+    unknown name (the old catalog keeps serving), 409 while another reload or a rollback
+    runs."""
     st = request.app[STATE]
     body = protocol.require_object(await read_json(request, st.config))
     path = body.get("path")
     if not isinstance(path, str) or not path:
         raise bad_request("'path' (a catalog file the server can read) is required", "path")
+    name = _catalog_name(body, st.config)
     packed_base = body.get("packed_base")
     if packed_base is not None and (type(packed_base) is not int or packed_base < 2):
         raise bad_request(
@@ -211,12 +229,33 @@ async def update_catalog(request: web.Request) -> web.Response:
             "packed_base",
         )
     try:  # in flight: the drain waits for it, then 503; its thread holds no exit
-        call = detached(st.engine.reload_catalog, path, packed_base, name="flashrec-catalog-reload")
+        call = detached(
+            st.engine.reload_catalog, path, packed_base, name, name="flashrec-catalog-reload"
+        )
         info = await in_flight(st, call, "catalog reload")
     except ReloadBusyError as exc:
         raise APIError(str(exc), 409) from None
     except ValueError as exc:
         raise bad_request(str(exc), "path") from None
+    return web.json_response(info)
+
+
+async def rollback_catalog(request: web.Request) -> web.Response:
+    """``POST /rollback_catalog {"name": N}``: catalog ``name`` (default: the default one)
+    serves the version the last ``/update_catalog`` replaced, swapped in between steps;
+    requests in flight finish on theirs. 400 for an unknown name or a catalog with no previous
+    version (nothing changes), 409 while a reload or another rollback runs."""
+    st = request.app[STATE]
+    raw = await read_json(request, st.config) if request.can_read_body else {}
+    body = protocol.require_object(raw)
+    name = _catalog_name(body, st.config)
+    try:
+        call = detached(st.engine.rollback_catalog, name, name="flashrec-catalog-rollback")
+        info = await in_flight(st, call, "catalog rollback")
+    except ReloadBusyError as exc:
+        raise APIError(str(exc), 409) from None
+    except ValueError as exc:
+        raise bad_request(str(exc), "name") from None
     return web.json_response(info)
 
 

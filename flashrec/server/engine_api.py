@@ -6,8 +6,8 @@ engine in a process of its own, over a pipe); the test fakes do too. The server 
 ``app``, the handlers) holds the engine as a ``ServedEngine`` and knows no other surface.
 
 Threads: each prompt builder runs on one prompt-building thread of the server at a time;
-everything else may be called from any thread and blocks at most for one
-engine call, except ``warmup``, ``drain``, ``reload_catalog`` and ``update_weights``, which
+everything else may be called from any thread and blocks at most for one engine call, except
+``warmup``, ``drain``, ``reload_catalog``, ``rollback_catalog`` and ``update_weights``, which
 take as long as they take.
 """
 
@@ -93,7 +93,18 @@ class ServedEngine(Protocol):
 
     def flush_cache(self) -> int: ...  # tokens freed from the radix cache
 
-    def reload_catalog(self, path: str, packed_base: int | None = None) -> dict[str, Any]: ...
+    def reload_catalog(
+        self, path: str, packed_base: int | None = None, name: str | None = None
+    ) -> dict[str, Any]:
+        """Catalog ``name`` (None: the default) from ``path`` without a restart
+        (``/update_catalog``), its replaced version kept: ValueError for a file that cannot
+        serve or an unknown name, ``ReloadBusyError`` while a reload or rollback runs."""
+        ...
+
+    def rollback_catalog(self, name: str | None = None) -> dict[str, Any]:
+        """Catalog ``name`` back to its previous version (``/rollback_catalog``): ValueError
+        when it has none, ``ReloadBusyError`` while a reload or rollback runs."""
+        ...
 
     def update_weights(self, model_path: str, label: str | None = None) -> dict[str, Any]:
         """New weights from ``model_path`` without a restart (``/update_weights_from_disk``):

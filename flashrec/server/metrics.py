@@ -107,6 +107,24 @@ ENGINE_METRICS = (
         "Engine-thread time of the last catalog swap, in milliseconds.",
     ),
     (
+        "catalog_rollbacks_ok_total",
+        "flashrec_catalog_rollbacks_ok_total",
+        "counter",
+        "Catalog rollbacks to the previous version swapped in (POST /rollback_catalog).",
+    ),
+    (
+        "catalog_rollbacks_rejected_total",
+        "flashrec_catalog_rollbacks_rejected_total",
+        "counter",
+        "Catalog rollbacks refused: no previous version to return to (400).",
+    ),
+    (
+        "catalog_rollbacks_busy_total",
+        "flashrec_catalog_rollbacks_busy_total",
+        "counter",
+        "Catalog rollbacks refused because a reload or rollback was running (409).",
+    ),
+    (
         "decode_other_catalog_steps_total",
         "flashrec_decode_other_catalog_steps_total",
         "counter",
@@ -166,6 +184,35 @@ def _fmt(v: float) -> str:
 
 def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+# per named catalog: (family, help, the value from its /get_server_info entry)
+_CATALOG_GAUGES = (
+    ("flashrec_catalog_version", "Served version of each named catalog (1 at start-up, +1 "
+     "per /update_catalog, back to the previous one on /rollback_catalog).",
+     lambda c: c["version"]),
+    ("flashrec_catalog_previous_version", "Version a /rollback_catalog of each named catalog "
+     "returns to (0: none kept).", lambda c: (c["previous"] or {}).get("version") or 0),
+    ("flashrec_catalog_size", "SIDs of each named catalog's served version.",
+     lambda c: c["sids"] or 0),
+    ("flashrec_catalog_device_bytes", "Device bytes of each named catalog's trie, served "
+     "and previous version together.",
+     lambda c: c["device_bytes"] + ((c["previous"] or {}).get("device_bytes") or 0)),
+)  # fmt: skip
+
+
+def _catalog_families(out: list[str], family: Callable, catalogs: list[dict]) -> None:
+    """``flashrec_catalog_*{name=...}``: each named catalog's version, size and device bytes,
+    and its hash as an info-style gauge."""
+    family("flashrec_catalog_hash_info", "gauge",
+           "Each named catalog's served version: its content hash (and whether it is the default).")  # fmt: skip
+    for c in catalogs:
+        labels = {"name": c["name"], "hash": str(c["hash"]), "default": str(c["default"]).lower()}
+        out.append(f"flashrec_catalog_hash_info{_labels(labels)} 1")
+    for name, help, value in _CATALOG_GAUGES:
+        family(name, "gauge", help)
+        for c in catalogs:
+            out.append(f"{name}{_labels({'name': c['name']})} {_fmt(value(c))}")
 
 
 def _labels(labels: Mapping[str, str]) -> str:
@@ -289,9 +336,11 @@ class ServerMetrics:
         if stats.get("graph"):  # flashrec_graph_*: captures, replays, eager forwards by reason
             _graph_families(out, family, stats["graph"])
         if "catalog_hash" in stats:  # an info-style gauge: the hash as a label
-            family("flashrec_catalog_info", "gauge", "The active catalog: its content hash.")
+            family("flashrec_catalog_info", "gauge", "The default catalog: its content hash.")
             label = _labels({"hash": str(stats["catalog_hash"])})
             out.append(f"flashrec_catalog_info{label} 1")
+        if stats.get("catalogs"):  # every named catalog (--sid-vocab-file NAME=PATH)
+            _catalog_families(out, family, stats["catalogs"])
         if "weights_hash" in stats:  # an info-style gauge: the served weights' identity
             family("flashrec_weights_info", "gauge", "The served weights: path and content hash.")
             wl = {"path": str(stats.get("weights_path", "")), "hash": str(stats["weights_hash"])}

@@ -12,7 +12,9 @@ Rules shared by both protocols:
 - integers must be JSON integers (``true`` is not ``1``, ``2.0`` is not ``2``);
 - ``n`` must lie in ``[1, max_beam_rows]``, ``max_tokens`` in ``[1, max_seq_len]``,
   ``temperature`` in ``[0, MAX_TEMPERATURE]`` (float32's largest finite value: the engine holds
-  it as a float32 tensor), ``seed`` in ``[0, 2**63)`` (an int64 tensor).
+  it as a float32 tensor), ``seed`` in ``[0, 2**63)`` (an int64 tensor);
+- ``catalog`` (ours: top level in chat, in ``sampling_params`` of ``/generate``) must name a
+  catalog the server holds (``--sid-vocab-file NAME=PATH``).
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ class Limits:
     default_n: int
     default_max_tokens: int
     max_batch: int = 1024
+    catalogs: tuple[str, ...] = ("default",)  # the catalog names a request may pick
 
 
 @dataclass(frozen=True)
@@ -68,6 +71,7 @@ class SamplingParams:
     temperature: float = 0.0
     seed: int | None = None
     num_return: int | None = None  # /generate: the best beams returned (None: all n)
+    catalog: str | None = None  # the named catalog it decodes over (None: the default)
 
 
 @dataclass(frozen=True)
@@ -221,11 +225,18 @@ def sampling_params(
     temperature = get_float(
         body, "temperature", prefix + "temperature", MAX_TEMPERATURE, " (the largest float32)"
     )
+    catalog = get_str(body, "catalog", prefix + "catalog")
+    if catalog is not None and catalog not in limits.catalogs:
+        raise bad_request(
+            f"unknown catalog {catalog!r}; this server holds: {', '.join(limits.catalogs)}",
+            prefix + "catalog",
+        )
     return SamplingParams(
         n=limits.default_n if n is None else n,
         max_tokens=limits.default_max_tokens if max_tokens is None else max_tokens,
         temperature=0.0 if temperature is None else temperature,
         seed=seed,
+        catalog=catalog,
     )
 
 

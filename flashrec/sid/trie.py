@@ -92,6 +92,12 @@ class SidTrie:
     def __len__(self) -> int:
         return self.count()
 
+    def nbytes(self) -> int:
+        """Bytes its tensors hold on ``self.device`` (what one more catalog costs there)."""
+        tensors = [*self.ptr, *self.child, *self._slots, *self._edge_key]
+        tensors += [t for t in self._dense if t is not None]
+        return sum(t.numel() * t.element_size() for t in tensors)
+
     def to(self, device: str | torch.device) -> SidTrie:
         """A copy whose tensors live on ``device``."""
         out = copy.copy(self)

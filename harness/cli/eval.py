@@ -53,6 +53,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--ks", help="cut-offs, comma separated (default 1,32)")
     p.add_argument("--catalog", help="valid SIDs for the invalid rate (default: the sid2pid "
                    "mapping, else the launched model's catalog)")  # fmt: skip
+    p.add_argument("--catalogs", action="append", metavar="NAME=PATH",
+                   help="a named catalog (repeatable; the first is the default): a launched "
+                   "server gets each as --sid-vocab-file NAME=PATH, every request names its "
+                   "task's catalog, and each task's invalid rate is checked against it")  # fmt: skip
+    p.add_argument("--task-catalog", action="append", metavar="TASK=NAME",
+                   help="ask TASK's samples over the named catalog NAME of --catalogs "
+                   "(repeatable; other tasks: the first --catalogs)")  # fmt: skip
     p.add_argument("--sid2pid", help="SID -> item id mapping for the PID metrics (default: "
                    "sid2pid.json beside the dataset; without one, SID metrics only)")  # fmt: skip
     p.add_argument("--packed-base", type=int, metavar="B",
@@ -111,6 +118,28 @@ def _server_args(args: argparse.Namespace) -> dict:
     return out
 
 
+def _named(args: argparse.Namespace, files: list, opts: EvalOptions):
+    """``--catalogs`` / ``--task-catalog``: NAME -> PATH, the options naming each task's
+    catalog, and the SIDs of each catalog a task is asked with (ValueError on bad input)."""
+    import dataclasses
+
+    from harness.load.sids import load_catalog_sids
+    from harness.quality.catalogs import parse_catalogs, parse_task_catalogs
+
+    catalogs = parse_catalogs(args.catalogs)
+    tasks = {s.task for f in files for s in f.samples}
+    by_task = parse_task_catalogs(args.task_catalog, catalogs, tasks)
+    if not catalogs:
+        return {}, opts, {}
+    if args.catalog:
+        raise ValueError("give --catalog (one catalog) or --catalogs (named ones), not both")
+    default = next(iter(catalogs))
+    opts = dataclasses.replace(opts, catalog=default, task_catalogs=tuple(sorted(by_task.items())))
+    used = {default, *by_task.values()}
+    sids = {n: load_catalog_sids(p, args.packed_base) for n, p in catalogs.items() if n in used}
+    return catalogs, opts, sids
+
+
 def main(argv: list[str] | None = None) -> int:
     from harness.load.sids import load_catalog_sids
     from harness.load.workload import PromptRenderer, load_tokenizer
@@ -126,7 +155,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.packed_base is not None and args.packed_base < 2:
             raise ValueError(f"--packed-base must be at least 2, got {args.packed_base}")
         pid_map = load_pid_map(mapping, args.packed_base) if mapping else None
-        catalog_path = args.catalog or (str(mapping) if mapping else None)
+        catalogs, opts, named = _named(args, files, opts)
+        catalog_path = args.catalog or next(iter(catalogs.values()), None)
+        catalog_path = catalog_path or (str(mapping) if mapping else None)
         if catalog_path is None and args.model_path:
             model_catalog = Path(args.model_path) / "catalog.json"
             catalog_path = str(model_catalog) if model_catalog.is_file() else None
@@ -153,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"eval: server log {log}", file=sys.stderr)
             with launched(
                 "flashrec", args.model_path, catalog_path, log, args.device,
-                _server_args(args),
+                _server_args(args), catalogs=catalogs,
             ) as srv:  # fmt: skip
                 answers = asyncio.run(ask_url(srv.base_url, samples, opts, renderer))
     except (RuntimeError, OSError) as exc:
@@ -162,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         if tail:
             print(tail, file=sys.stderr)
         return EXIT_SERVER
-    result = score(answers, opts, catalog, pid_map, files)
+    result = score(answers, opts, catalog, pid_map, files, named=named)
     result["server"] = args.url or f"launched FlashRec on {args.model_path}"
     result["dataset"] = str(args.dataset)
     print(render(result, args.official))

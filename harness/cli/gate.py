@@ -147,7 +147,10 @@ def _absolute(model: ResolvedModel | None) -> ResolvedModel | None:
     if model is None:
         return None
     fix = lambda p: str(Path(p).resolve()) if p else p  # noqa: E731
-    return dataclasses.replace(model, path=fix(model.path), catalog=fix(model.catalog))
+    named = tuple((n, fix(p), h) for n, p, h in model.catalogs)
+    return dataclasses.replace(
+        model, path=fix(model.path), catalog=fix(model.catalog), catalogs=named
+    )
 
 
 def main(argv: list[str]) -> int:

@@ -37,6 +37,7 @@ class Request:
     text: str | None = None
     seed: int | None = None
     model: str = "default"
+    catalog: str | None = None  # a named catalog of the server (None: its default)
 
 
 @dataclass
@@ -98,6 +99,8 @@ def chat_body(req: Request) -> dict:
     }
     if req.seed is not None:
         body["seed"] = req.seed
+    if req.catalog is not None:  # ours (FlashRec): which named catalog constrains the beams
+        body["catalog"] = req.catalog
     return body
 
 
@@ -114,6 +117,8 @@ def generate_body(req: Request) -> dict:
     }
     if req.seed is not None:
         params["sampling_seed"] = req.seed
+    if req.catalog is not None:  # ours (FlashRec); upstream SGLang would refuse the key
+        params["catalog"] = req.catalog
     return {"text": req.text, "sampling_params": params}
 
 

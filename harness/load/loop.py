@@ -60,6 +60,7 @@ def make_requests(
                 text=text,
                 seed=client.seed,
                 model=model,
+                catalog=client.catalog,
             )
         )
     return out

@@ -61,6 +61,14 @@ class EvalOptions:
     timeout_s: float = 300.0
     model: str = "default"
     levels: int = 3
+    # the named catalog requests carry (None: none, the server's default), and per task
+    # ``(task, name)`` pairs over it: RecIF's video / ad / product each over its own item pool
+    catalog: str | None = None
+    task_catalogs: tuple[tuple[str, str], ...] = ()
+
+    def catalog_of(self, task: str) -> str | None:
+        """The catalog name a sample of ``task`` is asked with (None: no name sent)."""
+        return dict(self.task_catalogs).get(task, self.catalog)
 
 
 @dataclass
@@ -142,6 +150,7 @@ async def ask(
                 0.0,
                 text=text,
                 model=opts.model,
+                catalog=opts.catalog_of(s.task),
             )
             rec = Record("eval", 0, "eval", i, i, 0.0)
             await send(
@@ -223,11 +232,19 @@ def score(
     pid_map: dict | None = None,
     files: Sequence[DatasetFile] = (),
     keep_values: bool = False,
+    named: dict[str, set[Sid]] | None = None,
 ) -> dict:
     """Per task and overall: the metrics (mean over samples, 95% interval), invalid and
-    duplicate rates; published numbers beside ours for an official test set."""
+    duplicate rates; published numbers beside ours for an official test set. ``named``: the
+    SIDs of named catalogs; a task asked with one (``opts.catalog_of``) is checked against it,
+    the others against ``catalog``."""
     names = metric_names(opts.ks, pid_map is not None)
-    rows = [_score_one(a, opts.ks, opts.levels, catalog, pid_map) for a in answers]
+    named = named or {}
+
+    def sids(a: Answer) -> set[Sid] | None:
+        return named.get(opts.catalog_of(a.sample.task) or "", catalog)
+
+    rows = [_score_one(a, opts.ks, opts.levels, sids(a), pid_map) for a in answers]
     tasks: dict[str, list[int]] = {}
     for i, a in enumerate(answers):
         tasks.setdefault(a.sample.task, []).append(i)
@@ -235,6 +252,8 @@ def score(
     out_tasks = {}
     for task, idx in tasks.items():
         block = _block([rows[i] for i in idx], names, sum(1 for i in idx if answers[i].error))
+        if opts.catalog_of(task) is not None:  # the named catalog this task was asked with
+            block["catalog"] = opts.catalog_of(task)
         if task in official:
             refs = {m: PUBLISHED[(task, m)] for m in names if (task, m) in PUBLISHED}
             block["published"] = refs
@@ -251,7 +270,9 @@ def score(
             "selection": "first_k (beams in server order, duplicates keep their slot)",
             "ci": "wilson for pass rates and beam rates; bootstrap (2000, seed 0) for recall",
         },
-        "catalog_checked": catalog is not None,
+        "catalog_checked": all(sids(a) is not None for a in answers)
+        if answers
+        else catalog is not None,
         "pid_mode": pid_map is not None,
         "files": [
             {
@@ -295,7 +316,10 @@ def render(result: dict, official: bool) -> str:
     if len(blocks) > 1:
         blocks["(all tasks)"] = result["overall"]
     for task, b in blocks.items():
-        lines.append(f"\n{task}: {b['samples']} samples, {b['failed_requests']} failed requests")
+        cat = f", catalog {b['catalog']}" if b.get("catalog") else ""
+        lines.append(
+            f"\n{task}: {b['samples']} samples, {b['failed_requests']} failed requests{cat}"
+        )
         pub = b.get("published", {})
         for name, m in b["metrics"].items():
             ref = pub.get(name)

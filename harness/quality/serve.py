@@ -41,8 +41,11 @@ def launched(
     device: str | None = None,
     args: dict[str, Scalar] | None = None,
     startup_timeout_s: float = 600.0,
+    catalogs: dict[str, str] | None = None,
 ) -> Iterator[LaunchedServer]:
-    """``kind`` "flashrec" or "reference" (``python -m harness reference-server``)."""
+    """``kind`` "flashrec" or "reference" (``python -m harness reference-server``);
+    ``catalogs``: named catalogs (NAME -> PATH, the default first) a FlashRec serves, each
+    as ``--sid-vocab-file NAME=PATH``."""
     if kind == "reference":
         engine = EngineSpec(
             name="hf-reference",
@@ -55,7 +58,8 @@ def launched(
         engine = EngineSpec(
             name="flashrec", kind="flashrec", device=device, startup_timeout_s=startup_timeout_s
         )
-    model = ResolvedModel(model_path, catalog, "-", "path", 0)
+    named = tuple((n, p, None) for n, p in (catalogs or {}).items())
+    model = ResolvedModel(model_path, catalog, "-", "path", 0, catalogs=named)
     srv = LaunchedServer(engine, dict(args or {}), model, log_path)
     try:
         srv.launch()

@@ -48,12 +48,12 @@ async def _generated(
 
 def options(spec: QualitySpec, cell: Cell, protocol: str, max_tokens: int, levels: int, model: str):
     """The eval request settings of a cell: its beam width and tokens unless the section (or
-    ``official``) fixes them."""
+    ``official``) fixes them; its named catalog, if it names one."""
     beams = spec.beam_width or (OFFICIAL_BEAMS if spec.official else cell.client.beam_width)
     tokens = spec.max_tokens or (OFFICIAL_TOKENS if spec.official else max_tokens)
     return EvalOptions(
         beams, tokens, tuple(spec.ks), protocol, spec.concurrency, spec.request_timeout_s,
-        model, levels,
+        model, levels, cell.client.catalog,
     )  # fmt: skip
 
 

@@ -29,6 +29,7 @@ from harness.run.outdir import set_aside_old_report
 from harness.run.progress import Progress
 from harness.run.stages import StageContext, run_stages
 from harness.servers.launch import LaunchedServer, Server, ServerError, make_server
+from harness.spec.catalogs import catalog_paths
 from harness.spec.cells import Cell, group_by_server, select
 from harness.spec.matrix import MatrixSpec
 from harness.spec.model import ModelError, ResolvedModel, resolve_model
@@ -90,7 +91,9 @@ def plan(spec: MatrixSpec, cells: list[Cell], model: ResolvedModel | None) -> st
         has_catalog = bool(
             (spec.catalog and (spec.catalog.path or spec.catalog.size)) or spec.model.catalog_size
         )
-        model = ResolvedModel("<model>", "<catalog>" if has_catalog else None, "", "plan", 3)
+        named = tuple((n, p, None) for n, p in spec.catalogs.items())
+        catalog = named[0][1] if named else "<catalog>" if has_catalog else None
+        model = ResolvedModel("<model>", catalog, "", "plan", 3, catalogs=named)
     for i, group in enumerate(groups):
         engine = group[0].engine
         if engine.launched:
@@ -155,6 +158,7 @@ class _Campaign:
         except (ValueError, OSError) as exc:
             raise ModelError(f"cannot read catalog {model.catalog}: {exc}") from None
         self.checker = SidChecker(model.levels if model else 3, catalog)
+        self.checkers: dict[str, SidChecker] = {}  # a named catalog's (harness.spec.catalogs)
         self.rounds = opts.rounds or spec.load.rounds
         self.prompt_cache: dict[tuple, PromptSet] = {}
         self.tokenizers: dict[str, Any] = {}
@@ -187,6 +191,26 @@ class _Campaign:
         short = self.budget_short()
         if short is not None:
             raise BudgetExhausted(f"time budget: {short}")
+
+    def catalog_path(self, cell: Cell) -> str | None:
+        """The file of the catalog the cell's requests name (the default's without a name)."""
+        paths = catalog_paths(self.model.catalogs) if self.model else {}
+        name = cell.client.catalog
+        return paths[name] if name in paths else (self.model.catalog if self.model else None)
+
+    def checker_for(self, cell: Cell) -> SidChecker:
+        """The SID checker of the catalog the cell names (the default's without a name)."""
+        name = cell.client.catalog
+        if name is None or self.model is None or name not in catalog_paths(self.model.catalogs):
+            return self.checker
+        if name not in self.checkers:
+            path = self.catalog_path(cell)
+            try:
+                sids = load_catalog_sids(str(path))
+            except (ValueError, OSError) as exc:
+                raise ModelError(f"cannot read catalog {name!r} ({path}): {exc}") from None
+            self.checkers[name] = SidChecker(self.checker.levels, sids)
+        return self.checkers[name]
 
     def tokenizer(self, path: str | None) -> Any:
         if not path:
@@ -315,7 +339,7 @@ class _Campaign:
                     prompts[:k],
                     res.records,
                     self.model.path if self.model else None,
-                    self.model.catalog if self.model else None,
+                    self.catalog_path(cell),
                     self.max_tokens(cell),
                     self.opts.out_dir / "baselines" / safe_name(cell.id),
                 )
@@ -339,7 +363,7 @@ class _Campaign:
             server=server,
             spec=self.spec,
             prompts=self.prompts(cell),
-            checker=self.checker,
+            checker=self.checker_for(cell),
             renderer=self.renderer(cell),
             max_tokens=self.max_tokens(cell),
             rounds=self.rounds,
@@ -430,6 +454,8 @@ def run_matrix(
     chosen = select(spec, cells, opts.only)
     model = resolve_model(spec, log=progress.message)
     campaign = _Campaign(spec, opts, progress, model)
+    for cell in chosen:  # every named catalog the cells use read now: a bad file fails at once
+        campaign.checker_for(cell)
     opts.out_dir.mkdir(parents=True, exist_ok=True)
     check_resume(opts, spec)
     if not opts.resume:

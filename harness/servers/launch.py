@@ -183,7 +183,10 @@ class LaunchedServer(Server):
         if e.kind == "flashrec" or e.standard_args:
             if m and m.path:
                 argv += ["--model-path", m.path]
-            if m and m.catalog:
+            if m and m.catalogs and e.kind == "flashrec":  # named catalogs, the default first
+                for name, path, *_ in m.catalogs:
+                    argv += ["--sid-vocab-file", f"{name}={path}"]
+            elif m and m.catalog:  # a peer takes the default catalog's file alone
                 argv += ["--sid-vocab-file", m.catalog]
             argv += ["--host", e.host, "--port", str(self.port)]
             if e.device:

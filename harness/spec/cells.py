@@ -17,6 +17,7 @@ import operator
 from dataclasses import dataclass, field
 from typing import Any
 
+from harness.spec.catalogs import catalog_problem, cell_client
 from harness.spec.matrix import EngineSpec, MatrixSpec, Scalar, SpecError, close_hint
 from harness.spec.serve_args import check_flashrec_args, flashrec_serve_args
 
@@ -36,6 +37,7 @@ CLIENT_KEYS: dict[str, str] = {
     "prompt_tokens": "median_tokens",
     "prompt_spread": "spread",
     "system_prompt_tokens": "system_prompt_tokens",
+    "catalog": "catalog",  # a named catalog (harness.spec.catalogs)
 }
 BOTH_KEYS = {"beam_width": "beam_width"}
 
@@ -59,6 +61,7 @@ class ClientSettings:
     median_tokens: int
     spread: float
     system_prompt_tokens: int
+    catalog: str | None = None  # the catalog name requests carry (None: the server's default)
 
 
 @dataclass(frozen=True, eq=False)
@@ -270,6 +273,7 @@ def _client(spec: MatrixSpec, params: dict[str, Scalar]) -> ClientSettings:
         "median_tokens": wl.median_tokens,
         "spread": wl.spread,
         "system_prompt_tokens": wl.system_prompt_tokens,
+        "catalog": load.catalog,
     }
     for name, value in params.items():
         attr = CLIENT_KEYS.get(name) or BOTH_KEYS.get(name)
@@ -328,6 +332,10 @@ def expand_cells(spec: MatrixSpec) -> list[Cell]:
             _engine_links(spec, engine, params)
             if _excluded(spec, params):
                 continue
+            problem = catalog_problem(spec, engine, params)
+            if problem:
+                where = "catalog" in params and _origin(spec, engine, "catalog")[0]
+                raise SpecError("", 0, where or "load.catalog", problem)
             if not engine.launched:
                 params = {
                     k: v
@@ -356,7 +364,7 @@ def expand_cells(spec: MatrixSpec) -> list[Cell]:
                     engine=engine,
                     params=params,
                     server_args=server_args,
-                    client=_client(spec, params),
+                    client=cell_client(_client(spec, params), engine),
                     traced=_traced(spec, cell_id, params, first=not cells),
                     axes=tuple(shown),
                 )

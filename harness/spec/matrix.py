@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from harness.spec.base import NAME as _NAME
 from harness.spec.base import SpecModel
+from harness.spec.catalogs import CATALOGS_FIELD, LOAD_CATALOG_FIELD, check_catalog_map
 from harness.spec.checks import GateSpec, TargetSpec, check_parity_engines
 from harness.spec.quality import QualitySpec
 from harness.spec.url import check_url
@@ -178,6 +179,7 @@ class LoadSpec(SpecModel):
     max_tokens: int | None = Field(None, ge=1)
     temperature: float = Field(0.0, ge=0)
     seed: int | None = None
+    catalog: str | None = LOAD_CATALOG_FIELD  # every cell's (harness.spec.catalogs)
     radix: Literal["warm", "cold"] = "warm"
     request_timeout_s: float = Field(120.0, gt=0)
     cell_timeout_s: float | None = Field(None, gt=0)
@@ -293,6 +295,7 @@ class MatrixSpec(SpecModel):
     engines: list[EngineSpec] | None = None
     model: ModelSpec | None = None
     catalog: CatalogSpec | None = None
+    catalogs: dict[str, str] = CATALOGS_FIELD  # NAME -> PATH (harness.spec.catalogs)
     workload: WorkloadSpec = WorkloadSpec()
     axes: dict[str, list[Scalar]] = {}
     cells: list[dict[str, Scalar]] | None = None
@@ -309,6 +312,11 @@ class MatrixSpec(SpecModel):
     baseline: BaselineSpec | None = None
     mfu: MfuSpec | None = None
     targets: list[TargetSpec] = []
+
+    @field_validator("catalogs")
+    @classmethod
+    def _catalogs(cls, v: dict[str, str], info: Any) -> dict[str, str]:
+        return check_catalog_map(v, info.data.get("catalog"))
 
     @model_validator(mode="after")
     def _check(self) -> MatrixSpec:

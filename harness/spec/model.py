@@ -38,6 +38,9 @@ class ResolvedModel:
     # sha256 of the catalog file's bytes (first 20 hex digits); None without a catalog file.
     # Two runs on different catalogs are not comparable even with the same model.
     catalog_hash: str | None = None
+    # named catalogs (the matrix's ``catalogs:``), the default first: (name, path, file hash);
+    # ``catalog`` is then the default's path
+    catalogs: tuple[tuple[str, str, str | None], ...] = ()
 
 
 def cache_root() -> Path:
@@ -142,7 +145,13 @@ def file_hash(path: str | Path | None) -> str | None:
 def resolve_model(spec: MatrixSpec, log=print) -> ResolvedModel:
     """Resolve ``model:`` and ``catalog:`` of a matrix (building a synthetic model if needed)."""
     found = _resolve_model(spec, log)
-    return dataclasses.replace(found, catalog_hash=file_hash(found.catalog))
+    named = tuple((n, p, file_hash(p)) for n, p in _catalog_paths(spec).items())
+    return dataclasses.replace(found, catalog_hash=file_hash(found.catalog), catalogs=named)
+
+
+def _catalog_paths(spec: MatrixSpec) -> dict[str, str]:
+    """The named catalogs' paths (``~`` expanded), the default first."""
+    return {name: os.path.expanduser(path) for name, path in spec.catalogs.items()}
 
 
 def _check_sid_entropy(path: Path, want: float) -> None:
@@ -163,6 +172,7 @@ def _check_sid_entropy(path: Path, want: float) -> None:
 
 def _resolve_model(spec: MatrixSpec, log=print) -> ResolvedModel:
     catalog = spec.catalog.path if spec.catalog else None
+    catalog = next(iter(_catalog_paths(spec).values()), catalog)  # named: the default's
     if spec.model is None:
         return ResolvedModel(None, catalog, "none", "none", _levels(spec, None))
     if spec.model.path:  # preset parameters (catalog_size included) only apply to presets

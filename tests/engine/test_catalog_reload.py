@@ -71,7 +71,8 @@ def test_swap_between_steps(tiny_model, tmp_path, step_graph):
         for req, res in eng.scheduler.step():
             assert not isinstance(res, Exception), res
             done[req.rid] = res
-    assert len(eng.scheduler.live_catalogs()) == 1  # A released with its last request
+    # A outlives its last request as the version a rollback returns to
+    assert [c.hash for c in eng.scheduler.live_catalogs()] == [catalog_hash(b), catalog_hash(a)]
     assert done["old"].catalog_hash == catalog_hash(a)
     assert done["new"].catalog_hash == catalog_hash(b)
     set_a, set_b = set(map(tuple, a.tolist())), set(map(tuple, b.tolist()))
@@ -89,6 +90,8 @@ def test_swap_between_steps(tiny_model, tmp_path, step_graph):
     if step_graph:  # rebuilt for B on CPU; the old request's steps after the swap went eager
         assert eng.runner.step_catalog is version
         assert eng.scheduler.stats.other_catalog_steps_total >= 1
+    eng.swap_catalog(eng.build_catalog(pb))  # the next swap drops A
+    assert [c.hash for c in eng.scheduler.live_catalogs()] == [catalog_hash(b)] * 2
 
 
 def test_invalid_files_refused_old_catalog_serves(tiny_model, tmp_path, bad_catalogs):

@@ -65,21 +65,43 @@ def same_results(a, b, tol):
             assert abs(bx.sequence_score - by.sequence_score) <= tol
 
 
-def similar_results(a, b, tol=0.1, overlap=0.75):
+def similar_results(a, b, tol=0.1, overlap=0.75, spread=None):
     """bf16 on both sides, different kernels. Beam search prunes at every level, so a near-tie
     at an intermediate level can swap a whole subtree of final beams (seen on the H200: a swapped
     beam scoring 0.4 nat above the other side's cut), and one swap at n=4 is already 25%.
     Checked: the best scores agree within ``tol`` nat; every beam both sides keep scores within
     ``tol``; at least ``overlap`` of the beams are shared. A wrong mask, prefix or KV row moves
-    every score and most of the set."""
+    every score and most of the set.
+
+    ``spread=(median, p95, worst)``: for FP8 activations, whose e4m3 rounding turns a kernel's
+    last-bit difference into a whole e4m3 step on a few beams: the shared beams' score
+    differences are held by their median, 95th percentile and worst instead of one bound for
+    all (a stale or wrong row moves the median, not only a tail). The distribution is printed."""
     for x, y in zip(a, b):
         sa = {tuple(bb.token_ids): bb.sequence_score for bb in x.beams}
         sb = {tuple(bb.token_ids): bb.sequence_score for bb in y.beams}
         assert len(sa) == len(sb), (len(sa), len(sb))
         shared = sa.keys() & sb.keys()
         assert len(shared) >= int(overlap * len(sa)), (len(shared), len(sa))
-        for t in shared:
-            assert abs(sa[t] - sb[t]) <= tol, (t, sa[t], sb[t])
+        diffs = sorted((abs(sa[t] - sb[t]), t) for t in shared)
+        if spread is None:
+            for d, t in diffs:
+                assert d <= tol, (t, sa[t], sb[t])
+        else:
+            med, p95, worst = (
+                diffs[len(diffs) // 2][0],
+                diffs[int(0.95 * (len(diffs) - 1))][0],
+                diffs[-1],
+            )
+            print(
+                f"shared {len(diffs)}/{len(sa)}: median {med:.4f} p95 {p95:.4f} worst {worst[0]:.4f} {worst[1]}"
+            )
+            assert med <= spread[0] and p95 <= spread[1] and worst[0] <= spread[2], (
+                med,
+                p95,
+                worst,
+                spread,
+            )
         assert abs(x.beams[0].sequence_score - y.beams[0].sequence_score) <= tol
 
 

@@ -279,11 +279,12 @@ def test_flashinfer_paged_decode_prompt_engine_equals_triton_decode(synth_model,
     shape = dict(beam_width=256, cuda_graph_max_bs=1024, batch_slots=1024)
     knobs = dict(bf16_knobs(quantization, "flashinfer"), **shape)
     base = run_all(path, ns=(256,), **knobs, decode_prompt_attention="triton")
-    # FP8: the activations' e4m3 rounding amplifies the kernels' rounding (here 0.23 nat on one
-    # shared beam, against the Triton kernel's FP8 launch with float16 products; 0.16 with fa2
-    # over the FP8 pool; the layer test holds both kernels to float32). Stale or NaN staged rows
-    # move every score and the beam set far more than this
-    tol = 0.1 if quantization == "none" else 0.3
+    # FP8: the activations' e4m3 rounding turns the kernels' rounding differences (float16
+    # products in the Triton kernel's FP8 launch, BF16 staging here; the layer test holds both to
+    # float32) into whole e4m3 steps on a few beams: 0.30 nat on one of 768 on the H200. Held by
+    # the spread of the shared beams' differences; stale or NaN staged rows move all of them
+    fp8 = dict(tol=0.3, spread=(0.05, 0.15, 0.6))
+    check = fp8 if quantization == "fp8" else dict(tol=0.1)
     for graphs in (True, False):
         eng = make_engine(path, **knobs, decode_prompt_attention="flashinfer",
                           disable_cuda_graph=not graphs)  # fmt: skip
@@ -292,7 +293,7 @@ def test_flashinfer_paged_decode_prompt_engine_equals_triton_decode(synth_model,
         before = attn.paged_plans
         for _ in range(2):  # second pass: every prompt hits the radix cache
             reqs = [eng.new_request(eng.build_prompt(messages=p), n=256) for p in PROMPTS]
-            similar_results(base, eng.generate(reqs), tol=tol)
+            similar_results(base, eng.generate(reqs), **check)
         assert attn.paged_plans > before
         forwards = eng.runner.decode_forwards
         assert forwards["graph" if graphs else "eager"] > 0, forwards

@@ -288,8 +288,13 @@ class StubEngine:
     def flush_cache(self) -> int:
         return 0
 
-    def reload_catalog(self, path: str, packed_base: int | None = None) -> dict[str, Any]:
+    def reload_catalog(
+        self, path: str, packed_base: int | None = None, name: str | None = None
+    ) -> dict[str, Any]:
         raise ValueError("this engine cannot reload its catalog")
+
+    def rollback_catalog(self, name: str | None = None) -> dict[str, Any]:
+        raise ValueError("this engine holds no previous catalog")
 
     def update_weights(self, model_path: str, label: str | None = None) -> dict[str, Any]:
         raise ValueError("this engine cannot update its weights")

@@ -191,10 +191,11 @@ def test_reload_under_load(tiny_checkpoint, catalogs) -> None:
         assert len(sids) == 4 and set(sids) <= catalogs[h][1], (h, sids)
         seen[h] += 1
     assert all(n > 0 for n in seen.values()), seen  # both catalogs served requests
-    # no slot leak, the old catalog released, every swap counted
+    # no slot leak, older catalogs released (the served one and the previous a rollback
+    # returns to are kept), every swap counted
     assert idle["flashrec_slots_used"] == 0 and idle["flashrec_kv_tokens_used"] == 0
     assert idle["flashrec_running_requests"] == 0
-    assert idle["flashrec_catalogs_live"] == 1
+    assert len(reloads) > 2 and idle["flashrec_catalogs_live"] == 2
     assert idle["flashrec_catalog_reloads_ok_total"] == len(reloads)
     assert idle["flashrec_catalog_reloads_rejected_total"] == 0
     assert idle[f'flashrec_catalog_info{{hash="{reloads[-1][2]}"}}'] == 1

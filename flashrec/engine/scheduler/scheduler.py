@@ -17,6 +17,7 @@ from flashrec.engine.scheduler.state import Finished, ReqState, SchedulerStats
 from flashrec.engine.stephash import StepHasher
 from flashrec.kvcache.radix import RadixCache
 from flashrec.profiler import trace_range
+from flashrec.sid.catalog_set import CatalogSet
 from flashrec.sid.layout import SidLayout
 from flashrec.sid.version import CatalogVersion
 
@@ -39,8 +40,10 @@ class Scheduler:
         self.runner = runner
         self.cfg = cfg = runner.config
         self.layout = layout
-        # the active catalog: requests admitted from now on take it (``set_catalog`` swaps it)
+        # the default catalog: requests admitted from now on that name none take it
+        # (``set_catalog`` swaps it); those naming one take ``catalogs``' served version
         self.catalog = catalog
+        self.catalogs: CatalogSet | None = None
         self.tokenizer = tokenizer
         self.depth = runner.depth
         self.kv = runner.kv
@@ -89,10 +92,20 @@ class Scheduler:
         before finish with theirs (between steps, on the engine thread)."""
         self.catalog = catalog
 
+    def catalog_for(self, req: GenRequest) -> CatalogVersion:
+        """The catalog ``req`` decodes over: the served version of the one it names, else
+        the default."""
+        if req.catalog is None or self.catalogs is None:
+            return self.catalog
+        return self.catalogs.get(req.catalog)
+
     def live_catalogs(self) -> list[CatalogVersion]:
-        """The catalogs alive now: the active one and those of running (or held-back)
-        requests; an old catalog is dropped with its last request."""
+        """The catalogs alive now: every one held (each name's served and previous version)
+        and those of running (or held-back) requests; a replaced catalog no longer held is
+        dropped with its last request."""
         out = {id(self.catalog): self.catalog}
+        for version in self.catalogs.live() if self.catalogs is not None else []:
+            out.setdefault(id(version), version)
         held = self._pending.states if self._pending is not None else []
         for st in [*self.running, *held]:
             out.setdefault(id(st.catalog), st.catalog)
@@ -160,7 +173,7 @@ class Scheduler:
         with trace_range("flashrec.schedule"):
             admitted = self.admission.admit()
             for st in admitted:
-                st.catalog = self.catalog
+                st.catalog = self.catalog_for(st.req)
         out.extend(self.admission.take_rejected())  # inputs the engine cannot hold: alone
         if admitted:
             out.extend(self.prefill.run(admitted, self.running))

@@ -216,6 +216,8 @@ class _Child:
             "flush_cache": lp.flush_cache,
             "reload_catalog": lp.reload_catalog,
             "catalog_info": lp.catalog_info,
+            "catalogs_info": lp.catalogs_info,
+            "rollback_catalog": lp.rollback_catalog,
             "update_weights": lp.update_weights,
             "weights_info": lp.weights_info,
             "warmup": lp.warmup,

@@ -9,6 +9,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import CancelledError, Future
 from typing import TYPE_CHECKING, Any
 
+from flashrec.config.engine import DEFAULT_CATALOG
 from flashrec.engine.request import EngineError, GenRequest, QueueFullError, check_request_limits
 from flashrec.prompt import build_prompt_ids, load_tokenizer
 from flashrec.server.engine_process.proxy import EngineClient, EngineProcess, EngineProcessError
@@ -53,6 +54,7 @@ class RemoteEngine:
         info = dict(self._info.server_info)
         info["engine_process_pid"] = self._info.pid
         info["catalog"] = self.proc.call("catalog_info")
+        info["catalogs"] = self.proc.call("catalogs_info")
         info["weights"] = self.proc.call("weights_info")
         return info
 
@@ -83,6 +85,11 @@ class RemoteEngine:
         check_request_limits(
             req, self.max_beam_rows, self.config.max_seq_len, self._info.pool_tokens
         )
+        names = [name for name, _ in self.config.catalog_specs] or [DEFAULT_CATALOG]
+        if req.catalog is not None and req.catalog not in names:
+            raise ValueError(
+                f"unknown catalog {req.catalog!r}; this server holds: {', '.join(names)}"
+            )
 
     def submit(self, req: GenRequest) -> Future:
         """``check_request``, then the request to the engine process."""
@@ -133,10 +140,16 @@ class RemoteEngine:
     def flush_cache(self) -> int:
         return self.proc.call("flush_cache")
 
-    def reload_catalog(self, path: str, packed_base: int | None = None) -> dict[str, Any]:
+    def reload_catalog(
+        self, path: str, packed_base: int | None = None, name: str | None = None
+    ) -> dict[str, Any]:
         """Catalog hot reload in the engine process: built on a call thread there, swapped
         on its engine thread between steps."""
-        return self.proc.call("reload_catalog", path, packed_base, timeout=None)
+        return self.proc.call("reload_catalog", path, packed_base, name, timeout=None)
+
+    def rollback_catalog(self, name: str | None = None) -> dict[str, Any]:
+        """Catalog rollback in the engine process, swapped on its engine thread."""
+        return self.proc.call("rollback_catalog", name, timeout=None)
 
     def update_weights(self, model_path: str, label: str | None = None) -> dict[str, Any]:
         """New weights in the engine process: staged on a call thread there, swapped on its
