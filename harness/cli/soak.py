@@ -45,7 +45,9 @@ def parser() -> argparse.ArgumentParser:
     where = p.add_mutually_exclusive_group(required=True)
     where.add_argument("--url", type=url_arg, help="a running server (not started or stopped)")
     where.add_argument("--model-path", help="launch a FlashRec server on this checkpoint")
-    p.add_argument("--catalog", help="--model-path: --sid-vocab-file (default MODEL/catalog.json)")
+    p.add_argument("--catalog", action="append", metavar="[NAME=]PATH",
+                   help="--model-path: --sid-vocab-file (default MODEL/catalog.json); repeat as "
+                   "NAME=PATH for a server holding named catalogs, the first the default")  # fmt: skip
     p.add_argument("--device", help="--model-path: the server's --device")
     add_server_arg(p)
     p.add_argument("--pgid", type=int, help="--url: the server's process group, to sample /proc")
@@ -139,16 +141,23 @@ def config(args: argparse.Namespace) -> SoakConfig:
 
 
 def _server(args: argparse.Namespace, out: Path):
+    from flashrec.config.engine import DEFAULT_CATALOG, parse_catalog_specs
     from harness.servers.launch import LaunchedServer
     from harness.spec.matrix import EngineSpec
     from harness.spec.model import ResolvedModel
     from harness.spec.serve_args import flashrec_serve_args
 
-    catalog = args.catalog
+    named = parse_catalog_specs(args.catalog)  # ValueError: a name given twice
+    catalog = named[0][1] if named else None
     if catalog is None and (Path(args.model_path) / "catalog.json").is_file():
         catalog = str(Path(args.model_path) / "catalog.json")
     engine = EngineSpec(device=args.device, startup_timeout_s=args.startup_timeout_s)
-    model = ResolvedModel(args.model_path, catalog, "", "path", max(1, args.max_tokens - 1))
+    levels = max(1, args.max_tokens - 1)
+    # several files, or one named: the server holds them by name (--sid-vocab-file NAME=PATH)
+    several = tuple((n, p, None) for n, p in named)
+    if len(named) == 1 and named[0][0] == DEFAULT_CATALOG:
+        several = ()  # one unnamed file: a plain --sid-vocab-file
+    model = ResolvedModel(args.model_path, catalog, "", "path", levels, catalogs=several)
     args_ = flashrec_serve_args(dict(args.server_arg))
     return LaunchedServer(engine, args_, model, out / "server.log")
 
@@ -186,7 +195,11 @@ def main(argv: list[str]) -> int:
     out = args.out or Path("reports") / time.strftime("soak-%Y%m%d-%H%M%S")
     prompts = _prompts(cfg)
     install_signal_handlers()
-    server = None if args.url else _server(args, out)
+    try:
+        server = None if args.url else _server(args, out)
+    except ValueError as exc:  # a catalog name given twice
+        print(f"flashrec-bench soak: --catalog: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     if server is not None:
         print(f"launching: {' '.join(server.command())}", file=sys.stderr)
         try:
