@@ -10,7 +10,8 @@
 
 Routes (see ``docs/api.md``)::
 
-    GET  /health  /v1/models  /get_server_info  /metrics
+    GET  /health  /v1/models  /get_server_info  /server_info  /model_info  /get_model_info
+         /metrics
     POST /v1/chat/completions  /generate  /start_profile  /stop_profile  /update_catalog
          /rollback_catalog  /update_weights_from_disk
     POST|GET /flush_cache
@@ -84,6 +85,9 @@ def create_app(engine: ServedEngine, config: ServerConfig) -> web.Application:
         ("GET", "/health", ctl.health),
         ("GET", "/v1/models", ctl.models),
         ("GET", "/get_server_info", ctl.server_info),
+        ("GET", "/server_info", ctl.server_info),  # SGLang's newer name (sglang-router's probe)
+        ("GET", "/model_info", ctl.model_info),
+        ("GET", "/get_model_info", ctl.model_info),
         ("GET", "/metrics", ctl.metrics),
         ("POST", "/v1/chat/completions", gen.chat_completions),
         ("POST", "/generate", gen.generate),

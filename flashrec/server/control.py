@@ -1,5 +1,6 @@
-"""The control and introspection endpoints: ``/health``, ``/v1/models``, ``/get_server_info``,
-``/metrics``, ``/flush_cache``, ``/start_profile``, ``/stop_profile``, ``/update_catalog``,
+"""The control and introspection endpoints: ``/health``, ``/v1/models``, ``/get_server_info``
+(also ``/server_info``), ``/model_info`` (also ``/get_model_info``), ``/metrics``,
+``/flush_cache``, ``/start_profile``, ``/stop_profile``, ``/update_catalog``,
 ``/rollback_catalog``.
 
 A control call that may run long (a catalog reload) runs on a daemon thread that no exit waits
@@ -117,6 +118,23 @@ async def server_info(request: web.Request) -> web.Response:
     """``GET /get_server_info``: effective configuration, SID layout, limits, versions."""
     info = await server_info_body(request.app[STATE], request)
     return web.json_response(info, dumps=lambda o: json.dumps(o, default=str))
+
+
+async def model_info(request: web.Request) -> web.Response:
+    """``GET /model_info`` (and its older name ``/get_model_info``): SGLang's model-info shape,
+    read by a router (sglang-router) when it registers this server as a worker. No
+    ``model_path`` / ``tokenizer_path``: given one, the router loads (or downloads) a tokenizer
+    that its HTTP routing never uses."""
+    st = request.app[STATE]
+    engine_info = await asyncio.to_thread(st.engine.server_info)
+    arch = (engine_info.get("model") or {}).get("architecture")
+    return web.json_response(
+        {
+            "served_model_name": st.model_name,
+            "is_generation": True,
+            "architectures": [arch] if arch else None,
+        }
+    )
 
 
 def snapshot(st: ServerState, copy_metrics: bool = True) -> Snapshot:
