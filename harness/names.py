@@ -22,6 +22,9 @@ DIRECTIONS: dict[str, int] = {
     "beams_mean": 1,
     "cached_frac": 0,
     "prompt_tokens_mean": 0,
+    # the server's prefix cache over the round, summed over replicas (harness.metrics.replicas)
+    "server_radix_hit_rate": 0,
+    "server_prefill_tokens_per_request": 0,
     # load mode "burst": first send -> last answer of each complete burst (harness.load.loop)
     "burst_ms_mean": -1,
     "burst_ms_max": 0,

@@ -276,7 +276,8 @@ def report_side(r: Report) -> dict:
 LOAD_FIELDS = ("mode", "concurrency", "rate", "duration_s", "max_tokens", "temperature", "seed",
                "radix", "beam_width")  # fmt: skip
 WORKLOAD_FIELDS = ("kind", "path", "requests", "warmup_requests", "median_tokens", "spread",
-                   "system_prompt_tokens", "seed", "shuffle")  # fmt: skip
+                   "system_prompt_tokens", "seed", "shuffle", "users", "user_items",
+                   "user_order")  # fmt: skip
 
 
 def comparability(base: Report, new: Report) -> list[dict]:

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from harness.load.sids import Sid, parse_sid_list
+from harness.load.users import user_chats
 from harness.spec.cells import ClientSettings
 from harness.spec.matrix import WorkloadSpec
 
@@ -161,19 +162,28 @@ def build_prompts(
     """The measured and warm-up prompts for a cell's client settings."""
     total = client.requests + client.warmup_requests
     if workload.kind in ("synthetic", "lorem"):
-        if workload.kind == "lorem":
-            chats = _lorem(total, client, workload.seed)
-        else:
+
+        def chats_of(num: int) -> list[list[dict]]:
+            if workload.kind == "lorem":
+                return _lorem(num, client, workload.seed)
             from flashrec.synth import synth_prompts
 
-            chats = synth_prompts(
-                total,
+            return synth_prompts(
+                num,
                 median_tokens=client.median_tokens,
                 spread=client.spread,
                 seed=workload.seed,
                 system_prompt_tokens=client.system_prompt_tokens,
                 tokenizer=tokenizer,
             )
+
+        if workload.users:  # histories that grow per user (harness.load.users)
+            w = workload
+            measured, warm = user_chats(chats_of, client.requests, client.warmup_requests,
+                                        w.users, w.user_items, w.user_order, w.seed)  # fmt: skip
+            chats = measured + warm
+        else:
+            chats = chats_of(total)
         prompts = [Prompt(i, m) for i, m in enumerate(chats)]
     else:
         rows = list(_dataset(workload.kind, str(workload.path), levels))

@@ -10,6 +10,7 @@ from harness.metrics import host
 from harness.report.engines import ENGINES_NOTE, engines_table
 from harness.report.model import Report, as_report
 from harness.report.render import med_ci, num, ratio
+from harness.report.render_replicas import REPLICAS_NOTE, replicas_table
 from harness.report.render_stages import Table
 
 
@@ -326,6 +327,7 @@ SECTIONS = (
     ("Where the latency goes (Server-Timing)", server_timing_table, SERVER_TIMING_NOTE),
     ("Bursts (requests sent together)", burst_table, BURST_NOTE),
     ("Closed loop: round QPS and the steady rate", closed_table, CLOSED_NOTE),
+    ("Prefix cache and replicas", replicas_table, REPLICAS_NOTE),
     (_targets_title, targets_table, TARGETS_NOTE),
     ("Engine settings (from /get_server_info)", engine_settings_table, ENGINE_SETTINGS_NOTE),
 )

@@ -28,7 +28,8 @@ from harness.run.interleave import Interleaved
 from harness.run.outdir import set_aside_old_report
 from harness.run.progress import Progress
 from harness.run.stages import StageContext, run_stages
-from harness.servers.launch import LaunchedServer, Server, ServerError, make_server
+from harness.servers.launch import LaunchedServer, Server, ServerError
+from harness.servers.replicas import RoutedServer, make_server
 from harness.spec.catalogs import catalog_paths
 from harness.spec.cells import Cell, group_by_server, select
 from harness.spec.matrix import MatrixSpec
@@ -96,7 +97,12 @@ def plan(spec: MatrixSpec, cells: list[Cell], model: ResolvedModel | None) -> st
         model = ResolvedModel("<model>", catalog, "", "plan", 3, catalogs=named)
     for i, group in enumerate(groups):
         engine = group[0].engine
-        if engine.launched:
+        if engine.router is not None:
+            routed = RoutedServer(engine, group[0].server_args, model, Path("server.log"))
+            for j, argv in enumerate(routed.commands()):
+                who = f"replica {j}" if j < engine.replicas else "router"
+                lines.append(f"server {i + 1} {who}: {' '.join(argv)}")
+        elif engine.launched:
             srv = LaunchedServer(engine, group[0].server_args, model, Path("server.log"))
             lines.append(f"server {i + 1}: {' '.join(srv.command())}")
         else:
@@ -279,7 +285,7 @@ class _Campaign:
                 if self.spec.mfu is not None:
                     res.mfu = self.mfu_info(cell)
                 self.finish(res, results)
-                if res.status == "failed" and isinstance(server, LaunchedServer):
+                if res.status == "failed" and server.engine.launched:
                     server.stop()  # the next cell gets a fresh server
                     server = None
         finally:
@@ -377,8 +383,10 @@ class _Campaign:
         meta: dict[str, Any] = {"info": server.info}
         if isinstance(server, LaunchedServer):
             meta.update(log=str(server.log_path), command=server.command())
-            if server.startup_s is not None:
-                meta["startup_s"] = round(server.startup_s, 2)
+        if isinstance(server, RoutedServer):
+            meta.update(server.meta())
+        if isinstance(server, (LaunchedServer, RoutedServer)) and server.startup_s is not None:
+            meta["startup_s"] = round(server.startup_s, 2)
         return meta
 
     def finish(self, res: CellResult, results: dict[str, CellResult]) -> None:

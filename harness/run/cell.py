@@ -27,7 +27,7 @@ from harness.load.client import Record, now
 from harness.load.loop import Target, closed_loop, make_requests, prepare_radix, run_load
 from harness.load.sids import SidChecker
 from harness.load.workload import PromptRenderer, PromptSet
-from harness.metrics import host
+from harness.metrics import host, replicas
 from harness.metrics.server import capacity_notes, gc_delta, scrape
 from harness.run.stages import STAGES, entry, names
 from harness.servers.launch import Server, healthy
@@ -168,6 +168,8 @@ async def _load(ctx, cell, target, reqs, rnd: int, phase: str, res: CellResult) 
     round the server's ``/metrics`` is scraped (outside the timed load) for its GC pauses,
     and the host's CPU accounting read for other processes' use of it."""
     before = await scrape(ctx.session, ctx.server.base_url) if phase == "measure" else None
+    urls = ctx.server.metrics_urls()  # a routed server: each replica's
+    counts0 = await replicas.scrape_all(ctx.session, urls) if phase == "measure" else None
     pgid = ctx.server.process_group()
     main = ctx.server.engine.kind == "flashrec"  # the server process leads its own group
     host0 = host.sample(pgid, main=main) if phase == "measure" else None
@@ -200,6 +202,11 @@ async def _load(ctx, cell, target, reqs, rnd: int, phase: str, res: CellResult) 
         for note in capacity_notes(before, after, c.beam_width, c.concurrency):
             if note not in res.notes:
                 res.notes.append(note)
+    if counts0 is not None:  # the prefix cache over the round, per replica behind a router
+        per = replicas.deltas(counts0, await replicas.scrape_all(ctx.session, urls))
+        res.server_rounds.setdefault(rnd, {}).update(replicas.cache_metrics(per))
+        if urls != [ctx.server.base_url]:
+            res.server["replicas"] = replicas.accumulate(res.server.get("replicas"), urls, per)
 
 
 async def _traced_round(ctx, cell, target, reqs, prime, res: CellResult) -> None:

@@ -22,8 +22,9 @@ import dataclasses
 from typing import Any
 
 from harness.baseline import hf as hf_baseline
+from harness.metrics import replicas
 from harness.run.cell import CellResult, run_cell
-from harness.servers.launch import LaunchedServer, Server, ServerError
+from harness.servers.launch import Server, ServerError
 from harness.spec.cells import Cell
 
 
@@ -54,7 +55,10 @@ def merge(into: CellResult, visit: CellResult, rnd: int) -> None:
     into.host_rounds += visit.host_rounds
     into.duration_s = round(into.duration_s + visit.duration_s, 3)
     into.notes += [n for n in visit.notes if n not in into.notes]
+    rows = into.server.get("replicas")  # per-replica counts add up over the visits
     into.server.update(visit.server)
+    if rows and visit.server.get("replicas"):
+        into.server["replicas"] = replicas.accumulate(rows, [], visit.server["replicas"])
     if visit.trace is not None:
         into.trace = visit.trace
     if visit.quality is not None:
@@ -113,7 +117,7 @@ class Interleaved:
         visit = await run_cell(ctx, dataclasses.replace(cell, traced=traced))
         visit.server.update(self.c.server_meta(srv))
         merge(res, visit, rnd)
-        if visit.status != "ok" and isinstance(srv, LaunchedServer):
+        if visit.status != "ok" and srv.engine.launched:
             self.stop(cell.engine.name)  # the next point gets a fresh server
 
     async def point(self, session, cells: dict[str, Cell], results: dict[str, CellResult]):

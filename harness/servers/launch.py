@@ -128,6 +128,11 @@ class Server:
     def log_tail(self, lines: int = 40) -> str:
         return ""
 
+    def metrics_urls(self) -> list[str]:
+        """Where the server's ``/metrics`` are read: its own URL (replicas behind a router:
+        each replica's, :mod:`harness.servers.replicas`)."""
+        return [self.base_url]
+
     async def start(self, session: aiohttp.ClientSession) -> None:
         """Make the server ready (launched: start and wait for /health)."""
         self.info = await fetch_info(session, self.base_url)

@@ -22,7 +22,9 @@ from harness.spec.base import SpecModel
 from harness.spec.catalogs import CATALOGS_FIELD, LOAD_CATALOG_FIELD, check_catalog_map
 from harness.spec.checks import GateSpec, TargetSpec, check_parity_engines
 from harness.spec.quality import QualitySpec
+from harness.spec.router import ReplicaFields
 from harness.spec.url import check_url
+from harness.spec.users import UserFields
 
 Scalar = Union[bool, int, float, str, None]
 _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(:-([^}]*))?\}")
@@ -53,7 +55,7 @@ def _fmt(file: str, line: int, field: str, message: str) -> str:
     return f"{where}: {field or '<matrix>'}: {message}"
 
 
-class EngineSpec(SpecModel):
+class EngineSpec(ReplicaFields):
     """One server: launched (``flashrec`` or a custom ``command``) or ``external`` by URL."""
 
     name: str = Field("flashrec", pattern=_NAME)
@@ -146,7 +148,7 @@ class CatalogSpec(SpecModel):
         return self
 
 
-class WorkloadSpec(SpecModel):
+class WorkloadSpec(UserFields):
     """Prompts: synthetic (flashrec.synth), lorem (harness filler text), jsonl or recif parquet."""
 
     kind: Literal["synthetic", "lorem", "jsonl", "recif"] = "synthetic"
