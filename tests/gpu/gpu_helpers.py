@@ -105,6 +105,17 @@ def similar_results(a, b, tol=0.1, overlap=0.75, spread=None):
         assert abs(x.beams[0].sequence_score - y.beams[0].sequence_score) <= tol
 
 
+def median_gap(ref, got) -> float:
+    """The median score difference over the beams both sides hold, every request together."""
+    gaps = []
+    for x, y in zip(ref, got):
+        sa = {tuple(bb.token_ids): bb.sequence_score for bb in x.beams}
+        sb = {tuple(bb.token_ids): bb.sequence_score for bb in y.beams}
+        gaps += sorted(abs(sa[t] - sb[t]) for t in sa.keys() & sb.keys())
+    assert gaps, "no beam in common"
+    return sorted(gaps)[len(gaps) // 2]
+
+
 # head_dim 128: the FlashInfer JIT module the flashinfer tests share (one ~80 s compile)
 HD128 = dict(hidden_size=256, num_attention_heads=2, num_key_value_heads=1, head_dim=128)
 

@@ -12,6 +12,7 @@ from gpu_helpers import (
     bf16_knobs,
     flashinfer_or_skip,
     make_engine,
+    median_gap,
     run_all,
     similar_results,
 )
@@ -279,12 +280,20 @@ def test_flashinfer_paged_decode_prompt_engine_equals_triton_decode(synth_model,
     shape = dict(beam_width=256, cuda_graph_max_bs=1024, batch_slots=1024)
     knobs = dict(bf16_knobs(quantization, "flashinfer"), **shape)
     base = run_all(path, ns=(256,), **knobs, decode_prompt_attention="triton")
-    # FP8: the activations' e4m3 rounding turns the kernels' rounding differences (float16
+    # FP8: the activations' e4m3 rounding turns the two kernels' rounding differences (float16
     # products in the Triton kernel's FP8 launch, BF16 staging here; the layer test holds both to
-    # float32) into whole e4m3 steps on a few beams: 0.30 nat on one of 768 on the H200. Held by
-    # the spread of the shared beams' differences; stale or NaN staged rows move all of them
-    fp8 = dict(tol=0.3, spread=(0.05, 0.15, 0.6))
-    check = fp8 if quantization == "fp8" else dict(tol=0.1)
+    # float32) into whole e4m3 steps: on an H100 the shared beams differ by a median 0.066 nat,
+    # p95 0.22, worst 0.30. So FP8 is held two ways: loosely against the Triton launch (most
+    # beams shared, the p95 and worst bounded), and against the BF16 engine (no FP8), which the
+    # staged path must approach as closely as the Triton launch does (stale or NaN staged rows
+    # move every score far from it)
+    if quantization == "fp8":
+        check = dict(tol=0.3, spread=(0.15, 0.4, 0.6))
+        plain = dict(bf16_knobs("none", "flashinfer"), **shape)
+        bf16 = run_all(path, ns=(256,), **plain, decode_prompt_attention="triton")
+        triton_gap = median_gap(bf16, base)
+    else:
+        check = dict(tol=0.1)
     for graphs in (True, False):
         eng = make_engine(path, **knobs, decode_prompt_attention="flashinfer",
                           disable_cuda_graph=not graphs)  # fmt: skip
@@ -293,7 +302,12 @@ def test_flashinfer_paged_decode_prompt_engine_equals_triton_decode(synth_model,
         before = attn.paged_plans
         for _ in range(2):  # second pass: every prompt hits the radix cache
             reqs = [eng.new_request(eng.build_prompt(messages=p), n=256) for p in PROMPTS]
-            similar_results(base, eng.generate(reqs), **check)
+            got = eng.generate(reqs)
+            similar_results(base, got, **check)
+            if quantization == "fp8":
+                gap = median_gap(bf16, got)
+                print(f"median gap to BF16: flashinfer {gap:.4f}, triton {triton_gap:.4f}")
+                assert gap <= 1.25 * triton_gap + 0.02, (gap, triton_gap)
         assert attn.paged_plans > before
         forwards = eng.runner.decode_forwards
         assert forwards["graph" if graphs else "eager"] > 0, forwards
