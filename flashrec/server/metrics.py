@@ -188,8 +188,8 @@ def _escape(value: str) -> str:
 
 # per named catalog: (family, help, the value from its /get_server_info entry)
 _CATALOG_GAUGES = (
-    ("flashrec_catalog_version", "Served version of each named catalog (1 at start-up, +1 "
-     "per /update_catalog, back to the previous one on /rollback_catalog).",
+    ("flashrec_catalog_version", "Served version of each named catalog (1 at start-up, the "
+     "next unused number per /update_catalog, the previous one's on /rollback_catalog).",
      lambda c: c["version"]),
     ("flashrec_catalog_previous_version", "Version a /rollback_catalog of each named catalog "
      "returns to (0: none kept).", lambda c: (c["previous"] or {}).get("version") or 0),

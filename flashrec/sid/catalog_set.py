@@ -1,6 +1,7 @@
 """The catalogs one server holds by name (``--sid-vocab-file NAME=PATH``, repeatable): each
-name's served version, a version number counted from 1, and the version it replaced, which
-``POST /rollback_catalog`` returns to. Plain data: the engine swaps versions in between steps
+name's served version, its version number (1 at start-up; each reload takes the next number
+never used for that name, a rollback returns to the previous one's), and the version it
+replaced, which ``POST /rollback_catalog`` returns to. Plain data: the engine swaps versions in between steps
 (``Engine.swap_catalog``), the server reads ``info`` for ``/get_server_info`` and ``/metrics``.
 """
 
@@ -28,6 +29,7 @@ class NamedCatalog:
     version: int = 1
     previous: CatalogVersion | None = None
     previous_version: int | None = None
+    issued: int = 1  # the highest version number given out for this name
 
     def info(self, default: bool) -> dict:
         """``/get_server_info``'s entry: identity, version, device bytes and the previous one."""
@@ -78,7 +80,8 @@ class CatalogSet:
         rollback (only the last: an older one is dropped)."""
         e = self.entry(name)
         e.previous, e.previous_version = e.current, e.version
-        e.current, e.version = version, e.version + 1
+        e.issued += 1
+        e.current, e.version = version, e.issued
         return e
 
     def rollback_target(self, name: str | None) -> NamedCatalog:

@@ -165,6 +165,10 @@ def test_pick_update_rollback(server: ServerThread, catalogs) -> None:
         served_by(s, url, catalogs, "ad", "ad")
         assert by_name(server)["ad"]["previous"] is None
         refused(server.post("/rollback_catalog", {"name": "ad"}), "name", "no previous version")
+        # a number is never given out twice for a name: the next reload is version 3
+        r = server.post("/update_catalog", {"name": "ad", "path": catalogs["ad2"][0]})
+        assert (r.json()["version"], r.json()["previous_version"]) == (3, 1), r.text
+        assert server.post("/rollback_catalog", {"name": "ad"}).json()["version"] == 1
 
         # the default by omission: update and roll back without a name
         assert server.post("/update_catalog", {"path": catalogs["ad2"][0]}).status_code == 200
@@ -172,9 +176,9 @@ def test_pick_update_rollback(server: ServerThread, catalogs) -> None:
         assert server.post("/rollback_catalog").status_code == 200
         served_by(s, url, catalogs, "video", "video")
     m = server.metrics()
-    assert m["flashrec_catalog_rollbacks_ok_total"] == 2
+    assert m["flashrec_catalog_rollbacks_ok_total"] == 3
     assert m["flashrec_catalog_rollbacks_rejected_total"] == 2  # "z": refused before the engine
-    assert m["flashrec_catalog_reloads_ok_total"] == 2
+    assert m["flashrec_catalog_reloads_ok_total"] == 3
     assert m["flashrec_catalog_reloads_rejected_total"] == 0  # z refused before staging
 
 
