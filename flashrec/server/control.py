@@ -246,16 +246,8 @@ async def update_catalog(request: web.Request) -> web.Response:
             f"an integer >= 2, got {packed_base!r}",
             "packed_base",
         )
-    try:  # in flight: the drain waits for it, then 503; its thread holds no exit
-        call = detached(
-            st.engine.reload_catalog, path, packed_base, name, name="flashrec-catalog-reload"
-        )
-        info = await in_flight(st, call, "catalog reload")
-    except ReloadBusyError as exc:
-        raise APIError(str(exc), 409) from None
-    except ValueError as exc:
-        raise bad_request(str(exc), "path") from None
-    return web.json_response(info)
+    return await _catalog_swap(st, "catalog reload", "path", st.engine.reload_catalog, path,
+                               packed_base, name)  # fmt: skip
 
 
 async def rollback_catalog(request: web.Request) -> web.Response:
@@ -267,13 +259,22 @@ async def rollback_catalog(request: web.Request) -> web.Response:
     raw = await read_json(request, st.config) if request.can_read_body else {}
     body = protocol.require_object(raw)
     name = _catalog_name(body, st.config)
+    return await _catalog_swap(st, "catalog rollback", "name", st.engine.rollback_catalog, name)
+
+
+async def _catalog_swap(
+    st: ServerState, what: str, param: str, fn: Callable[..., Any], *args: Any
+) -> web.Response:
+    """``fn(*args)`` (a catalog reload or rollback) in flight on a thread of its own: the drain
+    waits for it, then 503, and its thread holds no exit. 409 while another one runs, 400 on
+    ``param`` for what cannot be swapped in (nothing changes)."""
     try:
-        call = detached(st.engine.rollback_catalog, name, name="flashrec-catalog-rollback")
-        info = await in_flight(st, call, "catalog rollback")
+        call = detached(fn, *args, name="flashrec-" + what.replace(" ", "-"))
+        info = await in_flight(st, call, what)
     except ReloadBusyError as exc:
         raise APIError(str(exc), 409) from None
     except ValueError as exc:
-        raise bad_request(str(exc), "name") from None
+        raise bad_request(str(exc), param) from None
     return web.json_response(info)
 
 
