@@ -13,6 +13,11 @@ CATALOG_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
 DEFAULT_CATALOG = "default"
 
 
+def unknown_catalog(name: str | None, names) -> str:
+    """The message of a request or control call naming a catalog the server does not hold."""
+    return f"unknown catalog {name!r}; this server holds: {', '.join(names)}"
+
+
 def parse_catalog_specs(
     value: str | tuple[str, ...] | list[str] | None,
 ) -> tuple[tuple[str, str], ...]:
@@ -257,6 +262,12 @@ class EngineConfig:
         ``default``), the default catalog first; empty without one. ValueError for a name
         given twice, an empty path, or several files of which one is unnamed."""
         return parse_catalog_specs(self.sid_vocab_file)
+
+    @property
+    def catalog_names(self) -> tuple[str, ...]:
+        """The names a request may pick, the default first (``default`` alone without a
+        catalog: the unconstrained search)."""
+        return tuple(name for name, _ in self.catalog_specs) or (DEFAULT_CATALOG,)
 
     @property
     def resolved_device(self) -> str:

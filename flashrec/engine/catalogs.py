@@ -16,6 +16,7 @@ from flashrec.engine.swaps import SwapGuard
 
 if TYPE_CHECKING:
     from flashrec.engine.engine import Engine
+    from flashrec.sid.catalog_set import CatalogSet
 
 log = logging.getLogger("flashrec")
 
@@ -45,7 +46,8 @@ class CatalogReloader:
             build = getattr(self.engine, "build_catalog", None)
             if build is None:
                 raise ValueError("this engine cannot reload its catalog")
-            self._check_name(name)
+            if name is not None:
+                self._catalogs().entry(name)  # UnknownCatalogError naming the held ones
             return build(path) if packed_base is None else build(path, packed_base)
 
         def swap(version: Any) -> float:
@@ -85,8 +87,7 @@ class CatalogReloader:
         another rollback runs."""
 
         def stage() -> None:
-            self._check_name(name)
-            self.engine.catalogs.rollback_target(name)  # NoPreviousCatalogError: none
+            self._catalogs().rollback_target(name)  # NoPreviousCatalogError: none to return to
 
         def swap(_: None) -> float:
             return self.call(lambda: self.engine.rollback_catalog(name)).result()
@@ -109,13 +110,12 @@ class CatalogReloader:
             "swap_wait_ms": round(wait_ms, 3),
         }
 
-    def _check_name(self, name: str | None) -> None:
+    def _catalogs(self) -> CatalogSet:
+        """The engine's named catalogs; ValueError for an engine without (a test's fake)."""
         catalogs = getattr(self.engine, "catalogs", None)
         if catalogs is None:
-            if name is not None:
-                raise ValueError("this engine holds one catalog; it takes no name")
-            return
-        catalogs.entry(name)  # UnknownCatalogError (a ValueError) naming the held ones
+            raise ValueError("this engine holds no named catalogs")
+        return catalogs
 
     def stats(self) -> dict[str, float]:
         out = self.guard.stats("catalog_reloads", "catalog_last_swap_ms")

@@ -74,8 +74,7 @@ class Engine:
             config, self.model_config, self.layout, self.depth, trie=version.trie
         )
         self.runner.step_catalog = version
-        self.scheduler = Scheduler(self.runner, self.layout, version, self.tokenizer)
-        self.scheduler.catalogs = self.catalogs
+        self.scheduler = Scheduler(self.runner, self.layout, self.catalogs, self.tokenizer)
         self.scheduler.debug_hash = env_flag("FLASHREC_DEBUG_STEP_HASH")
         self._ids = itertools.count()
         # the served weights' identity and what a weight update must match (engine/weights.py)
@@ -154,10 +153,10 @@ class Engine:
         return (time.perf_counter() - t0) * 1e3
 
     def _serve(self, entry: NamedCatalog) -> None:
-        """Requests admitted from now on that name ``entry`` decode with its served version;
-        the default's also becomes the static step's where no step graph captured the old."""
+        """After a swap of ``entry`` (requests admitted from now on take its served version,
+        ``Scheduler.catalog_for``): the default's also becomes the static step's where no
+        step graph captured the old one."""
         if entry.name == self.catalogs.default:
-            self.scheduler.set_catalog(entry.current)
             self.runner.use_catalog(entry.current)
 
     def check_catalog_name(self, name: str | None) -> None:

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
-from flashrec.config.engine import DEFAULT_CATALOG
+from flashrec.config.engine import unknown_catalog
 from flashrec.engine.request import ReloadBusyError
 from flashrec.profiler import ProfileError
 from flashrec.server import protocol
@@ -216,11 +216,8 @@ def _catalog_name(body: dict, config) -> str | None:
     """The body's ``name``: None (the default catalog) or one the server holds, else 400
     listing the held names."""
     name = protocol.get_str(body, "name", "name")
-    names = [n for n, _ in config.catalog_specs] or [DEFAULT_CATALOG]
-    if name is not None and name not in names:
-        raise bad_request(
-            f"unknown catalog {name!r}; this server holds: {', '.join(names)}", "name"
-        )
+    if name is not None and name not in config.catalog_names:
+        raise bad_request(unknown_catalog(name, config.catalog_names), "name")
     return name
 
 

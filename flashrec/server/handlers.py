@@ -18,7 +18,6 @@ from pathlib import Path
 from aiohttp import web
 
 from flashrec.config import ServerConfig
-from flashrec.config.engine import DEFAULT_CATALOG
 from flashrec.server import protocol
 from flashrec.server.backend import Backend
 from flashrec.server.engine_api import Profiler, ServedEngine
@@ -80,7 +79,7 @@ def limits_for(engine: ServedEngine, config: ServerConfig) -> protocol.Limits:
         default_n=max(1, min(int(config.beam_width), rows)),
         default_max_tokens=int(engine.layout.num_levels) + 1,
         max_batch=max(1, int(config.max_queue_len)),
-        catalogs=tuple(name for name, _ in config.catalog_specs) or (DEFAULT_CATALOG,),
+        catalogs=config.catalog_names,
     )
 
 

@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
+from flashrec.config.engine import unknown_catalog
 from flashrec.engine.request import MAX_SEED, MAX_TEMPERATURE
 from flashrec.server.errors import bad_request
 
@@ -227,10 +228,7 @@ def sampling_params(
     )
     catalog = get_str(body, "catalog", prefix + "catalog")
     if catalog is not None and catalog not in limits.catalogs:
-        raise bad_request(
-            f"unknown catalog {catalog!r}; this server holds: {', '.join(limits.catalogs)}",
-            prefix + "catalog",
-        )
+        raise bad_request(unknown_catalog(catalog, limits.catalogs), prefix + "catalog")
     return SamplingParams(
         n=limits.default_n if n is None else n,
         max_tokens=limits.default_max_tokens if max_tokens is None else max_tokens,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from flashrec.config.engine import unknown_catalog
 from flashrec.sid.version import CatalogVersion
 
 
@@ -56,6 +57,7 @@ class CatalogSet:
             raise ValueError("a catalog set holds at least one catalog")
         self._by_name = {name: NamedCatalog(name, version) for name, version in named}
         self.default = named[0][0]
+        self._info = self._describe()
 
     @property
     def names(self) -> list[str]:
@@ -67,9 +69,7 @@ class CatalogSet:
         try:
             return self._by_name[key]
         except KeyError:
-            raise UnknownCatalogError(
-                f"unknown catalog {name!r}; this server holds: {', '.join(self._by_name)}"
-            ) from None
+            raise UnknownCatalogError(unknown_catalog(key, self._by_name)) from None
 
     def get(self, name: str | None) -> CatalogVersion:
         """The served version of ``name`` (None: the default)."""
@@ -82,6 +82,7 @@ class CatalogSet:
         e.previous, e.previous_version = e.current, e.version
         e.issued += 1
         e.current, e.version = version, e.issued
+        self._info = self._describe()
         return e
 
     def rollback_target(self, name: str | None) -> NamedCatalog:
@@ -102,6 +103,7 @@ class CatalogSet:
         assert e.previous is not None and e.previous_version is not None
         e.current, e.version = e.previous, e.previous_version
         e.previous = e.previous_version = None
+        self._info = self._describe()
         return e
 
     def live(self) -> list[CatalogVersion]:
@@ -114,4 +116,9 @@ class CatalogSet:
         return out
 
     def info(self) -> list[dict]:
+        """Every catalog's ``/get_server_info`` entry, made at each change (not per read: the
+        engine snapshots its stats every step). Read-only."""
+        return self._info
+
+    def _describe(self) -> list[dict]:
         return [e.info(e.name == self.default) for e in self._by_name.values()]

@@ -35,15 +35,14 @@ class Scheduler:
     Requests join and leave between steps. Everything runs on the engine thread."""
 
     def __init__(
-        self, runner: ModelRunner, layout: SidLayout, catalog: CatalogVersion, tokenizer=None
+        self, runner: ModelRunner, layout: SidLayout, catalogs: CatalogSet, tokenizer=None
     ) -> None:
         self.runner = runner
         self.cfg = cfg = runner.config
         self.layout = layout
-        # the default catalog: requests admitted from now on that name none take it
-        # (``set_catalog`` swaps it); those naming one take ``catalogs``' served version
-        self.catalog = catalog
-        self.catalogs: CatalogSet | None = None
+        # the served catalogs by name: a request admitted from now on takes the served version
+        # of the one it names (the default's when it names none); a swap replaces it there
+        self.catalogs = catalogs
         self.tokenizer = tokenizer
         self.depth = runner.depth
         self.kv = runner.kv
@@ -87,25 +86,21 @@ class Scheduler:
                 return True
         return False
 
-    def set_catalog(self, catalog: CatalogVersion) -> None:
-        """Requests admitted from the next step on decode with ``catalog``; those admitted
-        before finish with theirs (between steps, on the engine thread)."""
-        self.catalog = catalog
+    @property
+    def catalog(self) -> CatalogVersion:
+        """The default catalog's served version."""
+        return self.catalogs.get(None)
 
     def catalog_for(self, req: GenRequest) -> CatalogVersion:
         """The catalog ``req`` decodes over: the served version of the one it names, else
-        the default."""
-        if req.catalog is None or self.catalogs is None:
-            return self.catalog
+        the default's. Requests admitted before a swap finish with theirs."""
         return self.catalogs.get(req.catalog)
 
     def live_catalogs(self) -> list[CatalogVersion]:
         """The catalogs alive now: every one held (each name's served and previous version)
         and those of running (or held-back) requests; a replaced catalog no longer held is
         dropped with its last request."""
-        out = {id(self.catalog): self.catalog}
-        for version in self.catalogs.live() if self.catalogs is not None else []:
-            out.setdefault(id(version), version)
+        out = {id(version): version for version in self.catalogs.live()}
         held = self._pending.states if self._pending is not None else []
         for st in [*self.running, *held]:
             out.setdefault(id(st.catalog), st.catalog)

@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import CancelledError, Future
 from typing import TYPE_CHECKING, Any
 
-from flashrec.config.engine import DEFAULT_CATALOG
+from flashrec.config.engine import unknown_catalog
 from flashrec.engine.request import EngineError, GenRequest, QueueFullError, check_request_limits
 from flashrec.prompt import build_prompt_ids, load_tokenizer
 from flashrec.server.engine_process.proxy import EngineClient, EngineProcess, EngineProcessError
@@ -85,11 +85,9 @@ class RemoteEngine:
         check_request_limits(
             req, self.max_beam_rows, self.config.max_seq_len, self._info.pool_tokens
         )
-        names = [name for name, _ in self.config.catalog_specs] or [DEFAULT_CATALOG]
+        names = self.config.catalog_names
         if req.catalog is not None and req.catalog not in names:
-            raise ValueError(
-                f"unknown catalog {req.catalog!r}; this server holds: {', '.join(names)}"
-            )
+            raise ValueError(unknown_catalog(req.catalog, names))
 
     def submit(self, req: GenRequest) -> Future:
         """``check_request``, then the request to the engine process."""
