@@ -59,7 +59,8 @@ def sample_group(pgid: int) -> dict[int, ProcSample]:
     return out
 
 
-def _cmdline(pid: int) -> str:
+def cmdline(pid: int) -> str:
+    """A process's command line, space-separated ("" once it is gone)."""
     try:
         return (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode()
     except OSError:
@@ -98,5 +99,5 @@ def role_of(pid: int, known: dict[int, str]) -> str:
     """The role of a process of the group: the one the server named, else from /proc."""
     role = known.get(pid)
     if role is None:
-        role = "resource-tracker" if "resource_tracker" in _cmdline(pid) else "proc"
+        role = "resource-tracker" if "resource_tracker" in cmdline(pid) else "proc"
     return role

@@ -17,6 +17,7 @@ import requests
 from bench_helpers import REPO, write_matrix
 
 from harness.servers.launch import free_port
+from harness.soak.procs import cmdline
 
 MARKER_ENV = "FLASHREC_ORPHAN_TEST"
 # what the tests prove is that nothing is left, not how fast: the slowest fallbacks (the
@@ -41,11 +42,13 @@ def processes_with_env(marker: str) -> list[int]:
     return out
 
 
-def _cmdline(pid: int) -> str:
-    try:
-        return (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-    except OSError:
-        return ""
+def kill_marked(marker: str) -> None:
+    """SIGKILL every process still carrying ``marker`` (a failed test's leftovers)."""
+    for pid in processes_with_env(marker):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def _wait_gone(marker: str, timeout: float) -> list[int]:
@@ -105,23 +108,19 @@ def test_kill_9_of_the_harness_mid_cell_leaves_no_flashrec_process(
         assert up, "the launched server never became healthy"
         time.sleep(2.0)  # the cell's rounds are under way
         launched = [p for p in processes_with_env(marker) if p != harness.pid]
-        servers = [p for p in launched if "flashrec serve" in _cmdline(p)]
-        assert servers, [(p, _cmdline(p)) for p in launched]
+        servers = [p for p in launched if "flashrec serve" in cmdline(p)]
+        assert servers, [(p, cmdline(p)) for p in launched]
         if engine_process == "on":
             assert len(launched) >= len(servers) + 1, "no engine process beside the server"
         harness.send_signal(signal.SIGKILL)
         harness.wait(timeout=10)
         left = _wait_gone(marker, GONE_WITHIN_S)
-        assert left == [], [(p, _cmdline(p)) for p in left]
+        assert left == [], [(p, cmdline(p)) for p in left]
     finally:
         if harness.poll() is None:
             harness.kill()
             harness.wait()
-        for pid in processes_with_env(marker):  # a failed run: clean up what it left
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        kill_marked(marker)  # a failed run: clean up what it left
 
 
 def test_engine_process_dies_with_its_server(tmp_path: Path, tiny_model: Path) -> None:
@@ -151,16 +150,12 @@ def test_engine_process_dies_with_its_server(tmp_path: Path, tiny_model: Path) -
         server.send_signal(signal.SIGKILL)
         server.wait(timeout=10)
         left = _wait_gone(marker, GONE_WITHIN_S)
-        assert left == [], [(p, _cmdline(p)) for p in left]
+        assert left == [], [(p, cmdline(p)) for p in left]
     finally:
         if server.poll() is None:
             server.kill()
             server.wait()
-        for pid in processes_with_env(marker):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        kill_marked(marker)
 
 
 GUARDED_SERVER = """
@@ -206,15 +201,14 @@ def test_kill_9_of_the_launcher_stops_a_custom_command_server(tmp_path: Path) ->
     try:
         assert launcher.stdout.readline().strip() == "ready"
         pids = processes_with_env(marker)
-        cmdlines = [_cmdline(p) for p in pids if p != launcher.pid]
+        cmdlines = [cmdline(p) for p in pids if p != launcher.pid]
         assert any("srv.py" in c and "harness.servers.guard" not in c for c in cmdlines), cmdlines
         assert any("harness.servers.guard" in c for c in cmdlines), cmdlines
         launcher.send_signal(signal.SIGKILL)
         launcher.wait(10)
         left = _wait_gone(marker, GONE_WITHIN_S)
-        assert not left, [(p, _cmdline(p)) for p in left]
+        assert not left, [(p, cmdline(p)) for p in left]
     finally:
         if launcher.poll() is None:
             launcher.kill()
-        for pid in processes_with_env(marker):
-            os.kill(pid, signal.SIGKILL)
+        kill_marked(marker)

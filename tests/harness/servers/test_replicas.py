@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 from bench_helpers import REPO, write_matrix
-from test_orphans import GONE_WITHIN_S, MARKER_ENV, _cmdline, _wait_gone, processes_with_env
+from test_orphans import GONE_WITHIN_S, MARKER_ENV, _wait_gone, kill_marked, processes_with_env
 
 from harness.servers.replicas import RoutedServer, replica_devices
+from harness.soak.procs import cmdline
 from harness.spec.matrix import SpecError, parse_spec
 
 ROUTER_SKIP = "sglang-router (pip install sglang-router==0.3.2) does not import here"
@@ -101,14 +102,6 @@ def _harness(path: Path, out: Path, marker: str) -> subprocess.Popen:
     )  # fmt: skip
 
 
-def _cleanup(marker: str) -> None:
-    for pid in processes_with_env(marker):  # a failed run: clean up what it left
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-
 def test_two_replicas_behind_the_real_router(tmp_path: Path, tiny_model: Path) -> None:
     """Direct, 2 replicas round-robin (chat) and 1 replica cache-aware (/generate) in one
     run: every cell measured at its URL, per-replica counts in report.json, nothing left."""
@@ -129,7 +122,7 @@ def test_two_replicas_behind_the_real_router(tmp_path: Path, tiny_model: Path) -
     finally:
         if harness.poll() is None:
             harness.kill()
-        _cleanup(marker)
+        kill_marked(marker)  # a failed run: clean up what it left
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     cells = {c["id"]: c for c in report["cells"]}
     assert {c["status"] for c in cells.values()} == {"ok"}, log[-3000:]
@@ -165,18 +158,18 @@ def test_kill_9_of_the_harness_leaves_no_replica_and_no_router(
         deadline, routed = time.monotonic() + 300, []
         while time.monotonic() < deadline and harness.poll() is None and not routed:
             time.sleep(0.5)
-            found = [(p, _cmdline(p)) for p in processes_with_env(marker)]
+            found = [(p, cmdline(p)) for p in processes_with_env(marker)]
             routed = [p for p, cmd in found if "sglang_router" in cmd]
         assert routed, "the router never started"
         time.sleep(5.0)  # the router is up: the cell's load is under way
-        found = [(p, _cmdline(p)) for p in processes_with_env(marker) if p != harness.pid]
+        found = [(p, cmdline(p)) for p in processes_with_env(marker) if p != harness.pid]
         assert len([p for p, cmd in found if "flashrec serve" in cmd]) == 2, found
         harness.send_signal(signal.SIGKILL)
         harness.wait(timeout=10)
         left = _wait_gone(marker, GONE_WITHIN_S)
-        assert left == [], [(p, _cmdline(p)) for p in left]
+        assert left == [], [(p, cmdline(p)) for p in left]
     finally:
         if harness.poll() is None:
             harness.kill()
             harness.wait()
-        _cleanup(marker)
+        kill_marked(marker)  # a failed run: clean up what it left
