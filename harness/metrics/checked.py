@@ -29,6 +29,8 @@ SERVER_PHASE_METRICS = {
     *(f"server_{p}_ms_mean" for p in (*SERVER_PHASES, "ipc", "respond", "handoff")),
     "outside_server_ms_mean",
 }
+# harness.metrics.replicas: each server's prefix-cache counters around a round
+CACHE_METRICS = ("server_radix_hit_rate", "server_prefill_tokens_per_request")
 GC_METRICS = ("server_gc_pause_ms", "server_gc_full_collections", "server_gc_slow_pauses")
 
 
@@ -117,6 +119,11 @@ def _reason(name: str, res: Any, ok: list[Record], evaluated: set[str]) -> str |
         return "the server's /metrics has no Python GC counters"
     if name in GRAPH_METRICS:
         return "the server's /metrics has no graph counters (flashrec_graph_*)"
+    if name in CACHE_METRICS:
+        return (
+            "a server's /metrics has no prefix-cache counters (flashrec_prompt_tokens_total, "
+            "flashrec_prefix_hit_tokens_total)"
+        )
     if name in HOST_METRICS or name in SERVER_METRICS:
         return "no CPU reading of the server's processes (not launched by this run, or no /proc)"
     return None

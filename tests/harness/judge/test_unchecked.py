@@ -120,6 +120,8 @@ def test_the_audit_each_unmeasurable_metric_is_no_data_with_its_reason():
          "hf_latency_ratio", "HF baseline skipped: KV 9 GiB > 1"),
         (plain, "qps_steady", "not a closed load"),
         (plain, "quality_invalid_rate", "no quality eval"),
+        (plain, "server_radix_hit_rate", "no prefix-cache counters"),
+        (plain, "server_prefill_tokens_per_request", "no prefix-cache counters"),
         (plain, "pass@10", "no quality eval"),
     ]  # fmt: skip
     for c, metric, why in cases:
