@@ -85,9 +85,8 @@ class RemoteEngine:
         check_request_limits(
             req, self.max_beam_rows, self.config.max_seq_len, self._info.pool_tokens
         )
-        names = self.config.catalog_names
-        if req.catalog is not None and req.catalog not in names:
-            raise ValueError(unknown_catalog(req.catalog, names))
+        if req.catalog is not None and req.catalog not in self.config.catalog_names:
+            raise ValueError(unknown_catalog(req.catalog, self.config.catalog_names))
 
     def submit(self, req: GenRequest) -> Future:
         """``check_request``, then the request to the engine process."""
