@@ -40,6 +40,10 @@
 #   STAGES=repeat REPEAT=6 ONLY="beam_width=512" bash scripts/gpu_bench.sh matrices/h200_targets.yaml
 # STAGES=peers runs matrices/h200_peers.yaml: ours beside the public flashrec 0.1.2 (carry
 # .whl/peer from scripts/peer_wheels.sh), into $OUT/peers (see the stage below).
+# STAGES=soak runs issue 49's GPU soak (n=50 FP8, fixed rate, swaps during it) into $OUT/soak;
+# SOAK_DURATION (10m) outlasts one call: run it detached (setsid) and collect it in the next.
+# .whl/router (scripts/router_wheels.sh), where carried, installs sglang-router for matrices with
+# replicas: STAGES=matrix bash scripts/gpu_bench.sh matrices/h200_router.yaml
 # STAGES=gate runs `flashrec-bench gate MATRIX` (this tree against a baseline, interleaved) from
 # the two trees of .gate/repo.bundle (scripts/gate_bundle.sh BASE here; carry .gate):
 #   STAGES=gate ONLY="beam_width=50" bash scripts/gpu_bench.sh matrices/h200_targets.yaml
@@ -63,6 +67,13 @@ elif ls .whl/*.whl >/dev/null 2>&1; then
   # than a carried JIT build (below) and ninja would rebuild it all: age them instead
   find /tmp/flashrec-site -exec touch -h -d '2000-01-01' {} + && touch /tmp/flashrec-site/.installed
 fi
+# sglang-router and its launcher's needs (.whl/router from scripts/router_wheels.sh, carried):
+# a folder of their own on every process's path, for matrices with replicas behind the router
+if ls .whl/router/*.whl >/dev/null 2>&1 && [ ! -f /tmp/router-site/.installed ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/router-site \
+    .whl/router/*.whl && touch /tmp/router-site/.installed
+fi
+[ -f /tmp/router-site/.installed ] && export PYTHONPATH=$PYTHONPATH:/tmp/router-site
 if [ -z "${MODEL:-}" ] && [ -w /dev/shm ]; then MODEL=/dev/shm/onerec; fi
 MODEL=${MODEL:-$PWD/.cache/onerec}
 STAGES=" ${STAGES:-tests cells matrix} "
@@ -85,7 +96,7 @@ python -m flashrec.check_env --require gpu,fp8,triton | tee "$OUT/check_env.txt"
 case $STAGES in *" tests "*) fi_dims=${FI_HEAD_DIMS:-128 64};; *) fi_dims=${FI_HEAD_DIMS:-128};; esac
 python -c "import flashinfer" 2>/dev/null && python scripts/flashinfer_warmup.py --head-dims $fi_dims | tee "$OUT/flashinfer_warmup.txt"
 [ "${SAVE_JIT:-0}" = 1 ] && tar czf "$OUT/fi.tgz" -C "$(dirname "$FLASHINFER_WORKSPACE_BASE")" "$(basename "$FLASHINFER_WORKSPACE_BASE")"
-case $STAGES in *" cells "*|*" ab "*|*" matrix "*|*" witness "*|*" gate "*|*" determinism "*|*" peers "*)  # tests: own models
+case $STAGES in *" cells "*|*" ab "*|*" matrix "*|*" witness "*|*" gate "*|*" determinism "*|*" peers "*|*" soak "*)  # tests: own models
   # SYNTH_ARGS adds synth flags, e.g. "--sid-entropy 3.0" (the confident model; give it a MODEL of its own)
   [ -f "$MODEL/synth_info.json" ] || python -m flashrec synth --preset onerec-1.7b --out "$MODEL" --catalog-size 1500000 ${SYNTH_ARGS:-} > "$OUT/synth.log" 2>&1;; esac
 case $STAGES in *" tests "*)  # -v: one line per test as it ends, so a run cut short (a call's
@@ -120,6 +131,21 @@ case $STAGES in *" determinism "*)  # 120 requests x DET_PROCESSES (3) fresh pro
     --server-arg kv_pool_tokens=200000 "${strict[@]}" ${DET_ARGS:-} --out "$OUT/determinism_$det" \
     > "$OUT/determinism_$det.log" 2>&1
   echo "determinism (mode $det) rc=$?"; tail -2 "$OUT/determinism_$det.log";; esac
+case $STAGES in *" soak "*)  # issue 49's GPU soak: n=50 FP8 at a fixed rate (SOAK_RATE, default 60/s,
+  # ~60% of the n=50 c=32 cell's rate) for SOAK_DURATION (10m), histories of ~2,465 tokens from
+  # 4,096 prompts (too many for the radix cache to hold), the probe every 15 s, a cache flush, a
+  # catalog reload and a weight update from the served checkpoint during it; SOAK_ARGS adds
+  # flags. Longer than one call: start it detached (setsid) and collect $OUT/soak later.
+  cp "$MODEL/catalog.json" /dev/shm/soak_catalog_copy.json
+  bench="python -m harness"; command -v flashrec-bench >/dev/null && bench=flashrec-bench
+  $bench soak --model-path "$MODEL" --device cuda --server-arg quantization=fp8 \
+    --server-arg kv_cache_dtype=fp8_e4m3 --server-arg cuda_graph_max_bs=1600 \
+    --server-arg batch_slots=1600 --server-arg kv_pool_tokens=600000 --server-arg engine_process=on \
+    --duration "${SOAK_DURATION:-10m}" --rate "${SOAK_RATE:-60}" --interval 30s --probe-every 15s \
+    --beam-width 50 --prompt-tokens 2465 --prompts 4096 --max-tokens 4 --startup-timeout-s 900 \
+    --every 2m flush_cache --every 3m update_catalog=default=/dev/shm/soak_catalog_copy.json \
+    --every 4m update_weights="$MODEL" ${SOAK_ARGS:-} --out "$OUT/soak" > "$OUT/soak.log" 2>&1
+  echo "soak rc=$?"; tail -3 "$OUT/soak.log";; esac
 case $STAGES in *" cells "*) OUT=$OUT bash scripts/h200_bench.sh "$MODEL";; esac
 case $STAGES in *" witness "*)  # flashrec-bench and GuideLLM on the n=50 c=32 FP8 cell, one run
   # (.whl/witness from scripts/witness_wheels.sh; WITNESS_ARGS adds or overrides flags)
