@@ -12,7 +12,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
-from flashrec.engine.swaps import SwapGuard
+from flashrec.engine.swaps import SwapGuard, release_host_memory
 
 if TYPE_CHECKING:
     from flashrec.engine.engine import Engine
@@ -54,6 +54,7 @@ class CatalogReloader:
             return self.call(lambda: self.engine.swap_catalog(version, name)).result()
 
         version, swap_ms, wait_ms = self.guard.run(stage, swap)
+        release_host_memory()  # the parse's and the CPU trie's freed pages
         log.info(
             "catalog %s swapped in: %d SIDs, hash %s (load %.1f ms, build %.1f ms, "
             "swap %.3f ms after %.1f ms waiting for the step)",

@@ -2,21 +2,54 @@
 the swap is asked, off the engine thread; the swap itself runs on the engine thread; a second
 swap of the same kind while one runs is refused (``ReloadBusyError``, HTTP 409), not queued.
 Swaps are counted by outcome (ok / rejected / busy) and the last one's engine-thread time kept.
+After each swap, what staging freed is given back to the OS (``release_host_memory``): a
+server that reloads for weeks must not keep every staging's high-water mark resident.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import functools
 import logging
 import threading
 import time
 from collections.abc import Callable
 from typing import TypeVar
 
+import torch
+
 from flashrec.engine.request import ReloadBusyError
 
 log = logging.getLogger("flashrec")
 
 T = TypeVar("T")
+
+
+@functools.cache
+def _malloc_trim():
+    """glibc's ``malloc_trim`` (None elsewhere: musl, macOS)."""
+    try:
+        fn = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes, fn.restype = [ctypes.c_size_t], ctypes.c_int
+    return fn
+
+
+def release_host_memory(pinned: bool = False) -> None:
+    """Give back to the OS the host memory a swap's staging freed: with ``pinned``, the
+    page-locked blocks torch's host allocator caches for reuse (a checkpoint's size, resident
+    for the server's life otherwise; their release waits for the device's queued work), then
+    the C heap's free pages, which glibc keeps in each thread's arena (``malloc_trim``)."""
+    if pinned and torch.cuda.is_available():
+        empty = getattr(getattr(torch, "accelerator", None), "empty_host_cache", None)
+        empty = empty or getattr(torch._C, "_host_emptyCache", None)
+        if empty is not None:
+            empty()
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
 
 
 class SwapGuard:

@@ -31,7 +31,7 @@ from typing import Any, Protocol
 import torch
 
 from flashrec.config import EngineConfig, ModelConfig
-from flashrec.engine.swaps import SwapGuard
+from flashrec.engine.swaps import SwapGuard, release_host_memory
 from flashrec.models.loader import (
     build_model,
     checkpoint_files,
@@ -250,6 +250,9 @@ class WeightUpdater:
             return swap_ms
 
         staged, swap_ms, wait_ms = self.guard.run(stage, swap)
+        pinned = any(t.is_pinned() for t in staged.tensors.values())
+        staged.tensors.clear()  # the served buffers hold the values now
+        release_host_memory(pinned)
         v = staged.version
         log.info(
             "weights %s swapped in: hash %s (load %.1f ms, hash %.1f ms, swap %.1f ms "

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from flashrec.sid.catalog import load_catalog
+from flashrec.sid.childload import load_catalog_codes
 from flashrec.sid.layout import SidLayout
 from flashrec.sid.trie import SidTrie
 
@@ -71,13 +71,14 @@ def build_catalog_version(
     when the file is missing, unreadable, empty, of another depth than ``depth`` (None: any
     depth the layout holds), or holds a code the layout cannot express. Packed-integer keys
     decode base ``packed_base`` (default RecIF's 8192), never the layout's codebook size. The
-    trie is built on the CPU, then moved to ``device``."""
+    trie is built on the CPU, then moved to ``device``. A large file is parsed in a child
+    process (:mod:`flashrec.sid.childload`), so that a reload leaves the engine thread running."""
     path = str(path)
     if not Path(path).exists():
         raise ValueError(f"catalog file not found: {path}")
     t0 = time.perf_counter()
     try:
-        cat = load_catalog(path, layout=layout, packed_base=packed_base)
+        cat = load_catalog_codes(path, layout=layout, packed_base=packed_base)
     except ValueError:
         raise
     except Exception as exc:  # noqa: BLE001 - any reader failure is a bad file

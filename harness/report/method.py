@@ -45,6 +45,13 @@ def _engine_text(engine: EngineSpec | None) -> str:
     return f"FlashRec servers started fresh by this run {where}"
 
 
+def _launch_logs(server: dict) -> set[str]:
+    """The logs of the processes a cell's server started: one, or each replica and the router."""
+    logs = {server.get("log"), (server.get("router") or {}).get("log")}
+    logs |= {r.get("log") for r in server.get("replica_servers") or []}
+    return logs - {None}
+
+
 def servers_line(spec: MatrixSpec, cells: Sequence[Cell]) -> str:
     """Which servers the cells ran on: launched by this run (how many launches), external, or
     measured by an earlier run and resumed."""
@@ -55,8 +62,14 @@ def servers_line(spec: MatrixSpec, cells: Sequence[Cell]) -> str:
     for c in here:
         by_engine.setdefault(str(c.params.get("engine")), []).append(c)
     kinds = {engines[n].kind if n in engines else "?" for n in by_engine}
-    launches = len({(c.server or {}).get("log") for c in here} - {None})
-    count = f" ({launches} server launch(es) for {_cells(len(here))})" if launches else ""
+    logs = [_launch_logs(c.server or {}) for c in here]
+    launches = len(set().union(*logs))
+    what = (
+        "launch(es) of servers, replicas and routers"
+        if any((c.server or {}).get("router") for c in here)
+        else "server launch(es)"
+    )
+    count = f" ({launches} {what} for {_cells(len(here))})" if launches else ""
     if not here:
         text = "no cell was measured by this run"
     elif kinds == {"flashrec"} and not any(engines[n].cwd for n in by_engine):

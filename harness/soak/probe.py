@@ -112,6 +112,7 @@ class Probe:
         self.sent = 0
         self.errors: list[dict] = []
         self.changes: list[dict] = []
+        self.max_move = 0.0  # the largest score move of a beam two answers share, any probe
 
     def check(self, t_s: float, answer: Answer | None, error: str = "") -> bool:
         """Record one probe's outcome at ``t_s``; False when it failed or changed."""
@@ -122,6 +123,9 @@ class Probe:
         k = answer.catalog_hash if self.key == "catalog" else None
         ref = self.refs.setdefault(k, answer)
         lines = diff(ref, answer, self.tol)
+        moves = [abs(a - b) for beam, a in zip(ref.beams, ref.scores) for c, b in
+                 zip(answer.beams, answer.scores) if c == beam]  # fmt: skip
+        self.max_move = max([self.max_move, *moves])
         if lines:
             self.changes.append({"t_s": round(t_s, 3), "diff": lines, "answer": answer.as_dict()})
         return not lines
@@ -132,6 +136,8 @@ class Probe:
             "sent": self.sent,
             "changes": len(self.changes),
             "errors": len(self.errors),
+            "tolerance": self.tol,
+            "max_score_move": self.max_move,
             "reference": {str(k): v.as_dict() for k, v in self.refs.items()},
             "change_log": self.changes,
             "error_log": self.errors,

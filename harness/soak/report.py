@@ -171,6 +171,9 @@ def markdown(line, failures, fitted, state: State, probe: Probe, meta: dict) -> 
         "",
         f"## Probe: {probe.sent} sent, {len(probe.changes)} changes, {len(probe.errors)} errors",
         "",
+        f"Largest score move of a beam two answers share: {probe.max_move:.4g} (a change "
+        f"beyond {probe.tol:g}).",
+        "",
     ]
     md += [f"- {c['t_s']:.0f} s: {'; '.join(c['diff'])}" for c in probe.changes[:20]]
     if state.actions:

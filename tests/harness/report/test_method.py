@@ -72,3 +72,18 @@ def test_started_traced_run_cold_and_warm_cells(tmp_path, marker):
     for false in ("external", "no round was traced", "no warm-up", "ran cold", "no noise band"):
         assert false not in text, (false, text)
     assert processes_with(marker) == []
+
+
+def test_routed_cells_count_every_replica_and_router_launch():
+    """A matrix of replicas behind a router: each replica's and each router's launch counts
+    (reports/cpu/router: direct, 1 replica + router, 2 x (2 replicas + router))."""
+    from harness.report.method import servers_line
+    from harness.report.model import Report
+    from harness.spec.matrix import load_spec
+
+    root = Path(__file__).resolve().parents[3]
+    rep = Report.from_json(json.loads((root / "reports/cpu/router/report.json").read_text()))
+    spec, _ = load_spec(root / "matrices/router_cpu.yaml")
+    line = servers_line(spec, rep.cells)
+    assert line.endswith("(9 launch(es) of servers, replicas and routers for 4 cells)"), line
+    assert rep.measurement.rules[0] == line  # the stored report says the same

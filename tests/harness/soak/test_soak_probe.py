@@ -47,6 +47,16 @@ def test_the_probe_logs_changes_and_errors_with_their_time():
     assert s["change_log"][0]["t_s"] == 60.0 and s["error_log"][0]["error"] == "HTTP 500: boom"
 
 
+def test_the_largest_score_move_is_kept_within_the_tolerance_too():
+    p = Probe(0.5)
+    assert p.check(0, REF) and p.summary["max_score_move"] == 0.0
+    swapped = Answer(("<a>", "<c>", "<b>"), (-1.0, -2.6, -2.7), "h1")  # <b> -0.7, <c> +0.4
+    assert not p.check(1, swapped)  # <b> moved past the tolerance
+    assert p.check(2, Answer(REF.beams, (-1.1, -2.0, -3.0), "h1"))
+    assert p.summary["max_score_move"] == pytest.approx(0.7)
+    assert p.summary["tolerance"] == 0.5
+
+
 def test_per_catalog_references():
     p = Probe(1e-4, key="catalog")
     other = Answer(("<x>", "<y>", "<z>"), (-1.0, -2.0, -3.0), "h2")

@@ -1,0 +1,82 @@
+"""How long a catalog reload stops the other threads of its process: a 1 ms ticker thread runs
+beside ``build_catalog_version`` of a comma-key JSON catalog (``--sids`` random SIDs as
+``write_catalog_json`` writes them, or ``--path``), parsed here and parsed in a child process
+(``flashrec.sid.childload``), alternating, ``--reps`` times each.
+
+    python scripts/probes/reload_stall_probe.py [--sids 1500000] [--reps 2] [--path FILE]
+
+Prints one JSON line per load: where it was parsed, its seconds, and the ticker's longest wait
+and total waits over 20 ms (the engine thread of a serving process waits as long).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]  # the repository (this file is scripts/probes/)
+sys.path.insert(0, str(ROOT))
+
+import numpy as np  # noqa: E402
+
+from flashrec.sid import childload  # noqa: E402
+from flashrec.sid.catalog import write_catalog_json  # noqa: E402
+from flashrec.sid.layout import SidLayout  # noqa: E402
+from flashrec.sid.version import build_catalog_version  # noqa: E402
+
+K = 8192
+LAYOUT = SidLayout(code_start=1000, codebook_size=K, num_levels=3, sid_begin=999, sid_end=998)
+
+
+def timed(path: str, where: str) -> dict:
+    childload.CHILD_BYTES = 0 if where == "child" else 1 << 50
+    gaps, stop = [0.0], threading.Event()
+
+    def tick():
+        last = time.perf_counter()
+        while not stop.is_set():
+            time.sleep(0.001)
+            now = time.perf_counter()
+            gaps.append(now - last)
+            last = now
+
+    t = threading.Thread(target=tick)
+    t.start()
+    t0 = time.perf_counter()
+    v = build_catalog_version(path, LAYOUT, None, "cpu")
+    took = time.perf_counter() - t0
+    stop.set()
+    t.join()
+    return {
+        "parsed": where,
+        "sids": v.size,
+        "seconds": round(took, 3),
+        "longest_wait_ms": round(max(gaps) * 1e3, 1),
+        "waits_over_20ms_s": round(sum(g for g in gaps if g > 0.02), 3),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sids", type=int, default=1_500_000)
+    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--path", help="a catalog of one's own (codes below 8192, 3 levels)")
+    a = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = a.path
+        if path is None:
+            path = str(Path(tmp) / "catalog.json")
+            codes = np.random.default_rng(0).integers(0, K, size=(a.sids, 3))
+            write_catalog_json(codes, path)
+        for _ in range(a.reps):
+            for where in ("here", "child"):
+                print(json.dumps(timed(path, where)), flush=True)
+
+
+if __name__ == "__main__":
+    main()
