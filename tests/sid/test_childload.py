@@ -3,6 +3,7 @@ here, the read limits applied there, and the calling process's other threads lef
 
 from __future__ import annotations
 
+import multiprocessing as mp
 import os
 import threading
 import time
@@ -56,6 +57,37 @@ def test_child_applies_the_callers_read_limits(tmp_path):
         for child_bytes in (0, 1 << 40):  # parsed there, parsed here: refused alike
             with pytest.raises(ValueError, match="over the 64-byte cap"):
                 childload.load_catalog_codes(path, layout=LAYOUT, child_bytes=child_bytes)
+
+
+def _in_a_daemon(path: str, out) -> None:
+    cat = childload.load_catalog_codes(path, layout=LAYOUT, child_bytes=0)
+    out.put(cat.codes.tolist())
+
+
+def test_a_daemonic_process_may_parse_in_a_child(tmp_path):
+    """The server's engine process is daemonic (``--engine-process on``), and a daemonic
+    multiprocessing process may not start children of its own: the child is a plain one."""
+    path = tmp_path / "c.json"
+    write_catalog_json(_codes(50), path)
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    p = ctx.Process(target=_in_a_daemon, args=(str(path), q), daemon=True)
+    p.start()
+    try:
+        codes = q.get(timeout=120)
+    finally:
+        p.join(30)
+        if p.is_alive():
+            p.kill()
+    np.testing.assert_array_equal(np.array(codes), load_catalog(path, layout=LAYOUT).codes)
+
+
+def test_a_child_that_dies_is_a_value_error(tmp_path, monkeypatch):
+    path = tmp_path / "c.json"
+    write_catalog_json(_codes(50), path)
+    monkeypatch.setattr(childload.sys, "executable", "/bin/false")
+    with pytest.raises(ValueError, match="the catalog reader process failed"):
+        childload.load_catalog_codes(path, layout=LAYOUT, child_bytes=0)
 
 
 def test_paths_that_are_not_regular_files_stay_here(tmp_path):
