@@ -29,6 +29,7 @@ from flashrec.engine.weights import (
     WeightsVersion,
     copy_weights,
     identify,
+    tokenizer_files_digest,
     vocab_digest,
 )
 from flashrec.prompt import build_prompt_ids, load_tokenizer, share_word_cache
@@ -80,6 +81,7 @@ class Engine:
         # the served weights' identity and what a weight update must match (engine/weights.py)
         self.weights: WeightsVersion = identify(config.model_path)
         self.vocab_digest = vocab_digest(self.tokenizer)
+        self.tokenizer_files = tokenizer_files_digest(config.model_path)
         log.info("weights %s: hash %s", config.model_path, self.weights.hash)
 
     def _load_catalogs(self, config: EngineConfig) -> list[tuple[str, CatalogVersion]]:

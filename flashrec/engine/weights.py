@@ -30,6 +30,7 @@ from typing import Any, Protocol
 
 import torch
 
+from flashrec import boundedread
 from flashrec.config import EngineConfig, ModelConfig
 from flashrec.engine.swaps import SwapGuard, release_host_memory
 from flashrec.models.loader import (
@@ -57,6 +58,35 @@ def checkpoint_hash(model_path: str | Path) -> str:
         with open(f, "rb") as fh:
             while chunk := fh.read(1 << 24):
                 h.update(chunk)
+    return h.hexdigest()
+
+
+# the files ``AutoTokenizer.from_pretrained`` may read from a checkpoint directory
+TOKENIZER_FILES = (
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+    "vocab.json", "vocab.txt", "merges.txt", "tokenizer.model", "spiece.model",
+    "chat_template.jinja", "chat_template.json",
+)  # fmt: skip
+
+
+def tokenizer_files_digest(model_path: str | Path) -> str:
+    """sha256 over the tokenizer files ``model_path`` holds (name and bytes, ``TOKENIZER_FILES``
+    order) and config.json's ``model_type`` / ``tokenizer_class``: equal digests load the same
+    tokenizer. A weight update whose digest equals the served one's skips loading it (a
+    tokenizer load holds the interpreter lock beside the engine thread)."""
+    path = Path(model_path)
+    h = hashlib.sha256()
+    for name in TOKENIZER_FILES:
+        f = path / name
+        if f.exists():
+            h.update(name.encode() + b"\0" + boundedread.read_bytes(f, "tokenizer file") + b"\0")
+    try:
+        cfg = json.loads(boundedread.read_bytes(path / "config.json", "config.json"))
+    except (OSError, ValueError):
+        cfg = {}
+    if not isinstance(cfg, dict):
+        cfg = {}
+    h.update(json.dumps([cfg.get("model_type"), cfg.get("tokenizer_class")]).encode())
     return h.hexdigest()
 
 
@@ -105,6 +135,7 @@ class WeightsHolder(Protocol):
     layout: SidLayout
     weights: WeightsVersion
     vocab_digest: str
+    tokenizer_files: str  # tokenizer_files_digest of the served checkpoint
     runner: Any  # ModelRunner: .model, .dtype, .use_fp8, .device
 
     def swap_weights(self, staged: StagedWeights) -> float: ...
@@ -178,14 +209,8 @@ def stage_weights(
             {k: getattr(engine.model_config, k) for k in keep},
             "config.json field",
         )
-        try:
-            tok = load_tokenizer(str(path))
-        except Exception as exc:  # noqa: BLE001 - any tokenizer failure: this checkpoint
-            raise ValueError(f"its tokenizer does not load ({type(exc).__name__}: {exc})") from None
-        layout = resolve_sid_layout(tok, engine.config.sid)
-        _differences(_layout_fields(layout), _layout_fields(engine.layout), "SID layout field")
-        if vocab_digest(tok) != engine.vocab_digest:
-            raise ValueError("its tokenizer's vocabulary differs from the served tokenizer's")
+        if tokenizer_files_digest(path) != getattr(engine, "tokenizer_files", None):
+            _check_tokenizer(engine, path)  # else: the served tokenizer's very files
         _differences(checkpoint_signature(path), served.signature, "tensor")
     except ValueError as exc:
         raise ValueError(f"model_path {model_path!r}: {exc}") from None
@@ -206,6 +231,18 @@ def stage_weights(
     ident = WeightsVersion(str(path), digest, version, label, served.signature)
     load_ms = (t1 - t0 + time.perf_counter() - t2) * 1e3
     return StagedWeights(ident, tensors, load_ms, (t2 - t1) * 1e3)
+
+
+def _check_tokenizer(engine: WeightsHolder, path: Path) -> None:
+    """ValueError unless ``path``'s tokenizer loads with the served SID layout and vocabulary."""
+    try:
+        tok = load_tokenizer(str(path))
+    except Exception as exc:  # noqa: BLE001 - any tokenizer failure: this checkpoint
+        raise ValueError(f"its tokenizer does not load ({type(exc).__name__}: {exc})") from None
+    layout = resolve_sid_layout(tok, engine.config.sid)
+    _differences(_layout_fields(layout), _layout_fields(engine.layout), "SID layout field")
+    if vocab_digest(tok) != engine.vocab_digest:
+        raise ValueError("its tokenizer's vocabulary differs from the served tokenizer's")
 
 
 def copy_weights(model: torch.nn.Module, staged: StagedWeights) -> None:

@@ -1,9 +1,12 @@
-"""How long a catalog reload stops the other threads of its process: a 1 ms ticker thread runs
-beside ``build_catalog_version`` of a comma-key JSON catalog (``--sids`` random SIDs as
-``write_catalog_json`` writes them, or ``--path``), parsed here and parsed in a child process
-(``flashrec.sid.childload``), alternating, ``--reps`` times each.
+"""How long a catalog reload or a weight update stops the other threads of its process: a 1 ms
+ticker thread runs beside ``build_catalog_version`` of a comma-key JSON catalog (``--sids``
+random SIDs as ``write_catalog_json`` writes them, or ``--path``), parsed here and parsed in a
+child process (``flashrec.sid.childload``), alternating, ``--reps`` times each; with
+``--weights DIR``, beside ``stage_weights`` of checkpoint DIR on a CPU engine serving DIR,
+with the served tokenizer's files recognised and with its load forced, alternating.
 
     python scripts/probes/reload_stall_probe.py [--sids 1500000] [--reps 2] [--path FILE]
+    python scripts/probes/reload_stall_probe.py --weights DIR [--reps 2]
 
 Prints one JSON line per load: where it was parsed, its seconds, and the ticker's longest wait
 and total waits over 20 ms (the engine thread of a serving process waits as long).
@@ -33,8 +36,8 @@ K = 8192
 LAYOUT = SidLayout(code_start=1000, codebook_size=K, num_levels=3, sid_begin=999, sid_end=998)
 
 
-def timed(path: str, where: str) -> dict:
-    childload.CHILD_BYTES = 0 if where == "child" else 1 << 50
+def ticking(fn) -> tuple[float, list[float]]:
+    """``fn()``'s seconds, and the gaps of a 1 ms ticker thread beside it."""
     gaps, stop = [0.0], threading.Event()
 
     def tick():
@@ -48,17 +51,44 @@ def timed(path: str, where: str) -> dict:
     t = threading.Thread(target=tick)
     t.start()
     t0 = time.perf_counter()
-    v = build_catalog_version(path, LAYOUT, None, "cpu")
-    took = time.perf_counter() - t0
-    stop.set()
-    t.join()
+    try:
+        fn()
+    finally:
+        took = time.perf_counter() - t0
+        stop.set()
+        t.join()
+    return took, gaps
+
+
+def _waits(took: float, gaps: list[float]) -> dict:
     return {
-        "parsed": where,
-        "sids": v.size,
         "seconds": round(took, 3),
         "longest_wait_ms": round(max(gaps) * 1e3, 1),
         "waits_over_20ms_s": round(sum(g for g in gaps if g > 0.02), 3),
     }
+
+
+def timed(path: str, where: str) -> dict:
+    childload.CHILD_BYTES = 0 if where == "child" else 1 << 50
+    out = []
+    took, gaps = ticking(lambda: out.append(build_catalog_version(path, LAYOUT, None, "cpu")))
+    return {"parsed": where, "sids": out[0].size, **_waits(took, gaps)}
+
+
+def weights(model: str, reps: int) -> None:
+    from flashrec.config import EngineConfig
+    from flashrec.engine.engine import Engine
+    from flashrec.engine.weights import stage_weights
+
+    eng = Engine(EngineConfig(model_path=model, device="cpu"))
+    served = eng.tokenizer_files
+    for _ in range(reps):
+        for tokenizer in ("recognised", "loaded"):
+            eng.tokenizer_files = served if tokenizer == "recognised" else ""
+            took, gaps = ticking(lambda: stage_weights(eng, model, 1, None))
+            print(
+                json.dumps({"stage_weights": model, "tokenizer": tokenizer, **_waits(took, gaps)})
+            )
 
 
 def main() -> None:
@@ -66,7 +96,11 @@ def main() -> None:
     ap.add_argument("--sids", type=int, default=1_500_000)
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--path", help="a catalog of one's own (codes below 8192, 3 levels)")
+    ap.add_argument("--weights", metavar="DIR", help="time a weight update's staging instead")
     a = ap.parse_args()
+    if a.weights:
+        weights(a.weights, a.reps)
+        return
     with tempfile.TemporaryDirectory() as tmp:
         path = a.path
         if path is None:

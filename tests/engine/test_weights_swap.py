@@ -60,3 +60,30 @@ def test_refused_before_anything_changes(synth_model, tiny_model, tmp_path) -> N
     assert eng.weights.version == 0 and eng.weights.hash == checkpoint_hash(tiny_model)
     for name, t in model_tensors(eng.runner.model).items():
         assert torch.equal(t, served[name]), name
+
+
+def test_the_served_tokenizer_files_are_not_loaded_again(
+    synth_model, tiny_model, tmp_path, monkeypatch
+) -> None:
+    """A checkpoint whose tokenizer files are the served ones' (a retrained model of the same
+    tokenizer) skips the tokenizer load (it holds the interpreter lock beside the engine
+    thread); one whose files differ in any byte loads and checks its tokenizer."""
+    import shutil
+
+    from flashrec.engine import weights
+
+    eng = _engine(tiny_model, tiny_model)
+    other = synth_model("tiny", seed=1)  # the same synthetic tokenizer, other weights
+    loads = []
+    real = weights.load_tokenizer
+    monkeypatch.setattr(weights, "load_tokenizer", lambda p: loads.append(p) or real(p))
+    assert weights.tokenizer_files_digest(other) == eng.tokenizer_files
+    stage_weights(eng, str(other), 1, None)
+    assert loads == []
+    edited = tmp_path / "edited"
+    shutil.copytree(other, edited)
+    cfg = edited / "tokenizer_config.json"
+    cfg.write_text(cfg.read_text() + " ")  # one byte more: another file
+    assert weights.tokenizer_files_digest(edited) != eng.tokenizer_files
+    stage_weights(eng, str(edited), 1, None)
+    assert loads == [str(edited)]
