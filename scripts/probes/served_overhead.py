@@ -16,6 +16,7 @@ always torn down.
 
     PYTHONPATH=. python scripts/probes/served_overhead.py                 # builds the tiny model
     PYTHONPATH=. python scripts/probes/served_overhead.py --model-path DIR --n 256 50 --profile
+    PYTHONPATH=. python scripts/probes/served_overhead.py --raw-client   # the client's share
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import cProfile
 import io
 import json
 import pstats
+import socket
 import statistics
 import sys
 import tempfile
@@ -161,6 +163,44 @@ async def drive(url: str, bodies: list[dict], warmup: int) -> list[tuple[str, fl
     return out
 
 
+def drive_raw(url: str, bodies: list[dict], warmup: int) -> list[tuple[str, float, int]]:
+    """``drive`` with the least client there is: one blocking keep-alive socket, each request's
+    bytes built before its clock starts, the answer read by its Content-Length. Beside
+    ``drive`` it shows the aiohttp client's own share of the e2e time."""
+    host, port = url.split("//", 1)[1].split(":")
+    sock = socket.create_connection((host, int(port)))
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    f = sock.makefile("rb")
+    out = []
+    try:
+        for i, body in enumerate(bodies):
+            data = json.dumps(body).encode()
+            req = (
+                f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\n"
+                f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n"
+            ).encode() + data
+            t0 = time.perf_counter()
+            sock.sendall(req)
+            status = f.readline()
+            length = None
+            while (line := f.readline()) not in (b"\r\n", b""):
+                name, _, value = line.decode("latin-1").partition(":")
+                if name.strip().lower() == "content-length":
+                    length = int(value)
+            if length is None:
+                raise RuntimeError(f"no Content-Length in the answer ({status!r})")
+            raw = f.read(length)
+            dt = time.perf_counter() - t0
+            if b" 200 " not in status:
+                raise RuntimeError(f"{status!r}: {raw[:300]!r}")
+            if i >= warmup:
+                out.append((json.loads(raw)["id"], dt, len(raw)))
+    finally:
+        f.close()
+        sock.close()
+    return out
+
+
 def ms(xs: list[float]) -> str:
     xs = sorted(xs)
     p50 = xs[len(xs) // 2] * 1e3
@@ -230,6 +270,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--requests", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--profile", action="store_true", help="cProfile the event-loop thread")
+    ap.add_argument(
+        "--raw-client", action="store_true",
+        help="also send the requests through a raw keep-alive socket (the client's share)",
+    )  # fmt: skip
     ap.add_argument("--profile-lines", type=int, default=30)
     args = ap.parse_args(argv)
 
@@ -279,6 +323,10 @@ def run(srv: ServerThread, engine: Any, inst: Instrumented, args: argparse.Names
             srv.set_profiling(False)
         else:
             rows = asyncio.run(drive(url, bodies, args.warmup))
+        if args.raw_client:  # the same requests again through a raw socket
+            raw_rows = drive_raw(url, bodies, args.warmup)
+            raw_e2e = [dt for _, dt, _ in raw_rows]
+            raw_eng = [inst.engine_s[rid] for rid, _, _ in raw_rows]
         e2e = [dt for _, dt, _ in rows]
         eng = [inst.engine_s[rid] for rid, _, _ in rows]
         steps = [inst.steps_s[rid] for rid, _, _ in rows]
@@ -290,6 +338,12 @@ def run(srv: ServerThread, engine: Any, inst: Instrumented, args: argparse.Names
         print(f"  engine steps         {ms(steps)}")
         print(f"  overhead e2e-engine  {ms(over)}")
         print(f"  response bytes       {statistics.median([b for _, _, b in rows]):.0f}")
+        if args.raw_client:
+            raw_over = [a - b for a, b in zip(raw_e2e, raw_eng)]
+            print(f"  e2e raw socket       {ms(raw_e2e)}")
+            print(f"  overhead raw-engine  {ms(raw_over)}")
+            gap = statistics.median(over) - statistics.median(raw_over)
+            print(f"  aiohttp client's share (median overheads' difference) {gap * 1e3:.2f} ms")
         if inst.last is not None:
             breakdown(engine, srv.server.state.limits, bodies[0], inst.last)
         if args.profile and srv.profile is not None:
