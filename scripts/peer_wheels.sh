@@ -20,9 +20,7 @@ set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
 dest=.whl/peer
 mkdir -p "$dest"
-platform=(--python-version 3.12 --implementation cp --only-binary=:all:
-  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64
-  --platform manylinux2014_x86_64 --platform manylinux_2_5_x86_64 --platform linux_x86_64)
+source scripts/wheel_platform.sh  # platform=(pip's target-platform flags)
 specs=(
   flashrec==0.1.2
   fastapi==0.115.14 starlette==0.46.2 uvicorn==0.34.3 h11==0.16.0 anyio==4.9.0 sniffio==1.3.1

@@ -10,9 +10,7 @@ set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
 dest=.whl/router
 mkdir -p "$dest"
-platform=(--python-version 3.12 --implementation cp --only-binary=:all:
-  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64
-  --platform manylinux2014_x86_64 --platform manylinux_2_5_x86_64 --platform linux_x86_64)
+source scripts/wheel_platform.sh  # platform=(pip's target-platform flags)
 specs=(
   sglang-router==0.3.2 setproctitle==1.3.6 orjson==3.11.3
   fastapi==0.115.14 starlette==0.46.2 uvicorn==0.34.3 sniffio==1.3.1

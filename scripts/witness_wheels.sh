@@ -15,9 +15,7 @@ dest=.whl/witness
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 mkdir -p "$dest"
-platform=(--python-version 3.12 --implementation cp --only-binary=:all:
-  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64
-  --platform manylinux2014_x86_64 --platform manylinux_2_5_x86_64 --platform linux_x86_64)
+source scripts/wheel_platform.sh  # platform=(pip's target-platform flags)
 skip='^(torch|transformers|triton|nvidia-.*|numpy|huggingface[-_]hub|hf-xet|tokenizers|safetensors|'
 skip+='filelock|fsspec|packaging|pyyaml|regex|requests|urllib3|charset[-_]normalizer|tqdm|'
 skip+='typing[-_]extensions|setuptools|jinja2|markupsafe|sympy|mpmath|networkx|'

@@ -123,8 +123,8 @@ class Probe:
         k = answer.catalog_hash if self.key == "catalog" else None
         ref = self.refs.setdefault(k, answer)
         lines = diff(ref, answer, self.tol)
-        moves = [abs(a - b) for beam, a in zip(ref.beams, ref.scores) for c, b in
-                 zip(answer.beams, answer.scores) if c == beam]  # fmt: skip
+        new = dict(zip(answer.beams, answer.scores))
+        moves = [abs(s - new[b]) for b, s in zip(ref.beams, ref.scores) if b in new]
         self.max_move = max([self.max_move, *moves])
         if lines:
             self.changes.append({"t_s": round(t_s, 3), "diff": lines, "answer": answer.as_dict()})
