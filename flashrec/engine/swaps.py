@@ -17,8 +17,6 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-import torch
-
 from flashrec.engine.request import ReloadBusyError
 
 log = logging.getLogger("flashrec")
@@ -37,16 +35,9 @@ def _malloc_trim():
     return fn
 
 
-def release_host_memory(pinned: bool = False) -> None:
-    """Give back to the OS the host memory a swap's staging freed: with ``pinned``, the
-    page-locked blocks torch's host allocator caches for reuse (a checkpoint's size, resident
-    for the server's life otherwise; their release waits for the device's queued work), then
-    the C heap's free pages, which glibc keeps in each thread's arena (``malloc_trim``)."""
-    if pinned and torch.cuda.is_available():
-        empty = getattr(getattr(torch, "accelerator", None), "empty_host_cache", None)
-        empty = empty or getattr(torch._C, "_host_emptyCache", None)
-        if empty is not None:
-            empty()
+def release_host_memory() -> None:
+    """Give back to the OS the host memory a swap's staging freed: the C heap's free pages,
+    which glibc keeps in each thread's arena (``malloc_trim``)."""
     trim = _malloc_trim()
     if trim is not None:
         trim(0)

@@ -47,6 +47,7 @@ log = logging.getLogger("flashrec")
 HASH_METHOD = "sha256 over each safetensors file's name and bytes, in file order"
 # ModelConfig fields that may differ: how the tensors are stored, checked tensor by tensor
 _STORAGE_FIELDS = {"torch_dtype", "quantization_config"}
+STAGING_HEADROOM = 0.1  # device memory left free beside staged weights, as their fraction
 LOAD_FORMATS = (None, "auto", "safetensors")  # SGLang's ``load_format`` values we read
 
 
@@ -143,13 +144,15 @@ class WeightsHolder(Protocol):
 
 @dataclasses.dataclass
 class StagedWeights:
-    """A checked checkpoint ready to swap in: its identity and the model's tensors on the CPU
-    (page-locked where the model is on CUDA), named as ``model_tensors`` names them."""
+    """A checked checkpoint ready to swap in: its identity and the model's tensors (in device
+    memory where they fit beside the served model, else on the host), named as
+    ``model_tensors`` names them."""
 
     version: WeightsVersion
     tensors: dict[str, torch.Tensor]
     load_ms: float
     hash_ms: float
+    staged_on: str = "cpu"  # "device" / "host" on CUDA (``_place``), "cpu" on the CPU
 
 
 def _differences(new: dict, old: dict, what: str) -> None:
@@ -226,11 +229,36 @@ def stage_weights(
         _differences(got, want, "model tensor")
     except ValueError as exc:
         raise ValueError(f"model_path {model_path!r}: {exc}") from None
-    if runner.device.type == "cuda":  # page-locked: the swap's copies run at full speed
-        tensors = {k: t.pin_memory() for k, t in tensors.items()}
+    tensors, staged_on = _place(tensors, runner.device)
     ident = WeightsVersion(str(path), digest, version, label, served.signature)
     load_ms = (t1 - t0 + time.perf_counter() - t2) * 1e3
-    return StagedWeights(ident, tensors, load_ms, (t2 - t1) * 1e3)
+    return StagedWeights(ident, tensors, load_ms, (t2 - t1) * 1e3, staged_on)
+
+
+def stages_on_device(need_bytes: int, free_bytes: int) -> bool:
+    """Whether a checkpoint of ``need_bytes`` is staged in device memory: only with
+    ``STAGING_HEADROOM`` of it (at least 1 GiB) still free beside it."""
+    return free_bytes - need_bytes >= max(1 << 30, int(need_bytes * STAGING_HEADROOM))
+
+
+def _place(
+    tensors: dict[str, torch.Tensor], device: torch.device
+) -> tuple[dict[str, torch.Tensor], str]:
+    """Where the staged tensors wait for the swap. On CUDA, in device memory when it fits
+    (copied on a side stream here, off the engine thread, so the swap is a device-to-device
+    copy of milliseconds); else in pageable host memory, copied during the swap. Never
+    page-locked: pinning or unpinning a checkpoint's size of host memory holds the driver for
+    seconds and stalls the engine's launches on every thread."""
+    if device.type != "cuda":
+        return tensors, "cpu"
+    need = sum(t.numel() * t.element_size() for t in tensors.values())
+    if not stages_on_device(need, torch.cuda.mem_get_info(device)[0]):
+        return tensors, "host"
+    stream = torch.cuda.Stream(device)
+    with torch.cuda.stream(stream):
+        on_device = {k: t.to(device) for k, t in tensors.items()}
+    stream.synchronize()  # the swap's stream reads them with no event between
+    return on_device, "device"
 
 
 def _check_tokenizer(engine: WeightsHolder, path: Path) -> None:
@@ -287,14 +315,16 @@ class WeightUpdater:
             return swap_ms
 
         staged, swap_ms, wait_ms = self.guard.run(stage, swap)
-        pinned = any(t.is_pinned() for t in staged.tensors.values())
         staged.tensors.clear()  # the served buffers hold the values now
-        release_host_memory(pinned)
+        if staged.staged_on == "device":
+            torch.cuda.empty_cache()  # the staging's blocks back to the device
+        release_host_memory()
         v = staged.version
         log.info(
-            "weights %s swapped in: hash %s (load %.1f ms, hash %.1f ms, swap %.1f ms "
-            "after %.1f ms waiting for the running requests)",
-            v.path, v.hash, staged.load_ms, staged.hash_ms, swap_ms, wait_ms - swap_ms,
+            "weights %s swapped in: hash %s (load %.1f ms, hash %.1f ms, staged on %s, swap "
+            "%.1f ms after %.1f ms waiting for the running requests)",
+            v.path, v.hash, staged.load_ms, staged.hash_ms, staged.staged_on, swap_ms,
+            wait_ms - swap_ms,
         )  # fmt: skip
         return {
             "success": True,
@@ -306,6 +336,7 @@ class WeightUpdater:
             "weight_version": v.label,
             "load_ms": round(staged.load_ms, 3),
             "hash_ms": round(staged.hash_ms, 3),
+            "staged_on": staged.staged_on,  # where the new tensors waited: device, host, cpu
             # the engine thread's copy + cache flush, and how long the update waited for
             # the requests running when it was asked, then the swap
             "swap_ms": round(swap_ms, 3),

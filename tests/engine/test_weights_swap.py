@@ -87,3 +87,24 @@ def test_the_served_tokenizer_files_are_not_loaded_again(
     assert weights.tokenizer_files_digest(edited) != eng.tokenizer_files
     stage_weights(eng, str(edited), 1, None)
     assert loads == [str(edited)]
+
+
+def test_staging_on_the_device_needs_room_beside_the_served_model() -> None:
+    """Staged weights go to device memory only with a tenth of their size, and at least
+    1 GiB, still free beside them; else they wait on the host and the swap copies them."""
+    from flashrec.engine.weights import stages_on_device
+
+    gib = 1 << 30
+    assert stages_on_device(4 * gib, 60 * gib)
+    assert stages_on_device(4 * gib, 5 * gib)  # 1 GiB left: the floor
+    assert not stages_on_device(4 * gib, 5 * gib - 1)
+    assert stages_on_device(20 * gib, 22 * gib)  # 2 GiB left: a tenth
+    assert not stages_on_device(20 * gib, 22 * gib - 1)
+    assert not stages_on_device(4 * gib, 3 * gib)  # does not fit at all
+
+
+def test_cpu_staging_is_the_built_model(tiny_model) -> None:
+    eng = _engine(tiny_model, tiny_model)
+    staged = stage_weights(eng, str(tiny_model), 1, None)
+    assert staged.staged_on == "cpu"
+    assert all(t.device.type == "cpu" and not t.is_pinned() for t in staged.tensors.values())

@@ -156,6 +156,7 @@ def test_update_weights_endpoint(server: ServerThread, ckpts, fresh, tmp_path) -
     )
     assert info["weight_version"] == "day-2"
     assert {"load_ms", "hash_ms", "swap_ms", "swap_wait_ms"} <= set(info)
+    assert info["staged_on"] == "cpu"  # a CPU server: the built tensors are the staging
     print(f"\nswap on CPU (tiny): {info['swap_ms']:.2f} ms; staged in {info['load_ms']:.1f} ms")
     assert server.metrics()["flashrec_kv_tokens_cached"] == 0  # a's KV flushed
     # the same prompts, cold again (a's KV flushed): as a fresh server on b answers them
