@@ -3,10 +3,13 @@ ticker thread runs beside ``build_catalog_version`` of a comma-key JSON catalog 
 random SIDs as ``write_catalog_json`` writes them, or ``--path``), parsed here and parsed in a
 child process (``flashrec.sid.childload``), alternating, ``--reps`` times each; with
 ``--weights DIR``, beside ``stage_weights`` of checkpoint DIR on a CPU engine serving DIR,
-with the served tokenizer's files recognised and with its load forced, alternating.
+with the served tokenizer's files recognised and with its load forced, alternating; on CUDA,
+staged on the device and on the host, alternating, with the swap's copy and the release after
+it ticked too (a ticker that also waits on a small kernel: the CUDA driver's stalls).
 
     python scripts/probes/reload_stall_probe.py [--sids 1500000] [--reps 2] [--path FILE]
     python scripts/probes/reload_stall_probe.py --weights DIR [--reps 2]
+    python scripts/probes/reload_stall_probe.py --weights DIR --device cuda --quantization fp8
 
 Prints one JSON line per load: where it was parsed, its seconds, and the ticker's longest wait
 and total waits over 20 ms (the engine thread of a serving process waits as long).
@@ -36,14 +39,23 @@ K = 8192
 LAYOUT = SidLayout(code_start=1000, codebook_size=K, num_levels=3, sid_begin=999, sid_end=998)
 
 
-def ticking(fn) -> tuple[float, list[float]]:
-    """``fn()``'s seconds, and the gaps of a 1 ms ticker thread beside it."""
+def ticking(fn, gpu: bool = False) -> tuple[float, list[float]]:
+    """``fn()``'s seconds, and the gaps of a 1 ms ticker thread beside it (with ``gpu``, each
+    tick also runs a small kernel on its own stream and waits for it: the driver's stalls)."""
     gaps, stop = [0.0], threading.Event()
+    if gpu:
+        import torch
+
+        x, stream = torch.zeros(1024, device="cuda"), torch.cuda.Stream()
 
     def tick():
         last = time.perf_counter()
         while not stop.is_set():
             time.sleep(0.001)
+            if gpu:
+                with torch.cuda.stream(stream):
+                    x.add_(1)
+                stream.synchronize()
             now = time.perf_counter()
             gaps.append(now - last)
             last = now
@@ -75,20 +87,48 @@ def timed(path: str, where: str) -> dict:
     return {"parsed": where, "sids": out[0].size, **_waits(took, gaps)}
 
 
-def weights(model: str, reps: int) -> None:
-    from flashrec.config import EngineConfig
-    from flashrec.engine.engine import Engine
-    from flashrec.engine.weights import stage_weights
+def _stage_ticked(eng, model: str, gpu: bool) -> dict:
+    """One staging ticked; on CUDA also the swap's copy and the release after it."""
+    import torch
 
-    eng = Engine(EngineConfig(model_path=model, device="cpu"))
-    served = eng.tokenizer_files
+    from flashrec.engine import weights as w
+    from flashrec.engine.swaps import release_host_memory
+
+    out = []
+    took, gaps = ticking(lambda: out.append(w.stage_weights(eng, model, 1, None)), gpu)
+    row = _waits(took, gaps)
+    if gpu:
+        took, gaps = ticking(lambda: w.copy_weights(eng.runner.model, out[0]), gpu)
+        row["copy"] = _waits(took, gaps)
+
+        def release():
+            out[0].tensors.clear()
+            torch.cuda.empty_cache()
+            release_host_memory()
+
+        took, gaps = ticking(release, gpu)
+        row["release"] = _waits(took, gaps)
+    return row
+
+
+def weights(model: str, reps: int, device: str, quantization: str) -> None:
+    from flashrec.config import EngineConfig
+    from flashrec.engine import weights as w
+    from flashrec.engine.engine import Engine
+
+    cfg = dict(model_path=model, device=device, quantization=quantization)
+    if device == "cuda":  # no graphs or FlashInfer: only the staging is timed
+        cfg.update(attention_backend="triton", cuda_graph_max_bs=0, batch_slots=64)
+    eng = Engine(EngineConfig(**cfg))
+    served, on_device = eng.tokenizer_files, w.stages_on_device
+    gpu = device == "cuda"
     for _ in range(reps):
-        for tokenizer in ("recognised", "loaded"):
-            eng.tokenizer_files = served if tokenizer == "recognised" else ""
-            took, gaps = ticking(lambda: stage_weights(eng, model, 1, None))
-            print(
-                json.dumps({"stage_weights": model, "tokenizer": tokenizer, **_waits(took, gaps)})
-            )
+        for variant in ("recognised", "loaded") if not gpu else ("device", "host"):
+            eng.tokenizer_files = served if variant != "loaded" else ""
+            w.stages_on_device = on_device if variant != "host" else (lambda need, free: False)
+            row = {"stage_weights": model, "variant": variant, **_stage_ticked(eng, model, gpu)}
+            print(json.dumps(row), flush=True)
+    w.stages_on_device = on_device
 
 
 def main() -> None:
@@ -97,9 +137,11 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--path", help="a catalog of one's own (codes below 8192, 3 levels)")
     ap.add_argument("--weights", metavar="DIR", help="time a weight update's staging instead")
+    ap.add_argument("--device", default="cpu", help="with --weights: cpu or cuda")
+    ap.add_argument("--quantization", default="none", help="with --weights: none or fp8")
     a = ap.parse_args()
     if a.weights:
-        weights(a.weights, a.reps)
+        weights(a.weights, a.reps, a.device, a.quantization)
         return
     with tempfile.TemporaryDirectory() as tmp:
         path = a.path
