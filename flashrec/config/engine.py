@@ -203,6 +203,14 @@ class EngineConfig:
         "prefill forward, no prefix cache, no prompt split in decode attention)",
         flag=True,
     )
+    weights_build: str = opt(
+        "auto",
+        "where /update_weights_from_disk hashes and builds the new checkpoint on the CPU: child "
+        "(a child process at a lower priority, so the serving process keeps its cores and "
+        "interpreter lock), server (the process holding the engine) or auto: child on a GPU "
+        "for weights of 256 MiB and more, else server",
+        ("auto", "child", "server"),
+    )
     enable_prefill_last_rows: bool = opt(
         True,
         "prefill runs the last layer's o_proj, post-attention norm and MLP on each prompt's last "
@@ -216,6 +224,7 @@ class EngineConfig:
         self.catalog_specs  # noqa: B018 - names and paths checked here, at start-up
         check_choice(self, "qk_rope_rounding")
         check_choice(self, "decode_prompt_attention")
+        check_choice(self, "weights_build")
         if self.prefix_cache_max_nodes < 0:
             raise ValueError(
                 f"--prefix-cache-max-nodes must be >= 0, got {self.prefix_cache_max_nodes}"

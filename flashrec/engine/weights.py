@@ -32,10 +32,11 @@ import torch
 
 from flashrec import boundedread
 from flashrec.config import EngineConfig, ModelConfig
+from flashrec.engine import weights_child
 from flashrec.engine.swaps import SwapGuard, release_host_memory
 from flashrec.models.loader import (
     build_model,
-    checkpoint_files,
+    checkpoint_hash,
     checkpoint_signature,
     model_tensors,
 )
@@ -49,17 +50,6 @@ HASH_METHOD = "sha256 over each safetensors file's name and bytes, in file order
 _STORAGE_FIELDS = {"torch_dtype", "quantization_config"}
 STAGING_HEADROOM = 0.1  # device memory left free beside staged weights, as their fraction
 LOAD_FORMATS = (None, "auto", "safetensors")  # SGLang's ``load_format`` values we read
-
-
-def checkpoint_hash(model_path: str | Path) -> str:
-    """sha256 over each safetensors file's name and bytes (``HASH_METHOD``)."""
-    h = hashlib.sha256()
-    for f in checkpoint_files(model_path):
-        h.update(f.name.encode() + b"\0")
-        with open(f, "rb") as fh:
-            while chunk := fh.read(1 << 24):
-                h.update(chunk)
-    return h.hexdigest()
 
 
 # the files ``AutoTokenizer.from_pretrained`` may read from a checkpoint directory
@@ -153,6 +143,7 @@ class StagedWeights:
     load_ms: float
     hash_ms: float
     staged_on: str = "cpu"  # "device" / "host" on CUDA (``_place``), "cpu" on the CPU
+    built_in: str = "here"  # "child": hashed and built by a child process (weights_child)
 
 
 def _differences(new: dict, old: dict, what: str) -> None:
@@ -195,7 +186,9 @@ def stage_weights(
     engine: WeightsHolder, model_path: str, version: int, label: str | None
 ) -> StagedWeights:
     """Read and check ``model_path`` against what ``engine`` serves, then build its tensors on
-    the CPU; ValueError naming the first difference (nothing served changes). Any thread."""
+    the CPU (in a child process under ``--weights-build``: ``weights_child``) and stage them
+    (``_place``); ValueError naming the first difference (nothing served changes). Any
+    thread."""
     t0 = time.perf_counter()
     path = Path(model_path)
     if not path.is_dir():
@@ -218,21 +211,35 @@ def stage_weights(
     except ValueError as exc:
         raise ValueError(f"model_path {model_path!r}: {exc}") from None
     t1 = time.perf_counter()
-    digest = checkpoint_hash(path)
-    t2 = time.perf_counter()
     runner = engine.runner
-    model = build_model(mc, path, runner.dtype, runner.use_fp8)
-    tensors = model_tensors(model)
-    want = {k: (tuple(t.shape), t.dtype) for k, t in model_tensors(runner.model).items()}
+    served_tensors = model_tensors(runner.model)
+    need = sum(t.numel() * t.element_size() for t in served_tensors.values())
+    mode = getattr(engine.config, "weights_build", "auto")
+    if weights_child.builds_in_child(mode, runner.device.type, need):  # beside this process
+        try:
+            tensors, digest, build_ms, hash_ms = weights_child.build_in_child(
+                str(path), runner.dtype, runner.use_fp8, need
+            )
+        except ValueError as exc:
+            raise ValueError(f"model_path {model_path!r}: {exc}") from None
+        where = "child"
+    else:
+        t2 = time.perf_counter()
+        digest = checkpoint_hash(path)
+        t3 = time.perf_counter()
+        tensors = model_tensors(build_model(mc, path, runner.dtype, runner.use_fp8))
+        build_ms, hash_ms, where = (time.perf_counter() - t3) * 1e3, (t3 - t2) * 1e3, "here"
+    want = {k: (tuple(t.shape), t.dtype) for k, t in served_tensors.items()}
     got = {k: (tuple(t.shape), t.dtype) for k, t in tensors.items()}
     try:
         _differences(got, want, "model tensor")
     except ValueError as exc:
         raise ValueError(f"model_path {model_path!r}: {exc}") from None
+    t4 = time.perf_counter()
     tensors, staged_on = _place(tensors, runner.device)
     ident = WeightsVersion(str(path), digest, version, label, served.signature)
-    load_ms = (t1 - t0 + time.perf_counter() - t2) * 1e3
-    return StagedWeights(ident, tensors, load_ms, (t2 - t1) * 1e3, staged_on)
+    load_ms = (t1 - t0 + time.perf_counter() - t4) * 1e3 + build_ms
+    return StagedWeights(ident, tensors, load_ms, hash_ms, staged_on, where)
 
 
 def stages_on_device(need_bytes: int, free_bytes: int) -> bool:
@@ -321,10 +328,10 @@ class WeightUpdater:
         release_host_memory()
         v = staged.version
         log.info(
-            "weights %s swapped in: hash %s (load %.1f ms, hash %.1f ms, staged on %s, swap "
-            "%.1f ms after %.1f ms waiting for the running requests)",
-            v.path, v.hash, staged.load_ms, staged.hash_ms, staged.staged_on, swap_ms,
-            wait_ms - swap_ms,
+            "weights %s swapped in: hash %s (built %s: load %.1f ms, hash %.1f ms; staged on "
+            "%s; swap %.1f ms after %.1f ms waiting for the running requests)",
+            v.path, v.hash, staged.built_in, staged.load_ms, staged.hash_ms, staged.staged_on,
+            swap_ms, wait_ms - swap_ms,
         )  # fmt: skip
         return {
             "success": True,

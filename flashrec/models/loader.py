@@ -14,6 +14,7 @@ naming the checkpoint tensor.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from pathlib import Path
@@ -321,3 +322,14 @@ def _assign(
         raise CheckpointError(f"{ckpt_name}: FP8 tensor for a non-linear parameter")
     with torch.no_grad():
         p.data = t.to(dtype).contiguous()
+
+
+def checkpoint_hash(model_path: str | Path) -> str:
+    """sha256 over each safetensors file's name and bytes (a weight update's identity, ``engine.weights.HASH_METHOD``)."""
+    h = hashlib.sha256()
+    for f in checkpoint_files(model_path):
+        h.update(f.name.encode() + b"\0")
+        with open(f, "rb") as fh:
+            while chunk := fh.read(1 << 24):
+                h.update(chunk)
+    return h.hexdigest()

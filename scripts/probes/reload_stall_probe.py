@@ -2,10 +2,11 @@
 ticker thread runs beside ``build_catalog_version`` of a comma-key JSON catalog (``--sids``
 random SIDs as ``write_catalog_json`` writes them, or ``--path``), parsed here and parsed in a
 child process (``flashrec.sid.childload``), alternating, ``--reps`` times each; with
-``--weights DIR``, beside ``stage_weights`` of checkpoint DIR on a CPU engine serving DIR,
-with the served tokenizer's files recognised and with its load forced, alternating; on CUDA,
-staged on the device and on the host, alternating, with the swap's copy and the release after
-it ticked too (a ticker that also waits on a small kernel: the CUDA driver's stalls).
+``--weights DIR``, beside ``stage_weights`` of checkpoint DIR on an engine serving DIR: on
+the CPU built here with the served tokenizer's files recognised, with its load forced, then in
+a child process (weights_child); on CUDA built in a child and here, staged on the device, then
+in a child staged on the host, with the swap's copy and the release after it ticked too (there
+the ticker also waits on a small kernel: the CUDA driver's stalls).
 
     python scripts/probes/reload_stall_probe.py [--sids 1500000] [--reps 2] [--path FILE]
     python scripts/probes/reload_stall_probe.py --weights DIR [--reps 2]
@@ -114,21 +115,24 @@ def _stage_ticked(eng, model: str, gpu: bool) -> dict:
 def weights(model: str, reps: int, device: str, quantization: str) -> None:
     from flashrec.config import EngineConfig
     from flashrec.engine import weights as w
+    from flashrec.engine import weights_child as wc
     from flashrec.engine.engine import Engine
 
     cfg = dict(model_path=model, device=device, quantization=quantization)
-    if device == "cuda":  # no graphs or FlashInfer: only the staging is timed
-        cfg.update(attention_backend="triton", cuda_graph_max_bs=0, batch_slots=64)
+    if device == "cuda":  # few graphs, no FlashInfer: only the staging is timed
+        cfg.update(attention_backend="triton", cuda_graph_max_bs=64, batch_slots=64)
     eng = Engine(EngineConfig(**cfg))
-    served, on_device = eng.tokenizer_files, w.stages_on_device
+    served, on_device, where = eng.tokenizer_files, w.stages_on_device, wc.builds_in_child
     gpu = device == "cuda"
+    variants = ("recognised", "loaded", "child") if not gpu else ("child", "here", "child-host")
     for _ in range(reps):
-        for variant in ("recognised", "loaded") if not gpu else ("device", "host"):
+        for variant in variants:
             eng.tokenizer_files = served if variant != "loaded" else ""
-            w.stages_on_device = on_device if variant != "host" else (lambda need, free: False)
+            wc.builds_in_child = lambda mode, dev, need, c=variant.startswith("child"): c
+            w.stages_on_device = on_device if variant != "child-host" else lambda need, free: False
             row = {"stage_weights": model, "variant": variant, **_stage_ticked(eng, model, gpu)}
             print(json.dumps(row), flush=True)
-    w.stages_on_device = on_device
+    w.stages_on_device, wc.builds_in_child = on_device, where
 
 
 def main() -> None:

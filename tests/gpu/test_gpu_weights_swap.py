@@ -1,7 +1,8 @@
 """Weight update on the GPU: the checkpoint is staged in device memory (off the engine thread,
 never page-locked host memory), the swap copies it into the served buffers under the captured
 graphs, and the engine then answers exactly as a fresh engine on the new checkpoint; with no
-room on the device the staging waits on the host and the answers are the same."""
+room on the device the staging waits on the host, and built in a child process or in this one,
+the answers are the same."""
 
 from __future__ import annotations
 
@@ -21,17 +22,18 @@ def _answers(eng) -> list:
     return [[(b.token_ids, b.sequence_score) for b in r.beams] for r in eng.generate(reqs)]
 
 
+@pytest.mark.parametrize("build", ["child", "server"])
 @pytest.mark.parametrize("room", ["device", "host"])
 @pytest.mark.parametrize("quantization", [None, "fp8"])
-def test_gpu_weight_swap_equals_a_fresh_engine(synth_model, quantization, room, monkeypatch):
+def test_gpu_weight_swap_equals_a_fresh_engine(synth_model, quantization, room, build, monkeypatch):
     a, b = synth_model("tiny"), synth_model("tiny", seed=1)
     kw = dict(dtype="bfloat16", quantization=quantization or "none", deterministic=True)
-    eng = make_engine(a, **kw)
+    eng = make_engine(a, weights_build=build, **kw)
     before = _answers(eng)
     if room == "host":  # as on a device without room for a second copy
         monkeypatch.setattr(weights, "stages_on_device", lambda need, free: False)
     staged = stage_weights(eng, str(b), 1, None)
-    assert staged.staged_on == room
+    assert (staged.staged_on, staged.built_in) == (room, "child" if build == "child" else "here")
     where = {t.device.type for t in staged.tensors.values()}
     assert where == ({"cuda"} if room == "device" else {"cpu"})
     assert not any(t.is_pinned() for t in staged.tensors.values())

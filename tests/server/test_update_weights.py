@@ -243,3 +243,17 @@ def test_update_weights_under_load(ckpts, fresh_det) -> None:
         f"\n{len(results)} answers, {len(swaps)} swaps under c=16; swap ms median "
         f"{ms[len(ms) // 2]:.2f}, max {ms[-1]:.2f}"
     )
+
+
+def test_update_weights_built_in_a_child(ckpts, fresh) -> None:
+    """``--weights-build child`` in an engine process (daemonic: the builder is a plain
+    subprocess): the checkpoint is hashed and built by a child, and the server then answers
+    exactly as a fresh one on it; a bad one is still refused with nothing changed."""
+    ha, hb = checkpoint_hash(ckpts["a"]), checkpoint_hash(ckpts["b"])
+    with engine_process(ckpts["a"], ckpts["a"], weights_build="child") as srv:
+        assert "intermediate_size" in refused(srv, {"model_path": str(ckpts["wider"])})
+        assert answers(srv) == fresh[ha]
+        r = srv.post("/update_weights_from_disk", {"model_path": str(ckpts["b"])})
+        assert r.status_code == 200, r.text
+        assert r.json()["weights_hash"] == hb
+        assert answers(srv) == fresh[hb]
