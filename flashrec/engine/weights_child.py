@@ -18,7 +18,6 @@ import json
 import mmap
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -26,9 +25,10 @@ from pathlib import Path
 
 import torch
 
+from flashrec.childrun import run_json_child
+
 CHILD_BYTES = 256 << 20  # --weights-build auto: served tensors from this size, on a GPU
 _ALIGN = 64  # each tensor's offset in the file: a multiple of every element size
-_PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])  # the directory holding flashrec/
 
 
 def builds_in_child(mode: str, device_type: str, need_bytes: int) -> bool:
@@ -89,19 +89,7 @@ def build_in_child(
         out = Path(d) / "tensors.bin"
         job = {"model_path": model_path, "dtype": str(dtype).removeprefix("torch."),
                "use_fp8": use_fp8, "out": str(out)}  # fmt: skip
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [_PACKAGE_ROOT, env.get("PYTHONPATH")]))
-        proc = subprocess.run(
-            [sys.executable, "-m", "flashrec.engine.weights_child"],
-            input=json.dumps(job), capture_output=True, text=True, env=env, check=False,
-        )  # fmt: skip
-        try:
-            answer = json.loads(proc.stdout.strip().splitlines()[-1])
-        except (IndexError, json.JSONDecodeError):
-            tail = proc.stderr.strip().splitlines()[-1:] or ["no output"]
-            raise ValueError(
-                f"the weights builder process failed (exit {proc.returncode}): {tail[0]}"
-            ) from None
+        answer = run_json_child("flashrec.engine.weights_child", job, "the weights builder")
         if "error" in answer:
             raise ValueError(f"building it failed ({answer['error']}: {answer['message']})")
         tensors = read_pack(out)  # mapped: the pages outlive the directory's removal

@@ -16,7 +16,6 @@ import dataclasses
 import json
 import os
 import stat
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -24,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from flashrec import boundedread
+from flashrec.childrun import run_json_child
 from flashrec.sid.catalog import Catalog, CatalogError, load_catalog
 from flashrec.sid.layout import SidLayout, SidLayoutError
 
@@ -32,7 +32,6 @@ CHILD_BYTES = 8 << 20  # files from this size are parsed in a child (a start cos
 _ERRORS: dict[str, type[Exception]] = {
     e.__name__: e for e in (ValueError, CatalogError, SidLayoutError, boundedread.FileLimitError)
 }
-_PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])  # the directory holding flashrec/
 
 
 def _load(path: str, layout: SidLayout | None, packed_base: int | None, limits) -> Catalog:
@@ -74,23 +73,7 @@ def load_catalog_codes(
             "timeout_s": limits.timeout_s,
             "out": str(out),
         }
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [_PACKAGE_ROOT, env.get("PYTHONPATH")]))
-        proc = subprocess.run(
-            [sys.executable, "-m", "flashrec.sid.childload"],
-            input=json.dumps(job),
-            capture_output=True,
-            text=True,
-            env=env,
-            check=False,
-        )
-        try:
-            answer = json.loads(proc.stdout.strip().splitlines()[-1])
-        except (IndexError, json.JSONDecodeError):
-            tail = proc.stderr.strip().splitlines()[-1:] or ["no output"]
-            raise ValueError(
-                f"{path}: the catalog reader process failed (exit {proc.returncode}): {tail[0]}"
-            ) from None
+        answer = run_json_child("flashrec.sid.childload", job, f"{path}: the catalog reader")
         if "error" in answer:
             name = answer["error"]
             cls = _ERRORS.get(name) or type(name, (Exception,), {})

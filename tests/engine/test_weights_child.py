@@ -9,6 +9,8 @@ import multiprocessing as mp
 
 import pytest
 import torch
+from test_weights_swap import _answers
+from test_weights_swap import _engine as engine_on
 
 from flashrec.config import EngineConfig
 from flashrec.engine import weights_child
@@ -18,17 +20,7 @@ from flashrec.models.loader import model_tensors
 
 
 def _engine(path, **kw) -> Engine:
-    return Engine(
-        EngineConfig(model_path=str(path), sid_vocab_file=str(path / "catalog.json"), **kw)
-    )
-
-
-def _answers(eng: Engine) -> list:
-    reqs = [
-        eng.new_request(eng.build_prompt(text=f"user {i} likes item {i * 7}"), n=8)
-        for i in range(3)
-    ]
-    return [[(b.token_ids, b.sequence_score) for b in r.beams] for r in eng.generate(reqs)]
+    return engine_on(path, path, **kw)
 
 
 def test_the_pack_comes_back_bit_for_bit(tmp_path) -> None:
