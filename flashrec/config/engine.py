@@ -256,6 +256,11 @@ class EngineConfig:
             raise ValueError(f"--packed-base must be at least 2, got {self.packed_base}")
         if self.max_catalog_bytes < 0 or not self.catalog_read_timeout_s >= 0:
             raise ValueError("--max-catalog-bytes and --catalog-read-timeout-s must be >= 0")
+        if self.cuda_graph_max_bs < 1:
+            raise ValueError(
+                f"--cuda-graph-max-bs must be >= 1, got {self.cuda_graph_max_bs} (to decode "
+                "without CUDA graphs: --disable-cuda-graph)"
+            )
         if not 1 <= self.decode_max_splits <= 8:
             raise ValueError(f"--decode-max-splits must be in 1..8, got {self.decode_max_splits}")
         if self.deterministic and self.decode_prompt_attention == "flashinfer":

@@ -218,3 +218,14 @@ def test_cuda_server_replays_and_captures_nothing_after_warm_up(tiny_model):
         assert _sum(m, "flashrec_graph_captures_total", 'kind="decode"') > 0
         graphs = srv.get("/get_server_info").json()["graphs"]
         assert graphs["captured_sizes"]["decode"] and graphs["captures_after_warmup"] == 0
+
+
+def test_a_decode_graph_size_under_one_is_refused_at_start():
+    """``--cuda-graph-max-bs 0`` would leave no decode graph size to capture (an IndexError at
+    start on a GPU); refused when the config is built, naming the flag that disables graphs."""
+    from flashrec.config import EngineConfig
+
+    for bad in (0, -8):
+        with pytest.raises(ValueError, match=r"--cuda-graph-max-bs must be >= 1.*--disable-cuda"):
+            EngineConfig(model_path="x", cuda_graph_max_bs=bad)
+    assert EngineConfig(model_path="x", cuda_graph_max_bs=1).cuda_graph_max_bs == 1
