@@ -1,5 +1,11 @@
 """RSS, open fds and threads of every process of a server's process group, from /proc.
 
+Of a process's fds, ``conns`` are the server's side of client connections still open at both
+ends (ESTABLISHED TCP sockets on the server's port, from ``/proc/net/tcp`` and ``tcp6``): how
+many the load generator keeps is its own choice (a client pool that grew during a stall keeps
+every connection in rotation), so a leak is read from the others (``fds - conns``), where a
+socket the client closed and the server did not (CLOSE_WAIT) still counts.
+
 A launched server runs in a process group of its own (its pid is the group's id,
 :mod:`harness.servers.launch`); its engine process, extra front ends and any helper process
 it spawns are members. Each process is named by its role where the server says it
@@ -30,14 +36,45 @@ class ProcSample:
     rss_mib: float
     fds: int
     threads: int
+    conns: int = 0  # fds that are open client connections on the server's port
 
 
-def read_proc(pid: int) -> ProcSample | None:
-    """``pid``'s RSS (MiB), open fds and threads; None when it is gone or unreadable."""
+def established_inodes(port: int) -> set[int]:
+    """Socket inodes of the ESTABLISHED TCP connections whose local port is ``port`` (the
+    server's side of each open client connection)."""
+    out: set[int] = set()
+    for table in ("tcp", "tcp6"):
+        try:
+            lines = (Path("/proc/net") / table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            f = line.split()  # sl local rem st ... uid timeout inode
+            if len(f) > 9 and f[3] == "01" and int(f[1].rsplit(":", 1)[1], 16) == port:
+                out.add(int(f[9]))
+    return out
+
+
+def _count_sockets(fd_dir: Path, inodes: set[int]) -> int:
+    n = 0
+    for fd in os.listdir(fd_dir):
+        try:
+            link = os.readlink(fd_dir / fd)
+        except OSError:  # closed meanwhile
+            continue
+        if link.startswith("socket:[") and int(link[8:-1]) in inodes:
+            n += 1
+    return n
+
+
+def read_proc(pid: int, conn_inodes: set[int] | None = None) -> ProcSample | None:
+    """``pid``'s RSS (MiB), open fds and threads, and of its fds those among ``conn_inodes``
+    (:func:`established_inodes`); None when it is gone or unreadable."""
     base = Path("/proc") / str(pid)
     try:
         status = (base / "status").read_text()
         fds = len(os.listdir(base / "fd"))
+        conns = _count_sockets(base / "fd", conn_inodes) if conn_inodes else 0
     except OSError:
         return None
     fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
@@ -46,14 +83,16 @@ def read_proc(pid: int) -> ProcSample | None:
         threads = int(fields["Threads"].strip())
     except (KeyError, ValueError, IndexError):
         return None
-    return ProcSample(pid, rss_kib / 1024.0, fds, threads)
+    return ProcSample(pid, rss_kib / 1024.0, fds, threads, min(conns, fds))
 
 
-def sample_group(pgid: int) -> dict[int, ProcSample]:
-    """Every live member of process group ``pgid``, by pid."""
+def sample_group(pgid: int, port: int | None = None) -> dict[int, ProcSample]:
+    """Every live member of process group ``pgid``, by pid (with ``port``, each one's open
+    client connections on it)."""
+    inodes = established_inodes(port) if port else None
     out = {}
     for pid in sorted(group_members(pgid)):
-        s = read_proc(pid)
+        s = read_proc(pid, inodes)
         if s is not None:
             out[pid] = s
     return out

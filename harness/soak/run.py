@@ -17,6 +17,7 @@ import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
 import aiohttp
 import numpy as np
@@ -245,13 +246,15 @@ class Soak:
         if metrics is None and "no /metrics" not in " ".join(st.notes):
             st.notes.append("no /metrics from the server: its gauges are not sampled")
         if self.pgid is not None:
-            procs = sample_group(self.pgid)
+            procs = sample_group(self.pgid, urlsplit(self.base).port)
             row["processes"] = len(procs)
             for pid, s in procs.items():
                 st.names[pid] = role_of(pid, st.names)
                 label = f"{st.names[pid]}-{pid}"
                 row[f"rss_mib[{label}]"] = round(s.rss_mib, 3)
                 row[f"fds[{label}]"] = s.fds
+                row[f"conns[{label}]"] = s.conns
+                row[f"fds_other[{label}]"] = s.fds - s.conns
                 row[f"threads[{label}]"] = s.threads
         st.rows.append(row)
         self.log(progress_line(row))
@@ -293,7 +296,8 @@ def progress_line(row: dict) -> str:
     if "processes" in row:
         procs = (
             f" | {row['processes']} procs rss {_sum(row, 'rss_mib'):.0f} MiB "
-            f"fds {_sum(row, 'fds'):.0f} thr {_sum(row, 'threads'):.0f}"
+            f"fds {_sum(row, 'fds'):.0f} ({_sum(row, 'conns'):.0f} conns) "
+            f"thr {_sum(row, 'threads'):.0f}"
         )
     return (
         f"[{_clock(row['t_s'])}] req {row['requests']} ({row['rate']:.1f}/s) "

@@ -43,7 +43,8 @@ def test_a_short_soak_passes_flat_with_an_unchanged_probe(tmp_path, tiny_model, 
     ] and all(a["ok"] for a in doc["actions"])  # fmt: skip
     assert all(t["verdict"] != "grows" for t in doc["trends"])
     assert {t["resource"].split("[")[0] for t in doc["trends"]} >= {
-        "rss_mib", "fds", "threads", "processes", "slots_used", "kv_tokens_used", "p99_ms"
+        "rss_mib", "fds", "conns", "fds_other", "threads", "processes", "slots_used",
+        "kv_tokens_used", "p99_ms",
     }  # fmt: skip
     # every process of the group, named by its role: two front ends and the engine
     roles = {name for name in doc["processes"].values()}
