@@ -15,6 +15,8 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
+
 from harness.soak.config import SoakConfig
 from harness.soak.probe import Probe
 from harness.soak.run import GAUGES, State
@@ -99,6 +101,40 @@ def _num(v: float) -> str:
     return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:+.3g}"
 
 
+AFTER_S = 5.0  # the window after an action whose requests are reported beside it
+
+
+def latency_window(started, took, lo: float, hi: float, ref: float) -> dict:
+    """The answered requests in flight at any time in ``[lo, hi]``: how many, p50 / p99 / max
+    (ms), and when the slowest started, in s from ``ref`` (an action's start)."""
+    s, d = np.asarray(started, float), np.asarray(took, float)
+    hit = (s <= hi) & (s + d >= lo)
+    if not hit.any():
+        return {"requests": 0}
+    lat, at = d[hit] * 1000.0, s[hit]
+    p50, p99 = np.percentile(lat, [50, 99])
+    k = int(np.argmax(lat))
+    return {
+        "requests": int(hit.sum()), "p50_ms": round(float(p50), 3),
+        "p99_ms": round(float(p99), 3), "max_ms": round(float(lat[k]), 3),
+        "slowest_started_s": round(float(at[k] - ref), 3),
+    }  # fmt: skip
+
+
+def around_actions(state: State) -> list[dict]:
+    """Per action: the requests in flight while it ran (``during``) and in the ``AFTER_S``
+    after it answered (``after``), from every answered request's start and latency."""
+    out = []
+    for a in state.actions:
+        t0, t1 = a["t_s"], a["t_s"] + a["took_s"]
+        out.append({
+            "t_s": a["t_s"], "action": a["action"], "arg": a["arg"], "took_s": a["took_s"],
+            "during": latency_window(state.started, state.took, t0, t1, t0),
+            "after": latency_window(state.started, state.took, t1, t1 + AFTER_S, t0),
+        })  # fmt: skip
+    return out
+
+
 def write_samples(out: Path, rows: list[dict]) -> None:
     """``samples.csv``: one row per interval, one column per resource (rewritten whole: a
     process seen later adds its columns)."""
@@ -121,6 +157,7 @@ def write(out: Path, cfg: SoakConfig, state: State, probe: Probe, meta: dict) ->
     failures = verdict(state, probe, fitted)
     line = summary_line(cfg, state, probe, fitted, failures)
     write_samples(out, state.rows)
+    around = around_actions(state)
     config = dataclasses.asdict(cfg)
     config["tolerances"] = {
         k: [v if math.isfinite(v) else "inf" for v in pair] for k, pair in cfg.tolerances.items()
@@ -138,6 +175,7 @@ def write(out: Path, cfg: SoakConfig, state: State, probe: Probe, meta: dict) ->
         "trends": [t.row() for t in fitted],
         "probe": probe.summary,
         "actions": state.actions,
+        "around_actions": around,
         "error_log": state.error_log,
         "idle_after": state.idle,
         "processes": {str(p): n for p, n in state.names.items()},
@@ -145,11 +183,13 @@ def write(out: Path, cfg: SoakConfig, state: State, probe: Probe, meta: dict) ->
         "samples": state.rows,
     }
     (out / "soak.json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
-    (out / "REPORT.md").write_text(markdown(line, failures, fitted, state, probe, meta))
+    (out / "REPORT.md").write_text(markdown(line, failures, fitted, state, probe, meta, around))
     return line, not failures
 
 
-def markdown(line, failures, fitted, state: State, probe: Probe, meta: dict) -> str:
+def markdown(
+    line, failures, fitted, state: State, probe: Probe, meta: dict, around: list[dict]
+) -> str:
     md = ["# Soak", "", f"**{line}**", ""]
     md += [f"- {k}: `{v}`" for k, v in meta.items()] + [""]
     if failures:
@@ -189,6 +229,16 @@ def markdown(line, failures, fitted, state: State, probe: Probe, meta: dict) -> 
             f"{a['took_s']:.2f} | {a['detail'][:80].replace('|', '/')} |"
             for a in state.actions
         ]
+        md += [
+            "",
+            f"## Latency around actions (requests in flight while each ran, and in the "
+            f"{AFTER_S:g} s after it; the slowest one's start in s from the action's)",
+            "",
+            "| t (s) | action | took (s) | during: requests | p50 / p99 / max ms | slowest at "
+            "| after: requests | p50 / p99 / max ms |",
+            "| ---: | --- | ---: | ---: | --- | ---: | ---: | --- |",
+        ]
+        md += [_around_row(a) for a in around]
     if state.error_log:
         md += ["", "## Errors (first 20)", ""]
         md += [f"- {e['t_s']:.0f} s {e['kind']}: {e['error'][:160]}" for e in state.error_log[:20]]
@@ -196,3 +246,17 @@ def markdown(line, failures, fitted, state: State, probe: Probe, meta: dict) -> 
     md += [f"Note: {n}" for n in state.notes]
     md += ["", "Samples: `samples.csv`; everything: `soak.json`.", ""]
     return "\n".join(md)
+
+
+def _around_row(a: dict) -> str:
+    def cells(w: dict) -> str:
+        if not w["requests"]:
+            return "0 | -"
+        return f"{w['requests']} | {w['p50_ms']:.0f} / {w['p99_ms']:.0f} / {w['max_ms']:.0f}"
+
+    during, after = a["during"], a["after"]
+    at = f"{during['slowest_started_s']:+.2f}" if during["requests"] else "-"
+    return (
+        f"| {a['t_s']:.0f} | {a['action']} {a['arg'] or ''} | {a['took_s']:.2f} | "
+        f"{cells(during)} | {at} | {cells(after)} |"
+    )

@@ -74,6 +74,9 @@ class State:
     done: int = 0
     errors: int = 0
     latencies: list[float] = field(default_factory=list)  # the current interval's
+    # every answered request's start (s into the soak) and latency (s): latency around actions
+    started: list[float] = field(default_factory=list)
+    took: list[float] = field(default_factory=list)
     interval_errors: int = 0
     error_log: list[dict] = field(default_factory=list)  # the first 100 errors
     actions: list[dict] = field(default_factory=list)
@@ -168,10 +171,13 @@ class Soak:
         req = self.requests[i % len(self.requests)]
         rec = Record("soak", 0, "soak", i, req.prompt.index, 0.0)
         self.state.sent += 1
+        t0 = self.now()
         await send(session, self.base, "chat", req, rec, self.checker, self.cfg.timeout_s, [])
         self.state.done += 1
         if rec.ok:
             self.state.latencies.append(rec.latency)
+            self.state.started.append(t0)
+            self.state.took.append(rec.latency)
         else:
             self.state.error(self.now(), rec.status, rec.error or rec.status)
 

@@ -132,3 +132,36 @@ def test_proc_sampling_sees_a_process_group():
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+
+
+def test_latency_around_an_action_finds_the_stall_inside_it(tmp_path):
+    """Requests every 0.1 s for 60 s, 30 ms each, but those started in [22.0, 22.5] s wait
+    out a 0.8 s stall: an action running from 20 s to 28 s shows them (and when the slowest
+    started, from its start); the 5 s after it and an action elsewhere do not."""
+    rows = _rows(3, 0.0)
+    state = State(rows=rows, done=600, sent=600, elapsed_s=60.0, idle={"slots_used": 0.0})
+    for i in range(600):
+        t = i / 10
+        state.started.append(t)
+        state.took.append(22.8 - t if 22.0 <= t <= 22.5 else 0.03)
+    state.actions = [
+        {"t_s": 20.0, "action": "update_weights", "arg": "/m", "ok": True, "took_s": 8.0,
+         "detail": "HTTP 200"},
+        {"t_s": 45.0, "action": "flush_cache", "arg": "", "ok": True, "took_s": 0.05,
+         "detail": "HTTP 200"},
+    ]  # fmt: skip
+    got = report.around_actions(state)
+    during, after = got[0]["during"], got[0]["after"]
+    assert during["requests"] == 81 and during["max_ms"] == 800.0
+    assert during["slowest_started_s"] == 2.0  # 22.0 s: 2 s into the action
+    assert after["requests"] == 51 and after["max_ms"] == 30.0
+    assert got[1]["during"]["max_ms"] == 30.0 and got[1]["during"]["requests"] == 1
+    cfg = SoakConfig(duration_s=60, rate=10, interval_s=20, warmup_s=0)
+    probe = Probe(1e-4)
+    report.write(tmp_path, cfg, state, probe, {"command": "test"})
+    md = (tmp_path / "REPORT.md").read_text()
+    assert (
+        "| 20 | update_weights /m | 8.00 | 81 | 30 / 720 / 800 | +2.00 | 51 | 30 / 30 / 30 |" in md
+    )
+    doc = json.loads((tmp_path / "soak.json").read_text())
+    assert doc["around_actions"][0]["during"] == during
