@@ -89,7 +89,10 @@ def build_in_child(
         out = Path(d) / "tensors.bin"
         job = {"model_path": model_path, "dtype": str(dtype).removeprefix("torch."),
                "use_fp8": use_fp8, "out": str(out)}  # fmt: skip
-        answer = run_json_child("flashrec.engine.weights_child", job, "the weights builder")
+        try:
+            answer = run_json_child("flashrec.engine.weights_child", job, "the weights builder")
+        except ValueError as exc:
+            raise ValueError(f"{exc} (--weights-build server builds it in this process)") from None
         if "error" in answer:
             raise ValueError(f"building it failed ({answer['error']}: {answer['message']})")
         tensors = read_pack(out)  # mapped: the pages outlive the directory's removal
