@@ -214,8 +214,7 @@ def stage_weights(
     runner = engine.runner
     served_tensors = model_tensors(runner.model)
     need = sum(t.numel() * t.element_size() for t in served_tensors.values())
-    mode = getattr(engine.config, "weights_build", "auto")
-    if weights_child.builds_in_child(mode, runner.device.type, need):  # beside this process
+    if weights_child.builds_in_child(engine.config.weights_build, runner.device.type, need):
         try:
             tensors, digest, build_ms, hash_ms = weights_child.build_in_child(
                 str(path), runner.dtype, runner.use_fp8, need
@@ -236,7 +235,7 @@ def stage_weights(
     except ValueError as exc:
         raise ValueError(f"model_path {model_path!r}: {exc}") from None
     t4 = time.perf_counter()
-    tensors, staged_on = _place(tensors, runner.device)
+    tensors, staged_on = _place(tensors, runner.device, need)
     ident = WeightsVersion(str(path), digest, version, label, served.signature)
     load_ms = (t1 - t0 + time.perf_counter() - t4) * 1e3 + build_ms
     return StagedWeights(ident, tensors, load_ms, hash_ms, staged_on, where)
@@ -249,16 +248,15 @@ def stages_on_device(need_bytes: int, free_bytes: int) -> bool:
 
 
 def _place(
-    tensors: dict[str, torch.Tensor], device: torch.device
+    tensors: dict[str, torch.Tensor], device: torch.device, need: int
 ) -> tuple[dict[str, torch.Tensor], str]:
     """Where the staged tensors wait for the swap. On CUDA, in device memory when it fits
     (copied on a side stream here, off the engine thread, so the swap is a device-to-device
     copy of milliseconds); else in pageable host memory, copied during the swap. Never
     page-locked: pinning or unpinning a checkpoint's size of host memory holds the driver for
-    seconds and stalls the engine's launches on every thread."""
+    seconds and stalls the engine's launches on every thread. ``need``: their bytes."""
     if device.type != "cuda":
         return tensors, "cpu"
-    need = sum(t.numel() * t.element_size() for t in tensors.values())
     if not stages_on_device(need, torch.cuda.mem_get_info(device)[0]):
         return tensors, "host"
     stream = torch.cuda.Stream(device)
@@ -266,6 +264,15 @@ def _place(
         on_device = {k: t.to(device) for k, t in tensors.items()}
     stream.synchronize()  # the swap's stream reads them with no event between
     return on_device, "device"
+
+
+def release_staged(staged: StagedWeights) -> None:
+    """Drop a swapped-in staging (the served buffers hold its values now): its device blocks
+    back to the device, the host heap's freed pages back to the OS."""
+    staged.tensors.clear()
+    if staged.staged_on == "device":
+        torch.cuda.empty_cache()
+    release_host_memory()
 
 
 def _check_tokenizer(engine: WeightsHolder, path: Path) -> None:
@@ -322,10 +329,7 @@ class WeightUpdater:
             return swap_ms
 
         staged, swap_ms, wait_ms = self.guard.run(stage, swap)
-        staged.tensors.clear()  # the served buffers hold the values now
-        if staged.staged_on == "device":
-            torch.cuda.empty_cache()  # the staging's blocks back to the device
-        release_host_memory()
+        release_staged(staged)
         v = staged.version
         log.info(
             "weights %s swapped in: hash %s (built %s: load %.1f ms, hash %.1f ms; staged on "

@@ -55,9 +55,9 @@ def established_inodes(port: int) -> set[int]:
     return out
 
 
-def _count_sockets(fd_dir: Path, inodes: set[int]) -> int:
+def _count_sockets(fd_dir: Path, fds: list[str], inodes: set[int]) -> int:
     n = 0
-    for fd in os.listdir(fd_dir):
+    for fd in fds:
         try:
             link = os.readlink(fd_dir / fd)
         except OSError:  # closed meanwhile
@@ -73,8 +73,8 @@ def read_proc(pid: int, conn_inodes: set[int] | None = None) -> ProcSample | Non
     base = Path("/proc") / str(pid)
     try:
         status = (base / "status").read_text()
-        fds = len(os.listdir(base / "fd"))
-        conns = _count_sockets(base / "fd", conn_inodes) if conn_inodes else 0
+        fds = os.listdir(base / "fd")
+        conns = _count_sockets(base / "fd", fds, conn_inodes) if conn_inodes else 0
     except OSError:
         return None
     fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
@@ -83,7 +83,7 @@ def read_proc(pid: int, conn_inodes: set[int] | None = None) -> ProcSample | Non
         threads = int(fields["Threads"].strip())
     except (KeyError, ValueError, IndexError):
         return None
-    return ProcSample(pid, rss_kib / 1024.0, fds, threads, min(conns, fds))
+    return ProcSample(pid, rss_kib / 1024.0, len(fds), threads, conns)
 
 
 def sample_group(pgid: int, port: int | None = None) -> dict[int, ProcSample]:

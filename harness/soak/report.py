@@ -104,14 +104,14 @@ def _num(v: float) -> str:
 AFTER_S = 5.0  # the window after an action whose requests are reported beside it
 
 
-def latency_window(started, took, lo: float, hi: float, ref: float) -> dict:
-    """The answered requests in flight at any time in ``[lo, hi]``: how many, p50 / p99 / max
-    (ms), and when the slowest started, in s from ``ref`` (an action's start)."""
-    s, d = np.asarray(started, float), np.asarray(took, float)
-    hit = (s <= hi) & (s + d >= lo)
+def latency_window(started: np.ndarray, took: np.ndarray, lo: float, hi: float, ref: float) -> dict:
+    """The answered requests (their starts and latencies, s) in flight at any time in
+    ``[lo, hi]``: how many, p50 / p99 / max (ms), and when the slowest started, in s from
+    ``ref`` (an action's start)."""
+    hit = (started <= hi) & (started + took >= lo)
     if not hit.any():
         return {"requests": 0}
-    lat, at = d[hit] * 1000.0, s[hit]
+    lat, at = took[hit] * 1000.0, started[hit]
     p50, p99 = np.percentile(lat, [50, 99])
     k = int(np.argmax(lat))
     return {
@@ -124,13 +124,14 @@ def latency_window(started, took, lo: float, hi: float, ref: float) -> dict:
 def around_actions(state: State) -> list[dict]:
     """Per action: the requests in flight while it ran (``during``) and in the ``AFTER_S``
     after it answered (``after``), from every answered request's start and latency."""
+    started, took = np.asarray(state.started, float), np.asarray(state.took, float)
     out = []
     for a in state.actions:
         t0, t1 = a["t_s"], a["t_s"] + a["took_s"]
         out.append({
             "t_s": a["t_s"], "action": a["action"], "arg": a["arg"], "took_s": a["took_s"],
-            "during": latency_window(state.started, state.took, t0, t1, t0),
-            "after": latency_window(state.started, state.took, t1, t1 + AFTER_S, t0),
+            "during": latency_window(started, took, t0, t1, t0),
+            "after": latency_window(started, took, t1, t1 + AFTER_S, t0),
         })  # fmt: skip
     return out
 

@@ -90,10 +90,7 @@ def timed(path: str, where: str) -> dict:
 
 def _stage_ticked(eng, model: str, gpu: bool) -> dict:
     """One staging ticked; on CUDA also the swap's copy and the release after it."""
-    import torch
-
     from flashrec.engine import weights as w
-    from flashrec.engine.swaps import release_host_memory
 
     out = []
     took, gaps = ticking(lambda: out.append(w.stage_weights(eng, model, 1, None)), gpu)
@@ -101,13 +98,7 @@ def _stage_ticked(eng, model: str, gpu: bool) -> dict:
     if gpu:
         took, gaps = ticking(lambda: w.copy_weights(eng.runner.model, out[0]), gpu)
         row["copy"] = _waits(took, gaps)
-
-        def release():
-            out[0].tensors.clear()
-            torch.cuda.empty_cache()
-            release_host_memory()
-
-        took, gaps = ticking(release, gpu)
+        took, gaps = ticking(lambda: w.release_staged(out[0]), gpu)
         row["release"] = _waits(took, gaps)
     return row
 
