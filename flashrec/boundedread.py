@@ -99,8 +99,7 @@ def _open(path: str | Path, what: str) -> tuple[int, int]:
 
 def _over(path: str | Path, what: str, size: str, max_bytes: int) -> FileLimitError:
     return FileLimitError(
-        f"{path}: the {what} is {size} bytes, over the {max_bytes}-byte cap "
-        "(--max-catalog-bytes)"
+        f"{path}: the {what} is {size} bytes, over the {max_bytes}-byte cap (--max-catalog-bytes)"
     )
 
 

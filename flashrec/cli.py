@@ -107,7 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_synth_args(sub.add_parser("synth", help="write a synthetic checkpoint (+ catalog)"))
     from flashrec.sid.catalog import add_catalog_args
 
-    add_catalog_args(sub.add_parser("catalog", help="report on a catalog; convert it to comma-key JSON (--out)"))
+    add_catalog_args(
+        sub.add_parser("catalog", help="report on a catalog; convert it to comma-key JSON (--out)")
+    )
     from flashrec.check_env import add_check_env_args
 
     add_check_env_args(

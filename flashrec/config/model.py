@@ -133,4 +133,3 @@ class ModelConfig:
         if not path.is_file():
             raise FileNotFoundError(f"{path}: no config.json in the model directory")
         return cls.from_dict(json.loads(path.read_text()))
-

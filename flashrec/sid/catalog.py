@@ -66,6 +66,7 @@ __all__ = [
     "write_catalog_json",
 ]
 
+
 class CatalogError(ValueError):
     """A catalog file is unreadable or invalid; the message starts with the file path."""
 
@@ -346,9 +347,7 @@ def add_catalog_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "path", nargs="?", default=None, metavar="PATH", help="catalog file, any format"
     )
-    parser.add_argument(
-        "--from", dest="src", default=None, metavar="PATH", help="the same as PATH"
-    )
+    parser.add_argument("--from", dest="src", default=None, metavar="PATH", help="the same as PATH")
     parser.add_argument(
         "--out", default=None, help="comma-key JSON to write (without it: the report only)"
     )

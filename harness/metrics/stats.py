@@ -241,4 +241,3 @@ def ratio_ci(
     tail = (1.0 - confidence) / 2.0 * 100.0
     lo, hi = np.percentile(ratios, [tail, 100.0 - tail])
     return point, float(lo), float(hi)
-

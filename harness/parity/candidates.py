@@ -102,7 +102,9 @@ def reference_dtype(value: Any, default: str = "float32") -> str:
     return name
 
 
-def _candidate(c: Any, base: dict, ref_base: dict, i: int, engines: dict | None = None) -> Candidate:
+def _candidate(
+    c: Any, base: dict, ref_base: dict, i: int, engines: dict | None = None
+) -> Candidate:
     if not isinstance(c, dict) or not c.get("name"):
         raise ValueError(f"parity: candidates[{i}] needs a 'name' (got {c!r})")
     name = str(c["name"])

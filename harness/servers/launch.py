@@ -223,7 +223,9 @@ class LaunchedServer(Server):
         own = {**self.extra_env, **self.engine.env, "PYTHONUNBUFFERED": "1"}
         if self.engine.pythonpath:
             rest = own.get("PYTHONPATH", os.environ.get("PYTHONPATH"))
-            own["PYTHONPATH"] = os.pathsep.join([*self.engine.pythonpath, *([rest] if rest else [])])
+            own["PYTHONPATH"] = os.pathsep.join(
+                [*self.engine.pythonpath, *([rest] if rest else [])]
+            )
         if self.engine.kind == "command":
             # the guard imports the harness's own modules: the server's environment (its own
             # PYTHONPATH, which may hold another package named flashrec) is for CMD alone

@@ -442,7 +442,9 @@ def _origin(spec: MatrixSpec, engine: EngineSpec, name: str) -> tuple[str, str]:
     if name in spec.link:
         return f"link.{name}", "link"
     if name in engine.link:
-        prefix = "engine" if spec.engine is not None else f"engines.{spec.engine_list.index(engine)}"
+        prefix = (
+            "engine" if spec.engine is not None else f"engines.{spec.engine_list.index(engine)}"
+        )
         return f"{prefix}.link.{name}", "engine link"
     if spec.engine is not None:
         return f"engine.args.{name}", "server arg"

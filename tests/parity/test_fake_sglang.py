@@ -100,7 +100,9 @@ def test_fake_speaks_upstream_and_the_harness_reads_it():
     assert "SGLANG_BEAM_PROTOCOL=generate" in CHAT_NOT_BEAMS
 
 
-GENERATE_PASSED = re.compile(r"^PASSED tests/parity/test_parity_servers\.py::test_parity\[generate\]", re.M)
+GENERATE_PASSED = re.compile(
+    r"^PASSED tests/parity/test_parity_servers\.py::test_parity\[generate\]", re.M
+)
 
 
 def _parity_run(env: dict[str, str], log: Path) -> str:

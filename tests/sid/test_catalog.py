@@ -99,8 +99,12 @@ def test_shallower_catalog_than_layout(tmp_path: Path) -> None:
     [
         ("bad.json", '{"1,2,3": {}, "4,5,6": ', "invalid JSON at line 1"),
         ("depth.txt", "1,2,3\n# note\n4,5,6\n7,8\n", "line 4: expected 3 codes"),
-        ("range.txt", "1,2,3\n4,512,6\n", "1 of 2 SIDs cannot be expressed by the SID layout; "
-         "first: line 2: 4,512,6: code 512 at level b is at or beyond the codebook size 512"),
+        (
+            "range.txt",
+            "1,2,3\n4,512,6\n",
+            "1 of 2 SIDs cannot be expressed by the SID layout; "
+            "first: line 2: 4,512,6: code 512 at level b is at or beyond the codebook size 512",
+        ),
         ("nonint.txt", "1,2,3\n4,x,6\n", "line 2: code 'x'"),
         ("neg.txt", "1,2,3\n4,-5,6\n", "line 2: code '-5'"),
         ("float.txt", "1,2,3\n4,5.5,6\n", "line 2: code '5.5'"),

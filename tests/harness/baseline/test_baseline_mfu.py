@@ -208,7 +208,9 @@ def test_targets_say_the_mfu_a_missed_speed_target_needs():
         TargetSpec(metric="error_rate", op="<=", value=0.01, cells="beam_width=50"),
         TargetSpec(metric="qps", op=">=", value=100, cells="beam_width=8"),
     ]
-    qps, lat, err, no_mfu = (r["checks"][0] for r in evaluate_targets(targets, rep).to_json()["results"])
+    qps, lat, err, no_mfu = (
+        r["checks"][0] for r in evaluate_targets(targets, rep).to_json()["results"]
+    )
     assert qps["mfu_needed"] == pytest.approx(0.2 * 100 / 40)
     assert qps["text"].endswith("needs 2.5x, MFU 20.0% -> 50.0%)")
     assert lat["mfu_needed"] == pytest.approx(0.15 * 36 / 12)

@@ -79,7 +79,9 @@ def test_verdict_first_tables_scroll_notes_are_paragraphs(tmp_path):
     assert quality.startswith("<h2>Quality</h2>\n<div class='wide'><table><tr><th>cell</th>")
     assert "<th>position1_pass@128</th>" in quality
     # a cell id may wrap between its parameters (else one word as wide as all of them)
-    assert "<td>flashrec,<wbr>beam_width=32,<wbr>concurrency=1,<wbr>quantization=fp8</td>" in quality
+    assert (
+        "<td>flashrec,<wbr>beam_width=32,<wbr>concurrency=1,<wbr>quantization=fp8</td>" in quality
+    )
     # a cell's notes: a paragraph each
     noisy = "qps CV 14.0% &gt; 10%: too noisy to support a conclusion"
     assert f"<td><p>{noisy}</p><p>{LONG_NOTE}</p></td>" in page

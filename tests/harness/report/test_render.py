@@ -140,9 +140,10 @@ def test_determinism_run_flags_as_written_by_the_run(tmp_path):
     ]
     report = {**_report(), "determinism": det}
     write_markdown(report, tmp_path / "REPORT.md")
-    assert "| counts for acceptance (enough distinct requests) | yes |" in (
-        tmp_path / "REPORT.md"
-    ).read_text()
+    assert (
+        "| counts for acceptance (enough distinct requests) | yes |"
+        in (tmp_path / "REPORT.md").read_text()
+    )
     write_html(report, [], tmp_path / "report.html")
 
 
