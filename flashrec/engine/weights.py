@@ -22,6 +22,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import os
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -48,6 +49,9 @@ log = logging.getLogger("flashrec")
 HASH_METHOD = "sha256 over each safetensors file's name and bytes, in file order"
 # ModelConfig fields that may differ: how the tensors are stored, checked tensor by tensor
 _STORAGE_FIELDS = {"torch_dtype", "quantization_config"}
+# host-to-device staging copies in pieces of this many bytes (0: one copy per tensor; the
+# environment variable is for same-run A/Bs of the pacing)
+STAGE_CHUNK_BYTES = int(os.environ.get("FLASHREC_STAGE_CHUNK_MB", "16")) << 20
 STAGING_HEADROOM = 0.1  # device memory left free beside staged weights, as their fraction
 LOAD_FORMATS = (None, "auto", "safetensors")  # SGLang's ``load_format`` values we read
 
@@ -260,10 +264,30 @@ def _place(
     if not stages_on_device(need, torch.cuda.mem_get_info(device)[0]):
         return tensors, "host"
     stream = torch.cuda.Stream(device)
-    with torch.cuda.stream(stream):
-        on_device = {k: t.to(device) for k, t in tensors.items()}
-    stream.synchronize()  # the swap's stream reads them with no event between
+    on_device = {k: _to_device_paced(t, device, stream) for k, t in tensors.items()}
     return on_device, "device"
+
+
+def _to_device_paced(
+    t: torch.Tensor, device: torch.device, stream: torch.cuda.Stream
+) -> torch.Tensor:
+    """``t`` copied to ``device`` on ``stream`` in pieces of ``STAGE_CHUNK_BYTES``, each waited
+    for before the next: a copy from pageable memory occupies the copy engine (and the driver)
+    for its whole length, and the engine's own small host-to-device copies queue behind it; in
+    pieces they wait for one piece at most. Done when it returns."""
+    chunk = STAGE_CHUNK_BYTES
+    src = t.contiguous()
+    with torch.cuda.stream(stream):
+        out = torch.empty_like(src, device=device)
+        if chunk <= 0 or src.numel() * src.element_size() <= chunk:
+            out.copy_(src)
+        else:
+            a, b = src.view(-1).view(torch.uint8), out.view(-1).view(torch.uint8)
+            for i in range(0, a.numel(), chunk):
+                b[i : i + chunk].copy_(a[i : i + chunk])
+                stream.synchronize()
+    stream.synchronize()  # the swap's stream reads it with no event between
+    return out
 
 
 def release_staged(staged: StagedWeights) -> None:

@@ -26,7 +26,7 @@ def _answers(eng) -> list:
 @pytest.mark.parametrize("room", ["device", "host"])
 @pytest.mark.parametrize("quantization", [None, "fp8"])
 def test_gpu_weight_swap_equals_a_fresh_engine(synth_model, quantization, room, build, monkeypatch):
-    a, b = synth_model("tiny"), synth_model("tiny", seed=1)
+    a, b = synth_model("tiny", catalog_size=2000), synth_model("tiny", catalog_size=2000, seed=1)
     kw = dict(dtype="bfloat16", quantization=quantization or "none", deterministic=True)
     eng = make_engine(a, weights_build=build, **kw)
     before = _answers(eng)
@@ -44,3 +44,26 @@ def test_gpu_weight_swap_equals_a_fresh_engine(synth_model, quantization, room, 
     for name, t in model_tensors(eng.runner.model).items():
         assert torch.equal(t, want[name]), name
     assert _answers(eng) == _answers(fresh) != before
+
+
+def test_gpu_paced_staging_copies_every_byte(monkeypatch):
+    """Staging copies a tensor in pieces (here 1,000 bytes, which splits elements of every
+    width at odd places): every byte arrives, for each dtype and shape the models hold."""
+    monkeypatch.setattr(weights, "STAGE_CHUNK_BYTES", 1000)
+    g = torch.Generator().manual_seed(0)
+    tensors = {
+        "bf16": torch.randn(37, 129, generator=g).to(torch.bfloat16),
+        "f32": torch.randn(4099, generator=g),
+        "fp8": torch.randn(64, 65, generator=g).to(torch.float8_e4m3fn),
+        "f32_t": torch.randn(33, 70, generator=g).t(),  # not contiguous
+        "small": torch.randn(3, generator=g),
+        "scalar": torch.tensor(2.5),
+    }
+    need = sum(t.numel() * t.element_size() for t in tensors.values())
+    placed, where = weights._place(tensors, torch.device("cuda"), need)
+    assert where == "device"
+    for name, t in tensors.items():
+        got = placed[name]
+        assert got.is_cuda and got.shape == t.shape and got.dtype == t.dtype, name
+        a, b = got.cpu().reshape(-1).view(torch.uint8), t.reshape(-1).view(torch.uint8)
+        assert torch.equal(a, b), name
