@@ -4,9 +4,11 @@ random SIDs as ``write_catalog_json`` writes them, or ``--path``), parsed here a
 child process (``flashrec.sid.childload``), alternating, ``--reps`` times each; with
 ``--weights DIR``, beside ``stage_weights`` of checkpoint DIR on an engine serving DIR: on
 the CPU built here with the served tokenizer's files recognised, with its load forced, then in
-a child process (weights_child); on CUDA built in a child and here, staged on the device, then
-in a child staged on the host, with the swap's copy and the release after it ticked too (there
-the ticker also waits on a small kernel: the CUDA driver's stalls).
+a child process (weights_child); on CUDA built in a child and here, staged on the device in
+pieces (the default) and in one copy per tensor, then in a child staged on the host, with the
+swap's copy and the release after it ticked too (there each tick also makes a small pinned copy
+to the device and a small kernel on a stream of its own, as the engine's step does, and waits
+for them: the driver's and the copy engine's stalls).
 
     python scripts/probes/reload_stall_probe.py [--sids 1500000] [--reps 2] [--path FILE]
     python scripts/probes/reload_stall_probe.py --weights DIR [--reps 2]
@@ -48,6 +50,7 @@ def ticking(fn, gpu: bool = False) -> tuple[float, list[float]]:
         import torch
 
         x, stream = torch.zeros(1024, device="cuda"), torch.cuda.Stream()
+        x_host = torch.ones(1024).pin_memory()  # as the engine's metadata: a small pinned copy
 
     def tick():
         last = time.perf_counter()
@@ -55,6 +58,7 @@ def ticking(fn, gpu: bool = False) -> tuple[float, list[float]]:
             time.sleep(0.001)
             if gpu:
                 with torch.cuda.stream(stream):
+                    x.copy_(x_host, non_blocking=True)
                     x.add_(1)
                 stream.synchronize()
             now = time.perf_counter()
@@ -103,6 +107,11 @@ def _stage_ticked(eng, model: str, gpu: bool) -> dict:
     return row
 
 
+# on CUDA: built in a child / here, staged in device memory in pieces (the default) or one copy
+# per tensor (unpaced), or staged on the host
+GPU_VARIANTS = ("child", "child-unpaced", "here", "here-unpaced", "child-host")
+
+
 def weights(model: str, reps: int, device: str, quantization: str) -> None:
     from flashrec.config import EngineConfig
     from flashrec.engine import weights as w
@@ -115,15 +124,17 @@ def weights(model: str, reps: int, device: str, quantization: str) -> None:
     eng = Engine(EngineConfig(**cfg))
     served, on_device, where = eng.tokenizer_files, w.stages_on_device, wc.builds_in_child
     gpu = device == "cuda"
-    variants = ("recognised", "loaded", "child") if not gpu else ("child", "here", "child-host")
+    variants = ("recognised", "loaded", "child") if not gpu else GPU_VARIANTS
+    paced = w.STAGE_CHUNK_BYTES
     for _ in range(reps):
         for variant in variants:
+            w.STAGE_CHUNK_BYTES = 0 if variant.endswith("unpaced") else paced
             eng.tokenizer_files = served if variant != "loaded" else ""
             wc.builds_in_child = lambda mode, dev, need, c=variant.startswith("child"): c
             w.stages_on_device = on_device if variant != "child-host" else lambda need, free: False
             row = {"stage_weights": model, "variant": variant, **_stage_ticked(eng, model, gpu)}
             print(json.dumps(row), flush=True)
-    w.stages_on_device, wc.builds_in_child = on_device, where
+    w.stages_on_device, wc.builds_in_child, w.STAGE_CHUNK_BYTES = on_device, where, paced
 
 
 def main() -> None:
