@@ -116,7 +116,7 @@ ZH = {
     "enable_fused_qk_rope_kv": "融合 q/k RMSNorm + RoPE + KV 写入 kernel（GPU）",
     "qk_rope_rounding": "融合 q/k norm + RoPE + KV 写入 kernel 舍入到 bf16 的方式（GPU）：hardware（内联 PTX 转换指令，更快）或 emulated（整数运算）；两者都与 HF 逐位相同",
     "deterministic": "批不变（batch-invariant）服务：一个请求的 beam、分数与顺序不随同批的其他请求而变（decode GEMM 固定归约顺序，每个 prompt 单独一次 prefill forward，不用前缀缓存，decode 注意力不切分 prompt）",
-    "weights_build": "/update_weights_from_disk 在 CPU 上对新 checkpoint 计算哈希并构建模型的位置：child（一个低优先级的子进程，服务进程保有自己的 CPU 核与解释器锁）、server（持有引擎的进程）或 auto：GPU 上权重达 256 MiB 时用 child，否则 server",
+    "weights_build": "/update_weights_from_disk 在 CPU 上对新 checkpoint 计算哈希并构建模型的位置：server（持有引擎的进程）或 child（一个低优先级的子进程，让这部分工作不占服务进程的 CPU 核与解释器锁，代价是更新更慢、主机内存中多一份副本）",
     "enable_prefill_last_rows": "prefill 时最后一层的 o_proj、注意力后 norm 与 MLP 只算每个 prompt 的最后一个 token（level-0 logits 只读这一行）：约省 GEMM 的 1/L",
     "host": "绑定地址（服务无鉴权：保持 loopback）",
     "port": "绑定端口（0 = 自动选择并打印）",

@@ -204,12 +204,12 @@ class EngineConfig:
         flag=True,
     )
     weights_build: str = opt(
-        "auto",
-        "where /update_weights_from_disk hashes and builds the new checkpoint on the CPU: child "
-        "(a child process at a lower priority, so the serving process keeps its cores and "
-        "interpreter lock), server (the process holding the engine) or auto: child on a GPU "
-        "for weights of 256 MiB and more, else server",
-        ("auto", "child", "server"),
+        "server",
+        "where /update_weights_from_disk hashes and builds the new checkpoint on the CPU: server "
+        "(the process holding the engine) or child (a child process at a lower priority, which "
+        "keeps that work off the serving process's cores and interpreter lock at the cost of "
+        "a slower update and a second copy in host memory)",
+        ("server", "child"),
     )
     enable_prefill_last_rows: bool = opt(
         True,

@@ -3,8 +3,7 @@
 Hashing a checkpoint and building it on the CPU (reading its safetensors files, fusing, FP8
 quantization) take seconds of CPU and the model's size of host memory: in the serving process
 they compete with the engine thread for the interpreter lock, the cores and the C heap. Under
-``--weights-build child`` (``auto``: on a GPU for weights of ``CHILD_BYTES`` and more) a child
-does it (``python -m flashrec.engine.weights_child``: a plain subprocess, so that a daemonic
+``--weights-build child`` a child does it (``python -m flashrec.engine.weights_child``: a plain subprocess, so that a daemonic
 engine process may start it, never a fork of a process holding threads and CUDA), at a lower
 priority and with a quarter of the cores for its threads. It writes every tensor into one file
 of a temporary directory (``/dev/shm`` where it has room), which the parent maps: the tensors
@@ -27,16 +26,13 @@ import torch
 
 from flashrec.childrun import run_json_child
 
-CHILD_BYTES = 256 << 20  # --weights-build auto: served tensors from this size, on a GPU
 _ALIGN = 64  # each tensor's offset in the file: a multiple of every element size
 
 
 def builds_in_child(mode: str, device_type: str, need_bytes: int) -> bool:
-    """``--weights-build``: ``child``, ``server``, or ``auto``: a child on a GPU for weights of
-    ``CHILD_BYTES`` and more (a CPU engine's steps use every core themselves)."""
-    if mode != "auto":
-        return mode == "child"
-    return device_type == "cuda" and need_bytes >= CHILD_BYTES
+    """``--weights-build``: ``child`` or ``server`` (the default: on a GPU a child neither
+    shortened the stall of an update under load nor made it cheaper, docs/baselines.md)."""
+    return mode == "child"
 
 
 def scratch_dir(need_bytes: int) -> str | None:

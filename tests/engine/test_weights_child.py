@@ -83,13 +83,14 @@ def test_a_failing_child_refuses_with_nothing_changed(tiny_model, tmp_path, monk
         assert torch.equal(t, served[name]), name
 
 
-def test_where_auto_builds() -> None:
-    big, small = weights_child.CHILD_BYTES, weights_child.CHILD_BYTES - 1
-    assert weights_child.builds_in_child("auto", "cuda", big)
-    assert not weights_child.builds_in_child("auto", "cuda", small)
-    assert not weights_child.builds_in_child("auto", "cpu", big)  # its steps use every core
+def test_where_each_mode_builds() -> None:
+    big = 4 << 30
     assert weights_child.builds_in_child("child", "cpu", 0)
+    assert weights_child.builds_in_child("child", "cuda", big)
     assert not weights_child.builds_in_child("server", "cuda", big)
+    assert EngineConfig(model_path="m").weights_build == "server"
+    with pytest.raises(ValueError, match="weights"):
+        EngineConfig(model_path="m", weights_build="auto")
 
 
 def _in_a_daemon(path: str, out) -> None:
