@@ -49,9 +49,13 @@ log = logging.getLogger("flashrec")
 HASH_METHOD = "sha256 over each safetensors file's name and bytes, in file order"
 # ModelConfig fields that may differ: how the tensors are stored, checked tensor by tensor
 _STORAGE_FIELDS = {"torch_dtype", "quantization_config"}
-# host-to-device staging copies in pieces of this many bytes (0: one copy per tensor; the
-# environment variable is for same-run A/Bs of the pacing)
-STAGE_CHUNK_BYTES = int(os.environ.get("FLASHREC_STAGE_CHUNK_MB", "16")) << 20
+STAGE_CHUNK_BYTES = 16 << 20  # host-to-device staging copies in pieces of this many bytes
+# how staging copies to the device: "paced" (pieces from pageable memory, each waited for),
+# "pinned" (pieces through two small page-locked buffers, the copies asynchronous) or "whole"
+# (one copy per tensor); the environment variable is for same-run A/Bs on a GPU
+STAGE_COPY = os.environ.get("FLASHREC_STAGE_COPY", "paced")
+if STAGE_COPY not in ("paced", "pinned", "whole"):
+    raise ValueError(f"FLASHREC_STAGE_COPY must be paced, pinned or whole, got {STAGE_COPY!r}")
 STAGING_HEADROOM = 0.1  # device memory left free beside staged weights, as their fraction
 LOAD_FORMATS = (None, "auto", "safetensors")  # SGLang's ``load_format`` values we read
 
@@ -264,6 +268,8 @@ def _place(
     if not stages_on_device(need, torch.cuda.mem_get_info(device)[0]):
         return tensors, "host"
     stream = torch.cuda.Stream(device)
+    if STAGE_COPY == "pinned":
+        return _to_device_pinned(tensors, device, stream), "device"
     on_device = {k: _to_device_paced(t, device, stream) for k, t in tensors.items()}
     return on_device, "device"
 
@@ -275,7 +281,7 @@ def _to_device_paced(
     for before the next: a copy from pageable memory occupies the copy engine (and the driver)
     for its whole length, and the engine's own small host-to-device copies queue behind it; in
     pieces they wait for one piece at most. Done when it returns."""
-    chunk = STAGE_CHUNK_BYTES
+    chunk = STAGE_CHUNK_BYTES if STAGE_COPY != "whole" else 0
     src = t.contiguous()
     with torch.cuda.stream(stream):
         out = torch.empty_like(src, device=device)
@@ -287,6 +293,35 @@ def _to_device_paced(
                 b[i : i + chunk].copy_(a[i : i + chunk])
                 stream.synchronize()
     stream.synchronize()  # the swap's stream reads it with no event between
+    return out
+
+
+def _to_device_pinned(
+    tensors: dict[str, torch.Tensor], device: torch.device, stream: torch.cuda.Stream
+) -> dict[str, torch.Tensor]:
+    """Every tensor copied to ``device`` in pieces of ``STAGE_CHUNK_BYTES`` through two small
+    page-locked buffers (pinned once, kept by the host allocator): a piece is copied into one
+    on this thread while the other's asynchronous copy to the device runs, so the driver never
+    stages pageable memory and the engine's copies wait for one piece at most."""
+    chunk = STAGE_CHUNK_BYTES
+    bufs = [torch.empty(chunk, dtype=torch.uint8, pin_memory=True) for _ in range(2)]
+    done: list[torch.cuda.Event | None] = [None, None]
+    out, k = {}, 0
+    with torch.cuda.stream(stream):
+        for name, t in tensors.items():
+            src = t.contiguous()
+            dst = torch.empty_like(src, device=device)
+            a, b = src.reshape(-1).view(torch.uint8), dst.view(-1).view(torch.uint8)
+            for i in range(0, a.numel(), chunk):
+                n = min(chunk, a.numel() - i)
+                if done[k] is not None:
+                    done[k].synchronize()  # its previous copy has left the buffer
+                bufs[k][:n].copy_(a[i : i + n])
+                b[i : i + n].copy_(bufs[k][:n], non_blocking=True)
+                done[k] = stream.record_event()
+                k ^= 1
+            out[name] = dst
+    stream.synchronize()
     return out
 
 

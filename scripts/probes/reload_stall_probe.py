@@ -4,8 +4,8 @@ random SIDs as ``write_catalog_json`` writes them, or ``--path``), parsed here a
 child process (``flashrec.sid.childload``), alternating, ``--reps`` times each; with
 ``--weights DIR``, beside ``stage_weights`` of checkpoint DIR on an engine serving DIR: on
 the CPU built here with the served tokenizer's files recognised, with its load forced, then in
-a child process (weights_child); on CUDA built in a child and here, staged on the device in
-pieces (the default) and in one copy per tensor, then in a child staged on the host, with the
+a child process (weights_child); on CUDA built here and staged on the device by each way of
+copying (one copy per tensor, paced pieces, pieces through pinned buffers), then on the host, with the
 swap's copy and the release after it ticked too (there each tick also makes a small pinned copy
 to the device and a small kernel on a stream of its own, as the engine's step does, and waits
 for them: the driver's and the copy engine's stalls).
@@ -107,9 +107,9 @@ def _stage_ticked(eng, model: str, gpu: bool) -> dict:
     return row
 
 
-# on CUDA: built in a child / here, staged in device memory in pieces (the default) or one copy
-# per tensor (unpaced), or staged on the host
-GPU_VARIANTS = ("child", "child-unpaced", "here", "here-unpaced", "child-host")
+# on CUDA (built here): staged in device memory by each way of copying (weights.STAGE_COPY),
+# then on the host
+GPU_VARIANTS = ("whole", "paced", "pinned", "host")
 
 
 def weights(model: str, reps: int, device: str, quantization: str) -> None:
@@ -125,16 +125,16 @@ def weights(model: str, reps: int, device: str, quantization: str) -> None:
     served, on_device, where = eng.tokenizer_files, w.stages_on_device, wc.builds_in_child
     gpu = device == "cuda"
     variants = ("recognised", "loaded", "child") if not gpu else GPU_VARIANTS
-    paced = w.STAGE_CHUNK_BYTES
+    copy = w.STAGE_COPY
     for _ in range(reps):
         for variant in variants:
-            w.STAGE_CHUNK_BYTES = 0 if variant.endswith("unpaced") else paced
+            w.STAGE_COPY = variant if variant in ("whole", "paced", "pinned") else copy
             eng.tokenizer_files = served if variant != "loaded" else ""
-            wc.builds_in_child = lambda mode, dev, need, c=variant.startswith("child"): c
-            w.stages_on_device = on_device if variant != "child-host" else lambda need, free: False
+            wc.builds_in_child = lambda mode, dev, need, c=variant == "child": c
+            w.stages_on_device = on_device if variant != "host" else lambda need, free: False
             row = {"stage_weights": model, "variant": variant, **_stage_ticked(eng, model, gpu)}
             print(json.dumps(row), flush=True)
-    w.stages_on_device, wc.builds_in_child, w.STAGE_CHUNK_BYTES = on_device, where, paced
+    w.stages_on_device, wc.builds_in_child, w.STAGE_COPY = on_device, where, copy
 
 
 def main() -> None:

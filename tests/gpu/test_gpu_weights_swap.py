@@ -46,10 +46,12 @@ def test_gpu_weight_swap_equals_a_fresh_engine(synth_model, quantization, room, 
     assert _answers(eng) == _answers(fresh) != before
 
 
-def test_gpu_paced_staging_copies_every_byte(monkeypatch):
+@pytest.mark.parametrize("copy", ["paced", "pinned", "whole"])
+def test_gpu_staging_copies_every_byte(copy, monkeypatch):
     """Staging copies a tensor in pieces (here 1,000 bytes, which splits elements of every
     width at odd places): every byte arrives, for each dtype and shape the models hold."""
     monkeypatch.setattr(weights, "STAGE_CHUNK_BYTES", 1000)
+    monkeypatch.setattr(weights, "STAGE_COPY", copy)
     g = torch.Generator().manual_seed(0)
     tensors = {
         "bf16": torch.randn(37, 129, generator=g).to(torch.bfloat16),
