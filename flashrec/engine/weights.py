@@ -260,9 +260,10 @@ def _place(
 ) -> tuple[dict[str, torch.Tensor], str]:
     """Where the staged tensors wait for the swap. On CUDA, in device memory when it fits
     (copied on a side stream here, off the engine thread, so the swap is a device-to-device
-    copy of milliseconds); else in pageable host memory, copied during the swap. Never
-    page-locked: pinning or unpinning a checkpoint's size of host memory holds the driver for
-    seconds and stalls the engine's launches on every thread. ``need``: their bytes."""
+    copy of milliseconds; ``STAGE_COPY`` says how); else in pageable host memory, copied during
+    the swap. Never page-locked as a whole: pinning or unpinning a checkpoint's size of host
+    memory holds the driver for seconds and stalls the engine's launches on every thread.
+    ``need``: their bytes."""
     if device.type != "cuda":
         return tensors, "cpu"
     if not stages_on_device(need, torch.cuda.mem_get_info(device)[0]):
