@@ -222,7 +222,7 @@ def stage_weights(
     runner = engine.runner
     served_tensors = model_tensors(runner.model)
     need = sum(t.numel() * t.element_size() for t in served_tensors.values())
-    if weights_child.builds_in_child(engine.config.weights_build, runner.device.type, need):
+    if weights_child.builds_in_child(engine.config.weights_build):
         try:
             tensors, digest, build_ms, hash_ms = weights_child.build_in_child(
                 str(path), runner.dtype, runner.use_fp8, need

@@ -3,12 +3,13 @@
 Hashing a checkpoint and building it on the CPU (reading its safetensors files, fusing, FP8
 quantization) take seconds of CPU and the model's size of host memory: in the serving process
 they compete with the engine thread for the interpreter lock, the cores and the C heap. Under
-``--weights-build child`` a child does it (``python -m flashrec.engine.weights_child``: a plain subprocess, so that a daemonic
-engine process may start it, never a fork of a process holding threads and CUDA), at a lower
-priority and with a quarter of the cores for its threads. It writes every tensor into one file
-of a temporary directory (``/dev/shm`` where it has room), which the parent maps: the tensors
-come back without a copy on the host, and their pages go when the last one is dropped. A child
-that fails is a ``ValueError`` naming its error: nothing served changes.
+``--weights-build child`` a child does it (``python -m flashrec.engine.weights_child``: a plain
+subprocess, so that a daemonic engine process may start it, never a fork of a process holding
+threads and CUDA), at a lower priority and with a quarter of the cores for its threads. It
+writes every tensor into one file of a temporary directory (``/dev/shm`` where it has room),
+which the parent maps: the tensors come back without a copy on the host, and their pages go
+when the last one is dropped. A child that fails is a ``ValueError`` naming its error: nothing
+served changes.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from flashrec.childrun import run_json_child
 _ALIGN = 64  # each tensor's offset in the file: a multiple of every element size
 
 
-def builds_in_child(mode: str, device_type: str, need_bytes: int) -> bool:
+def builds_in_child(mode: str) -> bool:
     """``--weights-build``: ``child`` or ``server`` (the default: on a GPU a child neither
     shortened the stall of an update under load nor made it cheaper, docs/baselines.md)."""
     return mode == "child"

@@ -5,8 +5,8 @@ child process (``flashrec.sid.childload``), alternating, ``--reps`` times each; 
 ``--weights DIR``, beside ``stage_weights`` of checkpoint DIR on an engine serving DIR: on
 the CPU built here with the served tokenizer's files recognised, with its load forced, then in
 a child process (weights_child); on CUDA built here and staged on the device by each way of
-copying (one copy per tensor, paced pieces, pieces through pinned buffers), then on the host, with the
-swap's copy and the release after it ticked too (there each tick also makes a small pinned copy
+copying (one copy per tensor, paced pieces, pieces through pinned buffers), then on the host,
+with the swap's copy and the release after it ticked too (there each tick also makes a small pinned copy
 to the device and a small kernel on a stream of its own, as the engine's step does, and waits
 for them: the driver's and the copy engine's stalls).
 
@@ -130,7 +130,7 @@ def weights(model: str, reps: int, device: str, quantization: str) -> None:
         for variant in variants:
             w.STAGE_COPY = variant if variant in ("whole", "paced", "pinned") else copy
             eng.tokenizer_files = served if variant != "loaded" else ""
-            wc.builds_in_child = lambda mode, dev, need, c=variant == "child": c
+            wc.builds_in_child = lambda mode, c=variant == "child": c
             w.stages_on_device = on_device if variant != "host" else lambda need, free: False
             row = {"stage_weights": model, "variant": variant, **_stage_ticked(eng, model, gpu)}
             print(json.dumps(row), flush=True)
