@@ -15,11 +15,13 @@ and keeps ``host_other_cpu_cores`` = (busy - server - harness) / wall seconds,
 ``host_steal_cores`` and ``harness_cpu_cores`` (the load generator's own use: one asyncio
 process, so near a whole core the client, not the server, may set the pace) as round
 metrics. Only for a server the harness launched (its process
-group is known) and where ``/proc`` exists; otherwise nothing is recorded, never a zero.
+group is known; replicas behind a router: the router's and every replica's groups together)
+and where ``/proc`` exists; otherwise nothing is recorded, never a zero.
 
 The same reads give the server's own CPU cost: ``server_cpu_ms_per_request`` (its whole
 group) and, for a FlashRec server (its group leader is the server process, not a guard),
-``server_main_cpu_ms_per_request`` and ``server_main_cpu_cores``: the HTTP process's share
+``server_main_cpu_ms_per_request`` and ``server_main_cpu_cores`` (one server, not replicas):
+the HTTP process's share
 (requests, tokenizers, answers; the engine's host work too where it runs in that process).
 One process runs its Python under one GIL, so a main process near a whole core is the limit.
 """
@@ -95,10 +97,10 @@ def parse_stat(text: str) -> tuple[int, float] | None:
     return None if parsed is None else (parsed[0], parsed[1] + parsed[2])
 
 
-def _group_and_lead(pgid: int, proc: Path) -> tuple[float, float | None] | None:
-    """CPU seconds of every live process in group ``pgid`` (own and reaped children's), and
-    of its leader alone (own time; None when it is gone), in one pass over ``/proc``; None
-    without ``/proc``."""
+def _groups_and_lead(pgids: frozenset[int], lead_pid: int | None, proc: Path):
+    """CPU seconds of every live process in the groups ``pgids`` (own and reaped children's),
+    and of process ``lead_pid`` alone (own time; None when it is gone or not asked), in one
+    pass over ``/proc``; None without ``/proc``."""
     try:
         entries = list(proc.iterdir())
     except OSError:
@@ -111,9 +113,9 @@ def _group_and_lead(pgid: int, proc: Path) -> tuple[float, float | None] | None:
             parsed = _stat((entry / "stat").read_text())
         except OSError:  # gone between the listing and the read
             continue
-        if parsed is not None and parsed[0] == pgid:
+        if parsed is not None and parsed[0] in pgids:
             ticks += parsed[1] + parsed[2]
-            if entry.name == str(pgid):
+            if lead_pid is not None and entry.name == str(lead_pid):
                 lead = parsed[1] / _tick()
     return ticks / _tick(), lead
 
@@ -121,7 +123,7 @@ def _group_and_lead(pgid: int, proc: Path) -> tuple[float, float | None] | None:
 def group_cpu(pgid: int, proc: Path = Path("/proc")) -> float | None:
     """CPU seconds of every live process in group ``pgid`` (own and reaped children's);
     None without ``/proc``."""
-    both = _group_and_lead(pgid, proc)
+    both = _groups_and_lead(frozenset((pgid,)), None, proc)
     return None if both is None else both[0]
 
 
@@ -131,19 +133,24 @@ def own_cpu() -> float:
     return t.user + t.system + t.children_user + t.children_system
 
 
-def sample(pgid: int | None, proc: Path = Path("/proc"), main: bool = False) -> HostSample | None:
+def sample(
+    pgid: int | list[int] | None, proc: Path = Path("/proc"), main: bool = False
+) -> HostSample | None:
     """A :class:`HostSample`, or None where the server's group is unknown or there is no
-    ``/proc`` (another OS). ``main``: also the group leader's own time (a server that leads
-    its group itself, as FlashRec does; a guarded command's leader is the guard)."""
-    if pgid is None:
+    ``/proc`` (another OS). ``pgid`` may list several groups (replicas behind a router: their
+    time is summed). ``main``: also the group leader's own time (one group whose leader is
+    the server itself, as FlashRec's is; a guarded command's leader is the guard)."""
+    groups = [pgid] if isinstance(pgid, int) else list(pgid or [])
+    if not groups:
         return None
     machine = machine_cpu(proc)
-    both = _group_and_lead(pgid, proc)
+    lead_pid = groups[0] if main and len(groups) == 1 else None
+    both = _groups_and_lead(frozenset(groups), lead_pid, proc)
     if machine is None or both is None:
         return None
     server, lead = both
     return HostSample(
-        time.monotonic(), machine[0], machine[1], server, own_cpu(), lead if main else None
+        time.monotonic(), machine[0], machine[1], server, own_cpu(), lead if lead_pid else None
     )
 
 

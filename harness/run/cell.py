@@ -170,9 +170,9 @@ async def _load(ctx, cell, target, reqs, rnd: int, phase: str, res: CellResult) 
     before = await scrape(ctx.session, ctx.server.base_url) if phase == "measure" else None
     urls = ctx.server.metrics_urls()  # a routed server: each replica's
     counts0 = await replicas.scrape_all(ctx.session, urls) if phase == "measure" else None
-    pgid = ctx.server.process_group()
+    groups = ctx.server.process_groups()  # a routed server: the router's and each replica's
     main = ctx.server.engine.kind == "flashrec"  # the server process leads its own group
-    host0 = host.sample(pgid, main=main) if phase == "measure" else None
+    host0 = host.sample(groups, main=main) if phase == "measure" else None
     recs = await run_load(
         ctx.session,
         target,
@@ -184,7 +184,7 @@ async def _load(ctx, cell, target, reqs, rnd: int, phase: str, res: CellResult) 
     )
     res.records += recs
     if host0 is not None:
-        host1 = host.sample(pgid, main=main)
+        host1 = host.sample(groups, main=main)
         used = host.other_cpu(host0, host1)
         if used:
             res.host_rounds.append(used)

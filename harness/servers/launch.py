@@ -125,6 +125,12 @@ class Server:
         """The process group of a launched, running server (None: external, or not running)."""
         return None
 
+    def process_groups(self) -> list[int]:
+        """Every running process group the server is made of (one for a launched server; the
+        router's and each replica's for replicas behind a router; none for an external one)."""
+        pgid = self.process_group()
+        return [] if pgid is None else [pgid]
+
     def log_tail(self, lines: int = 40) -> str:
         return ""
 

@@ -112,6 +112,9 @@ class RoutedServer(Server):
     def metrics_urls(self) -> list[str]:
         return [r.base_url for r in self.replicas]
 
+    def process_groups(self) -> list[int]:
+        return [g for g in (s.process_group() for s in self._all()) if g is not None]
+
     def exit_code(self) -> int | None:
         """The first exit code of the router or a replica (None while all run)."""
         return next((c for c in (s.exit_code() for s in self._all()) if c is not None), None)

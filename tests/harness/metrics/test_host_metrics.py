@@ -76,6 +76,27 @@ def test_the_leaders_own_time_leaves_its_reaped_children_out(tmp_path):
     assert host.sample(100, root).main_s is None  # a guarded command: its leader is the guard
 
 
+def test_several_groups_summed_without_a_main_share(tmp_path):
+    """Replicas behind a router: the router's and every replica's groups together, and no
+    main-process share (no one process is the server)."""
+    root = _fake_proc(
+        tmp_path,
+        [
+            (100, "router", 100, (40, 10, 0, 0)),
+            (200, "replica", 200, (300, 100, 50, 50)),
+            (201, "engine", 200, (200, 0, 0, 0)),
+            (300, "replica", 300, (100, 0, 0, 0)),
+            (400, "other", 400, (900, 0, 0, 0)),
+        ],
+        [1000, 100, 400, 5000, 30, 20, 10, 60],
+    )
+    s = host.sample([100, 200, 300], root, main=True)
+    assert s.server_s == pytest.approx((50 + 500 + 200 + 100) / TICK)
+    assert s.main_s is None
+    assert host.sample([200], root, main=True).main_s == pytest.approx(400 / TICK)
+    assert host.sample([], root) is None  # an external server: nothing, not zero
+
+
 def test_server_cpu_per_request_and_the_main_process_cores():
     a = host.HostSample(t=10.0, busy_s=100.0, steal_s=0.0, server_s=20.0, harness_s=5.0, main_s=8.0)
     b = host.HostSample(t=12.0, busy_s=105.0, steal_s=0.0, server_s=23.0, harness_s=5.5, main_s=9.5)

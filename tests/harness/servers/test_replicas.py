@@ -131,6 +131,15 @@ def test_two_replicas_behind_the_real_router(tmp_path: Path, tiny_model: Path) -
         assert 0 < c["metrics"]["server_radix_hit_rate"]["median"] < 1
         assert c["metrics"]["server_prefill_tokens_per_request"]["median"] > 0
     assert "replicas" not in cells["direct"]["server"]
+    # the server's CPU: a routed cell's counts the router and every replica, with no one
+    # main process; the direct server's main process is its own share of the whole
+    direct, routed = cells["direct"]["metrics"], cells["rr"]["metrics"]
+    assert direct["server_main_cpu_ms_per_request"]["median"] > 0
+    assert direct["server_cpu_ms_per_request"]["median"] >= (
+        direct["server_main_cpu_ms_per_request"]["median"])  # fmt: skip
+    assert routed["server_cpu_ms_per_request"]["median"] > 0
+    assert "server_main_cpu_ms_per_request" not in routed
+    assert "host_other_cpu_cores" in routed
     rr = cells["rr"]["server"]
     assert rr["router"]["policy"] == "round_robin" and len(rr["replica_servers"]) == 2
     rows = rr["replicas"]
