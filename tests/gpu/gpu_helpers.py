@@ -21,15 +21,11 @@ PROMPTS = [
 
 def make_engine(path, **kw) -> Engine:
     """An engine on the synthetic checkpoint at ``path``: 16 beams, decode graphs up to 128
-    rows, 256 batch slots (every test's shape unless ``kw`` says otherwise); ``kw`` are the
-    knobs under test."""
+    rows, 256 batch slots, the checkpoint's own catalog (every test's shape unless ``kw`` says
+    otherwise); ``kw`` are the knobs under test."""
     shape = dict(beam_width=16, cuda_graph_max_bs=128, batch_slots=256)
-    return Engine(
-        EngineConfig(
-            model_path=str(path), sid_vocab_file=str(path / "catalog.json"), device="cuda",
-            **{**shape, **kw},
-        )
-    )  # fmt: skip
+    own = dict(sid_vocab_file=str(path / "catalog.json"))  # its own catalog unless kw names one
+    return Engine(EngineConfig(model_path=str(path), device="cuda", **{**own, **shape, **kw}))
 
 
 def bf16_knobs(quantization: str, backend: str) -> dict:
