@@ -50,10 +50,11 @@ HASH_METHOD = "sha256 over each safetensors file's name and bytes, in file order
 # ModelConfig fields that may differ: how the tensors are stored, checked tensor by tensor
 _STORAGE_FIELDS = {"torch_dtype", "quantization_config"}
 STAGE_CHUNK_BYTES = 16 << 20  # host-to-device staging copies in pieces of this many bytes
-# how staging copies to the device: "paced" (pieces from pageable memory, each waited for),
-# "pinned" (pieces through two small page-locked buffers, the copies asynchronous) or "whole"
-# (one copy per tensor); the environment variable is for same-run A/Bs on a GPU
-STAGE_COPY = os.environ.get("FLASHREC_STAGE_COPY", "paced")
+# how staging copies to the device: "pinned" (pieces through two small page-locked buffers,
+# the copies asynchronous; the least stall of the three in a served A/B, docs/baselines.md),
+# "paced" (pieces from pageable memory, each waited for) or "whole" (one copy per tensor); the
+# environment variable is for same-run A/Bs on a GPU
+STAGE_COPY = os.environ.get("FLASHREC_STAGE_COPY", "pinned")
 if STAGE_COPY not in ("paced", "pinned", "whole"):
     raise ValueError(f"FLASHREC_STAGE_COPY must be paced, pinned or whole, got {STAGE_COPY!r}")
 STAGING_HEADROOM = 0.1  # device memory left free beside staged weights, as their fraction
