@@ -57,6 +57,12 @@ STAGE_CHUNK_BYTES = 16 << 20  # host-to-device staging copies in pieces of this 
 STAGE_COPY = os.environ.get("FLASHREC_STAGE_COPY", "pinned")
 if STAGE_COPY not in ("paced", "pinned", "whole"):
     raise ValueError(f"FLASHREC_STAGE_COPY must be paced, pinned or whole, got {STAGE_COPY!r}")
+# after a swap, the staging's device blocks: "free" (back to the driver, ``empty_cache``) or
+# "keep" (left in torch's cache, the next update's staging reuses them with no cudaMalloc or
+# cudaFree, either of which may wait for the device); for same-run A/Bs on a GPU
+STAGE_RELEASE = os.environ.get("FLASHREC_STAGE_RELEASE", "free")
+if STAGE_RELEASE not in ("free", "keep"):
+    raise ValueError(f"FLASHREC_STAGE_RELEASE must be free or keep, got {STAGE_RELEASE!r}")
 STAGING_HEADROOM = 0.1  # device memory left free beside staged weights, as their fraction
 LOAD_FORMATS = (None, "auto", "safetensors")  # SGLang's ``load_format`` values we read
 
@@ -250,6 +256,13 @@ def stage_weights(
     return StagedWeights(ident, tensors, load_ms, hash_ms, staged_on, where)
 
 
+def device_room(device: torch.device) -> int:
+    """Bytes a staging may take on ``device``: the driver's free memory and the blocks torch
+    holds in its cache unused (a kept staging's among them)."""
+    cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    return torch.cuda.mem_get_info(device)[0] + max(0, cached)
+
+
 def stages_on_device(need_bytes: int, free_bytes: int) -> bool:
     """Whether a checkpoint of ``need_bytes`` is staged in device memory: only with
     ``STAGING_HEADROOM`` of it (at least 1 GiB) still free beside it."""
@@ -267,7 +280,7 @@ def _place(
     ``need``: their bytes."""
     if device.type != "cuda":
         return tensors, "cpu"
-    if not stages_on_device(need, torch.cuda.mem_get_info(device)[0]):
+    if not stages_on_device(need, device_room(device)):
         return tensors, "host"
     stream = torch.cuda.Stream(device)
     if STAGE_COPY == "pinned":
@@ -329,9 +342,10 @@ def _to_device_pinned(
 
 def release_staged(staged: StagedWeights) -> None:
     """Drop a swapped-in staging (the served buffers hold its values now): its device blocks
-    back to the device, the host heap's freed pages back to the OS."""
+    back to the driver (``STAGE_RELEASE`` "free") or kept for the next update's, the host
+    heap's freed pages back to the OS."""
     staged.tensors.clear()
-    if staged.staged_on == "device":
+    if staged.staged_on == "device" and STAGE_RELEASE == "free":
         torch.cuda.empty_cache()
     release_host_memory()
 

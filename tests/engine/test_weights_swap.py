@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from flashrec.config import EngineConfig
+from flashrec.engine import weights
 from flashrec.engine.engine import Engine
 from flashrec.engine.weights import checkpoint_hash, stage_weights
 from flashrec.models.loader import model_tensors
@@ -70,8 +71,6 @@ def test_the_served_tokenizer_files_are_not_loaded_again(
     thread); one whose files differ in any byte loads and checks its tokenizer."""
     import shutil
 
-    from flashrec.engine import weights
-
     eng = _engine(tiny_model, tiny_model)
     other = synth_model("tiny", seed=1)  # the same synthetic tokenizer, other weights
     loads = []
@@ -101,6 +100,34 @@ def test_staging_on_the_device_needs_room_beside_the_served_model() -> None:
     assert stages_on_device(20 * gib, 22 * gib)  # 2 GiB left: a tenth
     assert not stages_on_device(20 * gib, 22 * gib - 1)
     assert not stages_on_device(4 * gib, 3 * gib)  # does not fit at all
+
+
+def test_device_room_counts_the_unused_blocks_torch_holds(monkeypatch) -> None:
+    """A staging kept in torch's cache after the last swap is room for the next one: the
+    driver's free memory plus what torch reserved and does not use."""
+    gib = 1 << 30
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda d: (2 * gib, 80 * gib))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda d: 30 * gib)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda d: 26 * gib)
+    assert weights.device_room(torch.device("cuda")) == 6 * gib
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda d: 31 * gib)  # read apart
+    assert weights.device_room(torch.device("cuda")) == 2 * gib  # never below the driver's
+
+
+@pytest.mark.parametrize(("release", "emptied"), [("free", 1), ("keep", 0)])
+def test_release_frees_or_keeps_a_device_staging(monkeypatch, release, emptied) -> None:
+    """After the swap a device staging's blocks go back to the driver ("free") or stay in
+    torch's cache for the next update ("keep"); the staged tensors are dropped either way,
+    and a host or CPU staging never empties the device cache."""
+    calls = []
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("empty"))
+    monkeypatch.setattr(weights, "STAGE_RELEASE", release)
+    staged = weights.StagedWeights(None, {"w": torch.zeros(2)}, 0.0, 0.0, staged_on="device")
+    weights.release_staged(staged)
+    assert staged.tensors == {} and len(calls) == emptied
+    host = weights.StagedWeights(None, {"w": torch.zeros(2)}, 0.0, 0.0, staged_on="host")
+    weights.release_staged(host)
+    assert host.tensors == {} and len(calls) == emptied
 
 
 def test_cpu_staging_is_the_built_model(tiny_model) -> None:
