@@ -159,6 +159,7 @@ class StagedWeights:
     hash_ms: float
     staged_on: str = "cpu"  # "device" / "host" on CUDA (``_place``), "cpu" on the CPU
     built_in: str = "here"  # "child": hashed and built by a child process (weights_child)
+    copy_ms: float = 0.0  # the last part of load_ms: the copy to the device (``_place``)
 
 
 def _differences(new: dict, old: dict, what: str) -> None:
@@ -252,8 +253,9 @@ def stage_weights(
     t4 = time.perf_counter()
     tensors, staged_on = _place(tensors, runner.device, need)
     ident = WeightsVersion(str(path), digest, version, label, served.signature)
-    load_ms = (t1 - t0 + time.perf_counter() - t4) * 1e3 + build_ms
-    return StagedWeights(ident, tensors, load_ms, hash_ms, staged_on, where)
+    copy_ms = (time.perf_counter() - t4) * 1e3
+    load_ms = (t1 - t0) * 1e3 + build_ms + copy_ms
+    return StagedWeights(ident, tensors, load_ms, hash_ms, staged_on, where, copy_ms)
 
 
 def device_room(device: torch.device) -> int:
@@ -404,13 +406,16 @@ class WeightUpdater:
             return swap_ms
 
         staged, swap_ms, wait_ms = self.guard.run(stage, swap)
+        t0 = time.perf_counter()
         release_staged(staged)
+        release_ms = (time.perf_counter() - t0) * 1e3
         v = staged.version
         log.info(
-            "weights %s swapped in: hash %s (built %s: load %.1f ms, hash %.1f ms; staged on "
-            "%s; swap %.1f ms after %.1f ms waiting for the running requests)",
-            v.path, v.hash, staged.built_in, staged.load_ms, staged.hash_ms, staged.staged_on,
-            swap_ms, wait_ms - swap_ms,
+            "weights %s swapped in: hash %s (built %s: load %.1f ms of which the copy %.1f ms, "
+            "hash %.1f ms; staged on %s; swap %.1f ms after %.1f ms waiting for the running "
+            "requests; released in %.1f ms)",
+            v.path, v.hash, staged.built_in, staged.load_ms, staged.copy_ms, staged.hash_ms,
+            staged.staged_on, swap_ms, wait_ms - swap_ms, release_ms,
         )  # fmt: skip
         return {
             "success": True,
@@ -421,12 +426,14 @@ class WeightUpdater:
             "weights_version": v.version,
             "weight_version": v.label,
             "load_ms": round(staged.load_ms, 3),
+            "copy_ms": round(staged.copy_ms, 3),  # load_ms's last part: the copy to the device
             "hash_ms": round(staged.hash_ms, 3),
             "staged_on": staged.staged_on,  # where the new tensors waited: device, host, cpu
             # the engine thread's copy + cache flush, and how long the update waited for
             # the requests running when it was asked, then the swap
             "swap_ms": round(swap_ms, 3),
             "swap_wait_ms": round(wait_ms, 3),
+            "release_ms": round(release_ms, 3),  # after the swap: the staging's memory freed
         }
 
     def stats(self) -> dict[str, float]:

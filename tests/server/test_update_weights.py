@@ -155,7 +155,8 @@ def test_update_weights_endpoint(server: ServerThread, ckpts, fresh, tmp_path) -
         1,
     )
     assert info["weight_version"] == "day-2"
-    assert {"load_ms", "hash_ms", "swap_ms", "swap_wait_ms"} <= set(info)
+    assert {"load_ms", "hash_ms", "swap_ms", "swap_wait_ms", "release_ms"} <= set(info)
+    assert 0 <= info["copy_ms"] <= info["load_ms"]  # the copy is the last part of the load
     assert info["staged_on"] == "cpu"  # a CPU server: the built tensors are the staging
     print(f"\nswap on CPU (tiny): {info['swap_ms']:.2f} ms; staged in {info['load_ms']:.1f} ms")
     assert server.metrics()["flashrec_kv_tokens_cached"] == 0  # a's KV flushed
