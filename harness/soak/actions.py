@@ -1,8 +1,10 @@
 """Actions a soak runs on the server while it loads it (``--every PERIOD NAME[=ARG]``).
 
 One small function per action, registered by name in :data:`ACTIONS` with whether it takes an
-argument: it posts to the server and returns ``(ok, detail)``. A new action (another kind of
-swap) is one function and one line here.
+argument: it posts to the server and returns ``(ok, detail, timings)``, ``timings`` the
+answer's own phase times (its ``*_ms`` numbers: load, copy, hash, swap, release...) for the
+report to place a slow request in them. A new action (another kind of swap) is one function
+and one line here.
 """
 
 from __future__ import annotations
@@ -14,13 +16,21 @@ import aiohttp
 
 from harness.load.client import post_json
 
-Run = Callable[[aiohttp.ClientSession, str, "str | None"], Awaitable[tuple[bool, str]]]
+Outcome = tuple[bool, str, dict[str, float]]
+Run = Callable[[aiohttp.ClientSession, str, "str | None"], Awaitable[Outcome]]
 _NAMED = re.compile(r"^(\w+)=(.+)$")
 
 
-def _outcome(status: int, body: object) -> tuple[bool, str]:
+def _outcome(status: int, body: object) -> Outcome:
     ok = status == 200 and not (isinstance(body, dict) and body.get("success") is False)
-    return ok, f"HTTP {status}: {str(body)[:300]}"
+    timings = {}
+    if isinstance(body, dict):
+        timings = {
+            k: float(v)
+            for k, v in body.items()
+            if k.endswith("_ms") and isinstance(v, (int, float)) and not isinstance(v, bool)
+        }
+    return ok, f"HTTP {status}: {str(body)[:300]}", timings
 
 
 async def flush_cache(session: aiohttp.ClientSession, base: str, arg: str | None):

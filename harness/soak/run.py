@@ -202,7 +202,7 @@ class Soak:
         while True:
             await asyncio.sleep(max(0.0, (k + 1) * spec.period_s - self.now()))
             t, arg = self.now(), spec.arg(k)
-            ok, detail = await run(session, self.base, arg)
+            ok, detail, timings = await run(session, self.base, arg)
             entry = {
                 "t_s": round(t, 3),
                 "action": spec.name,
@@ -210,6 +210,7 @@ class Soak:
                 "ok": ok,
                 "took_s": round(self.now() - t, 3),
                 "detail": detail,
+                "timings_ms": timings,
             }
             self.state.actions.append(entry)
             if not ok:

@@ -67,3 +67,18 @@ def test_config_checks_its_values():
                 {"probe_key": "weights"}):  # fmt: skip
         with pytest.raises(ValueError):
             SoakConfig(**{"duration_s": 60, "rate": 4, **bad})
+
+
+def test_an_actions_outcome_keeps_the_answers_phase_times():
+    """``(ok, detail, timings)``: the answer's numeric ``*_ms`` fields, nothing else (not a
+    bool, a string or another number); a refused answer is not ok, whatever its status."""
+    from harness.soak.actions import _outcome
+
+    body = {"success": True, "load_ms": 3650.4, "copy_ms": 420, "hash_ms": "3150",
+            "weights_version": 2, "staged_on": "device", "flag_ms": True}  # fmt: skip
+    ok, detail, timings = _outcome(200, body)
+    assert (
+        ok and detail.startswith("HTTP 200: ") and timings == {"load_ms": 3650.4, "copy_ms": 420.0}
+    )
+    assert _outcome(200, {"success": False, "message": "no"})[0] is False
+    assert _outcome(400, "bad request") == (False, "HTTP 400: bad request", {})

@@ -41,6 +41,10 @@ def test_a_short_soak_passes_flat_with_an_unchanged_probe(tmp_path, tiny_model, 
     assert [a["action"] for a in doc["actions"]] == [
         "update_catalog", "flush_cache", "update_catalog", "flush_cache"
     ] and all(a["ok"] for a in doc["actions"])  # fmt: skip
+    # a catalog reload's answer times kept beside it (flush_cache answers none)
+    reload = doc["actions"][0]["timings_ms"]
+    assert {"load_ms", "build_ms", "swap_ms", "swap_wait_ms"} <= set(reload), reload
+    assert doc["actions"][1]["timings_ms"] == {}
     assert all(t["verdict"] != "grows" for t in doc["trends"])
     assert {t["resource"].split("[")[0] for t in doc["trends"]} >= {
         "rss_mib", "fds", "conns", "fds_other", "threads", "processes", "slots_used",

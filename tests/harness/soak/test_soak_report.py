@@ -146,7 +146,8 @@ def test_latency_around_an_action_finds_the_stall_inside_it(tmp_path):
         state.took.append(22.8 - t if 22.0 <= t <= 22.5 else 0.03)
     state.actions = [
         {"t_s": 20.0, "action": "update_weights", "arg": "/m", "ok": True, "took_s": 8.0,
-         "detail": "HTTP 200"},
+         "detail": "HTTP 200", "timings_ms": {"load_ms": 3650.4, "copy_ms": 420.2,
+         "hash_ms": 3150.0, "swap_ms": 15.84, "swap_wait_ms": 28.0, "release_ms": 30.0}},
         {"t_s": 45.0, "action": "flush_cache", "arg": "", "ok": True, "took_s": 0.05,
          "detail": "HTTP 200"},
     ]  # fmt: skip
@@ -163,5 +164,10 @@ def test_latency_around_an_action_finds_the_stall_inside_it(tmp_path):
     assert (
         "| 20 | update_weights /m | 8.00 | 81 | 30 / 720 / 800 | +2.00 | 51 | 30 / 30 / 30 |" in md
     )
+    # the answer's own phase times beside it; an action whose answer has none shows "-"
+    assert (
+        "| 8.00 | load 3650, copy 420, hash 3150, swap 15.8, swap_wait 28.0, release 30.0 |" in md
+    )
+    assert "| 0.05 | - | HTTP 200 |" in md
     doc = json.loads((tmp_path / "soak.json").read_text())
     assert doc["around_actions"][0]["during"] == during
