@@ -59,6 +59,15 @@ async def update_weights(session: aiohttp.ClientSession, base: str, arg: str | N
     return _outcome(*await post_json(session, url, body, timeout_s=600))
 
 
+# the last phases of an action's answer, in the order they ran up to the answer (each a
+# ``*_ms`` of it; ``swap_wait_ms`` holds the wait for the running requests and the swap): the
+# report counts them back from the answer to say in which one a slow request started
+PHASES: dict[str, tuple[str, ...]] = {
+    "update_weights": ("copy_ms", "swap_wait_ms", "release_ms"),
+    "update_catalog": ("load_ms", "build_ms", "swap_wait_ms"),
+    "rollback_catalog": ("swap_wait_ms",),
+}
+
 # name -> (function, takes an argument)
 ACTIONS: dict[str, tuple[Run, bool]] = {
     "flush_cache": (flush_cache, False),

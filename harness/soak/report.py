@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from harness.soak.actions import PHASES
 from harness.soak.config import SoakConfig
 from harness.soak.probe import Probe
 from harness.soak.run import GAUGES, State
@@ -121,17 +122,40 @@ def latency_window(started: np.ndarray, took: np.ndarray, lo: float, hi: float, 
     }  # fmt: skip
 
 
+def phase_at(at_s: float, took_s: float, timings: dict[str, float], order) -> str | None:
+    """The phase of an action running at ``at_s`` s from its start: its answer's last phases
+    (``order``, :data:`harness.soak.actions.PHASES`) counted back from the answer at
+    ``took_s``, "before" them, or "after" the answer; None without every phase's time."""
+    if not order or any(k not in timings for k in order):
+        return None
+    if at_s > took_s:
+        return "after"
+    end = took_s
+    for k in reversed(order):
+        start = end - timings[k] / 1e3
+        if at_s >= start:
+            return k.removesuffix("_ms")
+        end = start
+    return "before"
+
+
 def around_actions(state: State) -> list[dict]:
     """Per action: the requests in flight while it ran (``during``) and in the ``AFTER_S``
-    after it answered (``after``), from every answered request's start and latency."""
+    after it answered (``after``), from every answered request's start and latency; where the
+    answer gives its phases' times, the phase the slowest request started in."""
     started, took = np.asarray(state.started, float), np.asarray(state.took, float)
     out = []
     for a in state.actions:
         t0, t1 = a["t_s"], a["t_s"] + a["took_s"]
+        during = latency_window(started, took, t0, t1, t0)
+        if during["requests"]:
+            phase = phase_at(during["slowest_started_s"], a["took_s"],
+                             a.get("timings_ms") or {}, PHASES.get(a["action"], ()))  # fmt: skip
+            if phase is not None:
+                during["slowest_phase"] = phase
         out.append({
             "t_s": a["t_s"], "action": a["action"], "arg": a["arg"], "took_s": a["took_s"],
-            "during": latency_window(started, took, t0, t1, t0),
-            "after": latency_window(started, took, t1, t1 + AFTER_S, t0),
+            "during": during, "after": latency_window(started, took, t1, t1 + AFTER_S, t0),
         })  # fmt: skip
     return out
 
@@ -234,7 +258,8 @@ def markdown(
         md += [
             "",
             f"## Latency around actions (requests in flight while each ran, and in the "
-            f"{AFTER_S:g} s after it; the slowest one's start in s from the action's)",
+            f"{AFTER_S:g} s after it; the slowest one's start in s from the action's, and the "
+            f"phase of the action it fell in where the answer times them)",
             "",
             "| t (s) | action | took (s) | during: requests | p50 / p99 / max ms | slowest at "
             "| after: requests | p50 / p99 / max ms |",
@@ -266,6 +291,8 @@ def _around_row(a: dict) -> str:
 
     during, after = a["during"], a["after"]
     at = f"{during['slowest_started_s']:+.2f}" if during["requests"] else "-"
+    if "slowest_phase" in during:
+        at += f" ({during['slowest_phase']})"
     return (
         f"| {a['t_s']:.0f} | {a['action']} {a['arg'] or ''} | {a['took_s']:.2f} | "
         f"{cells(during)} | {at} | {cells(after)} |"

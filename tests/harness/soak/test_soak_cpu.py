@@ -45,6 +45,12 @@ def test_a_short_soak_passes_flat_with_an_unchanged_probe(tmp_path, tiny_model, 
     reload = doc["actions"][0]["timings_ms"]
     assert {"load_ms", "build_ms", "swap_ms", "swap_wait_ms"} <= set(reload), reload
     assert doc["actions"][1]["timings_ms"] == {}
+    # and the phase of the reload its slowest request started in, counted back from the answer
+    around = doc["around_actions"][0]["during"]
+    assert around["requests"] > 0 and around["slowest_phase"] in {
+        "before", "load", "build", "swap_wait", "after"
+    }, around  # fmt: skip
+    assert "slowest_phase" not in doc["around_actions"][1]["during"]  # a flush has no phases
     assert all(t["verdict"] != "grows" for t in doc["trends"])
     assert {t["resource"].split("[")[0] for t in doc["trends"]} >= {
         "rss_mib", "fds", "conns", "fds_other", "threads", "processes", "slots_used",

@@ -162,7 +162,8 @@ def test_latency_around_an_action_finds_the_stall_inside_it(tmp_path):
     report.write(tmp_path, cfg, state, probe, {"command": "test"})
     md = (tmp_path / "REPORT.md").read_text()
     assert (
-        "| 20 | update_weights /m | 8.00 | 81 | 30 / 720 / 800 | +2.00 | 51 | 30 / 30 / 30 |" in md
+        "| 20 | update_weights /m | 8.00 | 81 | 30 / 720 / 800 | +2.00 (before) | 51 | 30 / 30 / 30 |"
+        in md
     )
     # the answer's own phase times beside it; an action whose answer has none shows "-"
     assert (
@@ -171,3 +172,15 @@ def test_latency_around_an_action_finds_the_stall_inside_it(tmp_path):
     assert "| 0.05 | - | HTTP 200 |" in md
     doc = json.loads((tmp_path / "soak.json").read_text())
     assert doc["around_actions"][0]["during"] == during
+
+
+def test_the_phase_a_slow_request_started_in_counts_back_from_the_answer():
+    """A weight update answered at 8.0 s whose last phases took copy 420, wait + swap 28 and
+    release 30 ms: copy from 7.522 s, swap_wait from 7.942 s, release from 7.970 s."""
+    ms = {"load_ms": 5000.0, "copy_ms": 420.0, "swap_wait_ms": 28.0, "release_ms": 30.0}
+    order = ("copy_ms", "swap_wait_ms", "release_ms")
+    at = [(7.99, "release"), (7.95, "swap_wait"), (7.6, "copy"), (7.5, "before"), (8.1, "after")]
+    for t, phase in at:
+        assert report.phase_at(t, 8.0, ms, order) == phase, t
+    assert report.phase_at(7.6, 8.0, {"copy_ms": 420.0}, order) is None  # a phase untimed
+    assert report.phase_at(7.6, 8.0, ms, ()) is None  # an action without phases
