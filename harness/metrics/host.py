@@ -149,9 +149,7 @@ def sample(
     if machine is None or both is None:
         return None
     server, lead = both
-    return HostSample(
-        time.monotonic(), machine[0], machine[1], server, own_cpu(), lead if lead_pid else None
-    )
+    return HostSample(time.monotonic(), machine[0], machine[1], server, own_cpu(), lead)
 
 
 def server_cpu(

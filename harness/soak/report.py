@@ -279,8 +279,7 @@ def _timings(ms: dict[str, float]) -> str:
     """An answer's phase times, in its order: ``load 3650, copy 420, hash 3150, swap 15.8``."""
     if not ms:
         return "-"
-    return ", ".join(f"{k.removesuffix('_ms')} {v:.1f}" if v < 100 else
-                     f"{k.removesuffix('_ms')} {v:.0f}" for k, v in ms.items())  # fmt: skip
+    return ", ".join(f"{k.removesuffix('_ms')} {v:.{1 if v < 100 else 0}f}" for k, v in ms.items())
 
 
 def _around_row(a: dict) -> str:
