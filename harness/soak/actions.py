@@ -64,7 +64,7 @@ async def update_weights(session: aiohttp.ClientSession, base: str, arg: str | N
 # report counts them back from the answer to say in which one a slow request started
 PHASES: dict[str, tuple[str, ...]] = {
     "update_weights": ("copy_ms", "swap_wait_ms", "release_ms"),
-    "update_catalog": ("load_ms", "build_ms", "swap_wait_ms"),
+    "update_catalog": ("load_ms", "build_ms", "swap_wait_ms", "release_ms"),
     "rollback_catalog": ("swap_wait_ms",),
 }
 

@@ -43,12 +43,12 @@ def test_a_short_soak_passes_flat_with_an_unchanged_probe(tmp_path, tiny_model, 
     ] and all(a["ok"] for a in doc["actions"])  # fmt: skip
     # a catalog reload's answer times kept beside it (flush_cache answers none)
     reload = doc["actions"][0]["timings_ms"]
-    assert {"load_ms", "build_ms", "swap_ms", "swap_wait_ms"} <= set(reload), reload
+    assert {"load_ms", "build_ms", "swap_ms", "swap_wait_ms", "release_ms"} <= set(reload), reload
     assert doc["actions"][1]["timings_ms"] == {}
     # and the phase of the reload its slowest request started in, counted back from the answer
     around = doc["around_actions"][0]["during"]
     assert around["requests"] > 0 and around["slowest_phase"] in {
-        "before", "load", "build", "swap_wait", "after"
+        "before", "load", "build", "swap_wait", "release"
     }, around  # fmt: skip
     assert "slowest_phase" not in doc["around_actions"][1]["during"]  # a flush has no phases
     assert all(t["verdict"] != "grows" for t in doc["trends"])
