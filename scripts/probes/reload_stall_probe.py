@@ -6,9 +6,9 @@ child process (``flashrec.sid.childload``), alternating, ``--reps`` times each; 
 the CPU built here with the served tokenizer's files recognised, with its load forced, then in
 a child process (weights_child); on CUDA built here and staged on the device by each way of
 copying (one copy per tensor, paced pieces, pieces through pinned buffers), then on the host,
-with the swap's copy and the release after it ticked too (there each tick also makes a small pinned copy
-to the device and a small kernel on a stream of its own, as the engine's step does, and waits
-for them: the driver's and the copy engine's stalls).
+with the swap's copy and the release after it ticked too (there each tick also makes a small
+pinned copy to the device and a small kernel on a stream of its own, as the engine's step
+does, and waits for them: the driver's and the copy engine's stalls).
 
     python scripts/probes/reload_stall_probe.py [--sids 1500000] [--reps 2] [--path FILE]
     python scripts/probes/reload_stall_probe.py --weights DIR [--reps 2]
