@@ -364,13 +364,26 @@ def _check_tokenizer(engine: WeightsHolder, path: Path) -> None:
         raise ValueError("its tokenizer's vocabulary differs from the served tokenizer's")
 
 
-def copy_weights(model: torch.nn.Module, staged: StagedWeights) -> None:
+def copy_weights(model: torch.nn.Module, staged: StagedWeights, batched: bool = False) -> None:
     """Copy every staged tensor into the model's own (same storage, so captured graphs and
-    views of the weights read the new values); waits for the copies on CUDA."""
+    views of the weights read the new values); waits for the copies on CUDA. ``batched``: one
+    ``torch._foreach_copy_`` over the tensors staged on the served ones' device (fewer kernel
+    launches; the swaps probe times it beside the per-tensor copies), the rest one by one."""
     served = model_tensors(model)
     with torch.no_grad():
+        if batched:
+            same = [n for n, d in served.items() if staged.tensors[n].device == d.device]
+            if same:
+                torch._foreach_copy_(
+                    [served[n] for n in same], [staged.tensors[n] for n in same],
+                    non_blocking=True,
+                )  # fmt: skip
+            rest = set(served) - set(same)
+        else:
+            rest = set(served)
         for name, dst in served.items():
-            dst.copy_(staged.tensors[name], non_blocking=True)
+            if name in rest:
+                dst.copy_(staged.tensors[name], non_blocking=True)
     if any(t.is_cuda for t in served.values()):
         torch.cuda.synchronize()
 

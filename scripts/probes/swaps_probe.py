@@ -4,7 +4,7 @@ catalog reload and a rollback of one name, a weight update from a checkpoint dir
 hash, swap times) and the beams of a request per catalog before and after it.
 
     python scripts/probes/swaps_probe.py --model-path /dev/shm/onerec --catalogs 3 \
-        --catalog-size 1500000 [--weights-from DIR] [-- ENGINE FLAG=VALUE ...]
+        --catalog-size 1500000 [--weights-from DIR] [--copy-ab PAIRS] [-- ENGINE FLAG=VALUE ...]
 
 The first catalog is the model's own ``catalog.json``; the others are synthetic catalogs of the
 same size and depth, other seeds (written beside the model once). Prints one JSON line.
@@ -24,8 +24,10 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from flashrec.config import EngineConfig  # noqa: E402
+from flashrec.engine import weights as w  # noqa: E402
 from flashrec.engine.engine import Engine  # noqa: E402
 from flashrec.engine.loop import EngineLoop  # noqa: E402
+from flashrec.models.loader import model_tensors  # noqa: E402
 from flashrec.prompt import load_tokenizer  # noqa: E402
 from flashrec.sid.catalog import load_catalog  # noqa: E402
 from flashrec.sid.layout import resolve_sid_layout  # noqa: E402
@@ -49,6 +51,29 @@ def allocated() -> int:
     return 0
 
 
+def copy_pairs(engine: Engine, model: str, pairs: int) -> dict:
+    """The swap's copy (``copy_weights``) per tensor and batched, ``pairs`` interleaved times
+    on one staging of ``model`` (no request running): milliseconds of each, and whether the
+    served tensors equal the staged ones byte for byte after the last batched copy."""
+    staged = w.stage_weights(engine, model, 99, "copy-ab")
+    model_ = engine.runner.model
+    ms: dict[str, list[float]] = {"each": [], "batched": []}
+    for i in range(2 * pairs):
+        how = ("each", "batched")[(i + i // 2) % 2]  # ABBA order
+        t0 = time.perf_counter()
+        w.copy_weights(model_, staged, batched=how == "batched")
+        ms[how].append(round((time.perf_counter() - t0) * 1e3, 2))
+    served = model_tensors(model_)
+    equal = all(
+        torch.equal(t.view(torch.uint8), staged.tensors[n].to(t.device).view(torch.uint8))
+        for n, t in served.items()
+    )
+    out = {"staged_on": staged.staged_on, "tensors": len(served), "ms": ms, "equal": equal,
+           "median_ms": {k: sorted(v)[len(v) // 2] for k, v in ms.items()}}  # fmt: skip
+    w.release_staged(staged)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model-path", required=True)
@@ -56,6 +81,9 @@ def main() -> None:
     ap.add_argument("--catalog-size", type=int, default=1_500_000)
     ap.add_argument("--weights-from", help="checkpoint to update to (default: --model-path)")
     ap.add_argument("--beams", type=int, default=50)
+    ap.add_argument("--copy-ab", type=int, default=0, metavar="PAIRS",
+                    help="then time the swap's copy per tensor against one batched copy, "
+                    "PAIRS interleaved pairs on one staging")  # fmt: skip
     ap.add_argument("engine", nargs="*", help="engine settings FLAG=VALUE (EngineConfig names)")
     a = ap.parse_args()
     model = Path(a.model_path)
@@ -107,6 +135,7 @@ def main() -> None:
         after_weights = {n: top(n) for n, _ in named}
     finally:
         loop.stop()
+    copy_ab = copy_pairs(engine, str(model), a.copy_ab) if a.copy_ab else None
     print(json.dumps({
         "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
         "catalogs_written_s": round(write_s, 1),
@@ -120,6 +149,7 @@ def main() -> None:
         "rollback_serves_old": after_rollback == tops[named[1][0]],
         "weights": weights,
         "same_answers_after_same_weights": after_weights == tops,
+        "copy_ab": copy_ab,
     }, default=str))  # fmt: skip
 
 

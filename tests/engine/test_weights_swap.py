@@ -48,6 +48,20 @@ def test_swap_equals_a_fresh_engine(synth_model, tiny_model, quantization) -> No
     assert _answers(eng) == _answers(fresh) != before
 
 
+def test_batched_copy_writes_what_the_per_tensor_copy_writes(synth_model, tiny_model) -> None:
+    other = synth_model("tiny", seed=1)
+    eng = _engine(tiny_model, tiny_model, quantization="fp8")
+    served = model_tensors(eng.runner.model)
+    ptrs = {k: t.data_ptr() for k, t in served.items()}
+    before = {k: t.clone() for k, t in served.items()}
+    staged = stage_weights(eng, str(other), 1, "v1")
+    weights.copy_weights(eng.runner.model, staged, batched=True)
+    assert {k: t.data_ptr() for k, t in served.items()} == ptrs  # into the same storage
+    assert any(not torch.equal(t, before[k]) for k, t in served.items())
+    for name, t in served.items():  # FP8 codes and scales included
+        assert torch.equal(t, staged.tensors[name]), name
+
+
 def test_refused_before_anything_changes(synth_model, tiny_model, tmp_path) -> None:
     eng = _engine(tiny_model, tiny_model)
     served = {k: t.clone() for k, t in model_tensors(eng.runner.model).items()}

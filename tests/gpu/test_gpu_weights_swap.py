@@ -70,3 +70,20 @@ def test_gpu_staging_copies_every_byte(copy, monkeypatch):
         assert got.is_cuda and got.shape == t.shape and got.dtype == t.dtype, name
         a, b = got.cpu().reshape(-1).view(torch.uint8), t.reshape(-1).view(torch.uint8)
         assert torch.equal(a, b), name
+
+
+@pytest.mark.parametrize("room", ["device", "host"])
+def test_gpu_batched_copy_equals_the_per_tensor_copy(synth_model, room, monkeypatch):
+    """The swap's copy batched (one ``_foreach_copy_`` over the device-staged tensors, the
+    host-staged ones one by one) writes what the per-tensor copy writes, into the same storage."""
+    a, b = synth_model("tiny", catalog_size=2000), synth_model("tiny", catalog_size=2000, seed=1)
+    eng = make_engine(a, dtype="bfloat16", quantization="fp8", deterministic=True)
+    if room == "host":
+        monkeypatch.setattr(weights, "stages_on_device", lambda need, free: False)
+    staged = stage_weights(eng, str(b), 1, None)
+    served = model_tensors(eng.runner.model)
+    ptrs = {k: t.data_ptr() for k, t in served.items()}
+    weights.copy_weights(eng.runner.model, staged, batched=True)
+    assert {k: t.data_ptr() for k, t in served.items()} == ptrs
+    for name, t in served.items():
+        assert torch.equal(t.cpu(), staged.tensors[name].cpu()), name
