@@ -98,6 +98,22 @@ def summary_line(cfg: SoakConfig, state: State, probe: Probe, fitted, failures) 
     )
 
 
+def _process(resource: str) -> str | None:
+    """``"proc-7"`` of a per-process resource ``"rss_mib[proc-7]"``; None for the others."""
+    return resource[resource.index("[") + 1 : -1] if resource.endswith("]") else None
+
+
+def brief_processes(fitted: list[Trend]) -> list[str]:
+    """The processes every resource of which is ``n/a`` (too few samples to fit: a child that
+    lived a moment), in first-seen order: one line in the report instead of a row each."""
+    verdicts: dict[str, set[str]] = {}
+    for t in fitted:
+        name = _process(t.resource)
+        if name is not None:
+            verdicts.setdefault(name, set()).add(t.verdict)
+    return [n for n, v in verdicts.items() if v == {"n/a"}]
+
+
 def _num(v: float) -> str:
     return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:+.3g}"
 
@@ -225,13 +241,22 @@ def markdown(
         "| resource | samples | first | last | slope | 95% interval | tolerance (run) | verdict |",
         "| --- | ---: | ---: | ---: | ---: | --- | ---: | --- |",
     ]
+    brief = brief_processes(fitted)
     for t in fitted:
+        if _process(t.resource) in brief:
+            continue
         tol = f"{t.tolerance:g} ({t.allowance:g})" if math.isfinite(t.tolerance) else "report only"
         md.append(
             f"| `{t.resource}` | {t.samples} | {t.first:.4g} | {t.last:.4g} | "
             f"{_num(t.slope)} | [{_num(t.low)}, {_num(t.high)}] | {tol} | "
             f"{'**grows**' if t.grows else t.verdict} |"
         )
+    if brief:
+        md += [
+            "",
+            f"Processes seen in too few samples to fit (every resource n/a; in `soak.json`): "
+            f"{', '.join(f'`{n}`' for n in brief)}.",
+        ]
     md += [
         "",
         f"## Probe: {probe.sent} sent, {len(probe.changes)} changes, {len(probe.errors)} errors",

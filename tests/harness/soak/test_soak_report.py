@@ -76,6 +76,23 @@ def test_flat_resources_pass_and_warmup_and_final_rows_are_left_out(tmp_path):
     assert all(t["samples"] == 28 for t in doc["trends"])
 
 
+def test_a_child_seen_once_is_one_line_not_a_row_per_resource(tmp_path):
+    """A process sampled fewer than 3 times (a child that lived a moment) cannot be fitted:
+    the report names it on one line, soak.json keeps its trends, the fitted process keeps
+    its rows."""
+    rows = _rows(30, 0.0)
+    for key, value in (("rss_mib", 9.6), ("fds", 4), ("conns", 0), ("fds_other", 4)):
+        rows[12][f"{key}[proc-99]"] = value
+    _, passed, doc = _write(tmp_path, rows)
+    assert passed, doc["failures"]
+    trends = {t["resource"]: t for t in doc["trends"]}
+    assert trends["rss_mib[proc-99]"]["verdict"] == "n/a"
+    md = (tmp_path / "REPORT.md").read_text()
+    assert "`rss_mib[proc-99]`" not in md and "`fds_other[proc-99]`" not in md
+    assert "too few samples to fit (every resource n/a; in `soak.json`): `proc-99`." in md
+    assert "| `rss_mib[engine-7]` | 28 |" in md and "`fds_other[engine-7]`" in md
+
+
 def test_gauges_left_busy_after_the_load_fail(tmp_path):
     _, passed, doc = _write(tmp_path, _rows(10, 0.0), idle={"slots_used": 8.0})
     assert not passed and any("not idle" in f for f in doc["failures"])
