@@ -370,20 +370,15 @@ def copy_weights(model: torch.nn.Module, staged: StagedWeights, batched: bool = 
     ``torch._foreach_copy_`` over the tensors staged on the served ones' device (fewer kernel
     launches; the swaps probe times it beside the per-tensor copies), the rest one by one."""
     served = model_tensors(model)
+    pairs = [(dst, staged.tensors[name]) for name, dst in served.items()]
     with torch.no_grad():
         if batched:
-            same = [n for n, d in served.items() if staged.tensors[n].device == d.device]
+            same = [(d, s) for d, s in pairs if s.device == d.device]
             if same:
-                torch._foreach_copy_(
-                    [served[n] for n in same], [staged.tensors[n] for n in same],
-                    non_blocking=True,
-                )  # fmt: skip
-            rest = set(served) - set(same)
-        else:
-            rest = set(served)
-        for name, dst in served.items():
-            if name in rest:
-                dst.copy_(staged.tensors[name], non_blocking=True)
+                torch._foreach_copy_([d for d, _ in same], [s for _, s in same], non_blocking=True)
+            pairs = [(d, s) for d, s in pairs if s.device != d.device]
+        for dst, src in pairs:
+            dst.copy_(src, non_blocking=True)
     if any(t.is_cuda for t in served.values()):
         torch.cuda.synchronize()
 
