@@ -1,0 +1,50 @@
+"""scripts/probes/decode_gemm_probe.py on the CPU: its tile parser, and the script itself at the
+tiny shapes it runs without a GPU (every form's output checked against the first)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "scripts" / "probes" / "decode_gemm_probe.py"
+
+
+def _probe():
+    spec = importlib.util.spec_from_file_location("decode_gemm_probe", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_parse_tile_reads_every_field_and_refuses_malformed_specs():
+    probe = _probe()
+    assert probe.parse_tile("64x128x32w4s3") == (64, 128, 32, 4, 3)
+    assert [probe.parse_tile(t)[:3] for t in probe.TILES][0] == (128, 128, 64)
+    for bad in ("64x128", "64x128x32w4", "axbxcw4s3", "64x128x32s3w4"):
+        with pytest.raises(ValueError, match="BMxBNxBKwWsS"):
+            probe.parse_tile(bad)
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), *args], cwd=ROOT, capture_output=True, text=True,
+        timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+
+
+def test_probe_runs_every_shape_on_cpu_and_refuses_a_bad_tile():
+    out = _run("--dtype", "bf16", "fp8")
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    shapes = [ln.split()[1] for ln in lines if ln.startswith("bf16 ")]
+    assert shapes == ["qkv", "o_proj", "gate_up", "down"]
+    assert all("linear ok" in ln and "mm_t ok" in ln for ln in lines if ln.startswith("bf16 "))
+    assert "fp8: needs a GPU" in out.stdout
+    bad = _run("--tiles", "64x64")
+    assert bad.returncode == 2 and "BMxBNxBKwWsS" in bad.stderr
