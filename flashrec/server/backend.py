@@ -210,7 +210,7 @@ class Backend:
             events = [responses.sse(outs if req.batched else outs[0]), b"data: [DONE]\n\n"]
             return Answer(results, t_tok, back, events)
         texts = await asyncio.gather(*(self.generate_json(r, latency) for r in results))
-        return Answer(results, t_tok, back, f"[{', '.join(texts)}]" if req.batched else texts[0])
+        return Answer(results, t_tok, back, f"[{','.join(texts)}]" if req.batched else texts[0])
 
     def _count(self, results: list[GenResult]) -> None:
         for r in results:

@@ -1,15 +1,17 @@
 """The response encoders the handlers send (``responses.*_json``) against the dict builders.
 
-The handlers write each body as text per beam instead of ``json.dumps`` of a dict per beam;
-these tests pin that the bytes are exactly ``json.dumps`` of the dict builders' output (keys,
-key order, separators, escaping, number formatting), also over HTTP, and that the single
-request wait (``Backend.generate`` with one request) still resolves and withdraws.
+The handlers send the dict builders' bodies written by orjson (compact, UTF-8, NaN and
+infinities as ``null``); these tests pin that the text is strict JSON holding exactly the
+dict builders' values, that the engine's ``BeamColumns`` give the same body as the beams they
+stand for, also over HTTP, and that the single request wait (``Backend.generate`` with one
+request) still resolves and withdraws.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import math
 import random
 import threading
 from concurrent.futures import Future
@@ -48,26 +50,54 @@ def random_result(rng: random.Random, n: int, lazy: bool = False) -> GenResult:
     return GenResult(f"chatcmpl-{rng.randrange(10**9)}", beams, rng.randrange(1, 5000), 7)
 
 
+def strict(text: str | bytes) -> Any:
+    """``text`` parsed as strict JSON: NaN / Infinity tokens fail."""
+
+    def refuse(token: str) -> None:
+        raise AssertionError(f"non-strict JSON token {token}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def plain(obj: Any) -> Any:
+    """``obj`` with every non-finite float as None (what the wire holds for it)."""
+    if isinstance(obj, dict):
+        return {k: plain(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [plain(v) for v in obj]
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
+
+
 def expected_stream_first(result: GenResult, model: str, created: int) -> bytes:
     head = {"id": result.rid, "object": "chat.completion.chunk", "created": created, "model": model}
     return responses.sse({**head, "choices": responses.chat_stream_choices(result)})
 
 
 @pytest.mark.parametrize("n", [0, 1, 3, 50, 256])
-def test_encoders_equal_json_dumps_of_dicts(n: int) -> None:
+def test_encoders_write_the_dict_builders_as_strict_json(n: int) -> None:
     rng = random.Random(n)
     for trial in range(20):
         res = random_result(rng, n, lazy=trial % 2 == 1)
-        for compact in (False, True):  # plain engine values take the per-beam text path
-            responses._chat_choices(res, "message", compact)
         model = rng.choice(["m", "模型", 'a"b'])
-        want = json.dumps(responses.chat_completion(res, model, 1234))
-        assert responses.chat_completion_json(res, model, 1234) == want
+        text = responses.chat_completion_json(res, model, 1234)
+        want = responses.chat_completion(res, model, 1234)
+        assert strict(text) == plain(want) and list(strict(text)) == list(want)  # key order
+        assert [c["message"]["content"] for c in strict(text)["choices"]] == [
+            b.text for b in res.beams
+        ]
         latency = rng.choice([0.0123, float("nan"), 5.0])
-        want = json.dumps(responses.generate_result(res, latency))
-        assert responses.generate_result_json(res, latency) == want
+        text = responses.generate_result_json(res, latency)
+        assert strict(text) == plain(responses.generate_result(res, latency))
         events = list(responses.chat_stream(res, model, 99))
         assert events[0] == expected_stream_first(res, model, 99)
+        assert strict(events[0].removeprefix(b"data: ")) == plain(
+            {
+                "id": res.rid, "object": "chat.completion.chunk", "created": 99, "model": model,
+                "choices": responses.chat_stream_choices(res),
+            }
+        )  # fmt: skip
         assert events[1:] == [
             responses.sse(
                 {
@@ -83,11 +113,17 @@ def test_encoders_equal_json_dumps_of_dicts(n: int) -> None:
         ]
 
 
+def test_wire_text_is_compact_utf8_with_null_for_nan() -> None:
+    beams = [BeamResult([5, 9], float("nan"), -0.5, "stop", "é中")]
+    text = responses.chat_completion_json(GenResult("r", beams, 3), "m", 7)
+    assert '"content":"é中"' in text and '"cum_logprob":null' in text
+    assert '"sequence_score":-0.5' in text and ": " not in text
+
+
 @pytest.mark.parametrize("n", [0, 1, 3, 256])
 def test_beam_columns_encode_as_the_beams_they_hold(n: int) -> None:
     """The engine's ``BeamColumns`` (no beam objects) give every body the same text as the
-    list of ``BeamResult`` they stand for, which the dict builders give; NaN / infinite
-    scores included (the fallback path)."""
+    list of ``BeamResult`` they stand for; NaN / infinite scores included."""
     rng = random.Random(100 + n)
     for _ in range(10):
         res = random_result(rng, n)
@@ -102,13 +138,13 @@ def test_beam_columns_encode_as_the_beams_they_hold(n: int) -> None:
         )  # fmt: skip
         as_cols = GenResult(res.rid, cols, res.prompt_tokens, res.cached_tokens)
         as_list = GenResult(res.rid, list(cols), res.prompt_tokens, res.cached_tokens)
-        for r in (as_cols, as_list):
-            assert responses.chat_completion_json(r, "m", 1) == json.dumps(
-                responses.chat_completion(as_list, "m", 1)
-            )
-            assert responses.generate_result_json(r, 0.5) == json.dumps(
-                responses.generate_result(as_list, 0.5)
-            )
+        want_chat = responses.chat_completion_json(as_list, "m", 1)
+        assert responses.chat_completion_json(as_cols, "m", 1) == want_chat
+        assert [c["message"]["content"] for c in strict(want_chat)["choices"]] == [
+            text(b.token_ids) for b in beams
+        ]
+        want_gen = responses.generate_result_json(as_list, 0.5)
+        assert responses.generate_result_json(as_cols, 0.5) == want_gen
         assert list(responses.chat_stream(as_cols, "m", 2)) == list(
             responses.chat_stream(as_list, "m", 2)
         )
@@ -151,11 +187,11 @@ def test_generate_answer_has_sglang_beam_shape() -> None:
         "meta_info": {**best_meta, "beam_results": results},
     }
     assert responses.generate_result(res, 0.25) == want
-    assert json.loads(responses.generate_result_json(res, 0.25)) == want
+    assert strict(responses.generate_result_json(res, 0.25)) == want
     cols = BeamColumns.from_beams(beams, lambda ids: "ab"[len(ids) % 2 == 0])
     top = responses.returned(GenResult("rid1", cols, 11, 4), 1)
     assert isinstance(top.beams, BeamColumns) and top.completion_tokens == 3
-    assert json.loads(responses.generate_result_json(top, 0.25))["meta_info"]["beam_results"] == [
+    assert strict(responses.generate_result_json(top, 0.25))["meta_info"]["beam_results"] == [
         {**results[0], "meta_info": {**best_meta, "completion_tokens": 3}}
     ]
     assert responses.returned(res, None) is res and responses.returned(res, 5) is res
@@ -166,41 +202,43 @@ class _Score(float):
 
 
 @pytest.mark.parametrize(
-    "beam",
+    ("beam", "ids", "score", "cum", "reason"),
     [
-        BeamResult([1, True, 3], -1.0, -0.5, "stop", "t"),  # bool token: json writes true
-        BeamResult((1, 2), -1.0, -0.5, "stop", "t"),  # a tuple of ids
-        BeamResult([1, 2], _Score(-1.0), 3, "stop", "t"),  # float subclass, int score
-        BeamResult([1, 2], -1.0, -0.5, None, "t"),  # type: ignore[arg-type]
+        (BeamResult([1, True, 3], -1.0, -0.5, "stop", "t"), [1, True, 3], -0.5, -1.0, "stop"),
+        (BeamResult((1, 2), -1.0, -0.5, "stop", "t"), [1, 2], -0.5, -1.0, "stop"),
+        (BeamResult([1, 2], _Score(-1.0), 3, "stop", "t"), [1, 2], 3.0, -1.0, "stop"),
+        (BeamResult([1, 2], -1.0, -0.5, None, "t"), [1, 2], -0.5, -1.0, None),  # type: ignore[arg-type]
     ],
 )
-def test_non_plain_beams_fall_back_to_the_dict_path(beam: BeamResult) -> None:
-    plain = BeamResult([7], -2.0, -1.0, "length", "x")
-    res = GenResult("r", [plain, beam], 3)
-    assert responses.chat_completion_json(res, "m", 5) == json.dumps(
-        responses.chat_completion(res, "m", 5)
-    )
-    assert responses.generate_result_json(res, 0.5) == json.dumps(
-        responses.generate_result(res, 0.5)
-    )
+def test_non_plain_beam_values_are_written_as_json_values(beam, ids, score, cum, reason) -> None:
+    """Values of other types than the engine's: a tuple of ids is a list, a float subclass
+    or an int score a float (``num``), a bool token ``true``, a missing reason ``null``."""
+    plain_beam = BeamResult([7], -2.0, -1.0, "length", "x")
+    res = GenResult("r", [plain_beam, beam], 3)
+    choice = strict(responses.chat_completion_json(res, "m", 5))["choices"][1]
+    assert choice["sglext"] == {"sequence_score": score, "token_ids": ids, "cum_logprob": cum}
+    assert choice["finish_reason"] == reason
+    assert isinstance(choice["sglext"]["sequence_score"], float)
+    gen = strict(responses.generate_result_json(res, 0.5))["meta_info"]["beam_results"][1]
+    assert gen["output_ids"] == ids and gen["meta_info"]["sequence_score"] == score
     assert next(responses.chat_stream(res, "m", 5)) == expected_stream_first(res, "m", 5)
 
 
-def test_unencodable_values_fail_as_before() -> None:
+def test_unencodable_values_raise_type_error() -> None:
     class Token(int):
         def __repr__(self) -> str:
             return "Token()"
 
     res = GenResult("r", [BeamResult([Token(3)], -1.0, -1.0, "stop", "x")], 1)
-    # int subclasses are written by value, like json.dumps does
-    assert responses.chat_completion_json(res, "m", 1) == json.dumps(
-        responses.chat_completion(res, "m", 1)
-    )
+    # int subclasses are written by value
+    assert strict(responses.chat_completion_json(res, "m", 1))["choices"][0]["sglext"][
+        "token_ids"
+    ] == [3]
     bad = GenResult("r", [BeamResult([object()], -1.0, -1.0, "stop", "x")], 1)  # type: ignore[list-item]
     with pytest.raises(TypeError):
-        json.dumps(responses.chat_completion(bad, "m", 1))
-    with pytest.raises(TypeError):
         responses.chat_completion_json(bad, "m", 1)
+    with pytest.raises(TypeError):
+        responses.generate_result_json(bad, 0.5)
 
 
 class _Capture:
@@ -218,7 +256,7 @@ class _Capture:
         loop.submit = wrapped
 
 
-def test_http_bodies_are_json_dumps_of_the_dict_builders() -> None:
+def test_http_bodies_are_the_dict_builders_as_sent() -> None:
     with fake_server() as srv:
         cap = _Capture(srv.served)
         chat = {"messages": [{"role": "user", "content": "hé"}], "n": 40, "model": "m1"}
@@ -227,8 +265,8 @@ def test_http_bodies_are_json_dumps_of_the_dict_builders() -> None:
         assert r.headers["Content-Type"] == "application/json; charset=utf-8"
         body = r.json()
         res = cap.results[body["id"]]
-        want = json.dumps(responses.chat_completion(res, "m1", body["created"])).encode()
-        assert r.content == want
+        want = responses.dumps(responses.chat_completion(res, "m1", body["created"])).encode()
+        assert r.content == want and strict(r.content)["choices"][0]["index"] == 0
 
         for batched in (False, True):
             text = ["abc", "defg"] if batched else "abc"
@@ -242,7 +280,7 @@ def test_http_bodies_are_json_dumps_of_the_dict_builders() -> None:
                 )
                 for o in outs
             ]
-            assert r.content == json.dumps(dicts if batched else dicts[0]).encode()
+            assert r.content == responses.dumps(dicts if batched else dicts[0]).encode()
 
 
 class _ThreadEngine(StubEngine):
