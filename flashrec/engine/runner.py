@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import itertools
 import logging
+import os
 from dataclasses import dataclass
 
 import torch
@@ -37,6 +38,13 @@ from flashrec.profiler import trace_range
 from flashrec.sid.layout import SidLayout
 
 log = logging.getLogger("flashrec")
+
+# the decode step's GEMMs and LM head on CUDA: "library" (cuBLAS / cuBLASLt) or "triton" (the
+# Triton GEMM of --deterministic, kernels/tl/matmul.py); the environment variable is for
+# same-run A/Bs on a GPU (--deterministic always takes the Triton one)
+DECODE_GEMM = os.environ.get("FLASHREC_DECODE_GEMM", "library")
+if DECODE_GEMM not in ("library", "triton"):
+    raise ValueError(f"FLASHREC_DECODE_GEMM must be library or triton, got {DECODE_GEMM!r}")
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -81,6 +89,11 @@ class ModelRunner:
         self.device = torch.device(config.resolved_device)
         self.dtype = DTYPES[config.resolved_dtype]
         self.use_fp8 = self._resolve_fp8(model_config)
+        # decode GEMMs through the batch-invariant kernels: --deterministic, or on CUDA
+        # FLASHREC_DECODE_GEMM=triton (there the Triton GEMM; elsewhere they are chunked)
+        self.invariant_decode = config.deterministic or (
+            DECODE_GEMM == "triton" and self.device.type == "cuda"
+        )
         self.model = self._load_model()
         self.depth = depth
         self.layout = layout
@@ -136,6 +149,8 @@ class ModelRunner:
             kv_dtype,
             config.resolved_batch_slots,
         )
+        if self.invariant_decode and not config.deterministic:
+            log.info("decode GEMMs and LM head in Triton (FLASHREC_DECODE_GEMM=triton)")
         if config.deterministic:
             log.info(
                 "deterministic (batch-invariant): decode GEMMs and LM head %s, one prompt per "
@@ -210,7 +225,7 @@ class ModelRunner:
         from flashrec.engine.graph import DecodeGraphRunner
 
         graphs = DecodeGraphRunner(self, BLOCK_M)
-        with batch_invariant(self.config.deterministic):  # the kernels the replays run
+        with batch_invariant(self.invariant_decode):  # the kernels the replays run
             graphs.capture()
         top = graphs.sizes[-1]
         if self.kv.row_slots > top:
@@ -373,7 +388,7 @@ class ModelRunner:
     ) -> list[torch.Tensor]:
         """One decode forward over all beam rows; returns per group the logprobs of the level
         it decodes next (``levels[i]``; level == depth means the end token)."""
-        with trace_range("flashrec.decode"), batch_invariant(self.config.deterministic):
+        with trace_range("flashrec.decode"), batch_invariant(self.invariant_decode):
             return self._head(self._decode_forward(input_ids, meta), meta.groups, levels)
 
     @property
@@ -452,7 +467,7 @@ class ModelRunner:
         one graph replay on GPU when a step graph of that size was captured; else the model
         forward (graph or eager) and the same static step eagerly.
         The decode KV is reordered by parent inside. Returns views the next call overwrites."""
-        with trace_range("flashrec.decode_step"), batch_invariant(self.config.deterministic):
+        with trace_range("flashrec.decode_step"), batch_invariant(self.invariant_decode):
             rows = input_ids.shape[0]
             if (
                 self.graphs is not None
