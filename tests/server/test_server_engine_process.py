@@ -155,6 +155,11 @@ def test_disconnects_free_the_engine_rows(tiny_checkpoint: Path, tmp_path: Path,
         m = srv.wait_engine_idle()
         assert m["flashrec_running_requests"] == 0 and m["flashrec_queue_length"] == 0
         assert m["flashrec_slots_used"] == 0 and m["flashrec_kv_tokens_used"] == 0
+        # the front end's futures drain as the engine process's cancel answers come back over
+        # the pipe, which may be after its gauges read idle
+        deadline = time.monotonic() + 30
+        while srv.served.in_flight() and time.monotonic() < deadline:
+            time.sleep(0.02)
         assert srv.served.in_flight() == 0
         key = 'flashrec_requests_total{endpoint="chat",outcome="cancelled"}'
         assert m[key] - before[key] == len(bodies)
