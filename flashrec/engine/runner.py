@@ -39,12 +39,14 @@ from flashrec.sid.layout import SidLayout
 
 log = logging.getLogger("flashrec")
 
-# the decode step's GEMMs and LM head on CUDA: "library" (cuBLAS / cuBLASLt) or "triton" (the
-# Triton GEMM of --deterministic, kernels/tl/matmul.py); the environment variable is for
-# same-run A/Bs on a GPU (--deterministic always takes the Triton one)
+# the decode step's GEMMs on CUDA: "library" (cuBLAS / cuBLASLt), "triton" (the GEMMs and LM
+# head through the Triton GEMM of --deterministic, kernels/tl/matmul.py, at its fixed tiles) or
+# "tuned" (per weight shape and decode graph size, whichever of the library and a few Triton
+# tiles a timed trial at start finds fastest: kernels/gemm_choice.py); the environment
+# variable is for same-run A/Bs on a GPU (--deterministic always takes the Triton one)
 DECODE_GEMM = os.environ.get("FLASHREC_DECODE_GEMM", "library")
-if DECODE_GEMM not in ("library", "triton"):
-    raise ValueError(f"FLASHREC_DECODE_GEMM must be library or triton, got {DECODE_GEMM!r}")
+if DECODE_GEMM not in ("library", "triton", "tuned"):
+    raise ValueError(f"FLASHREC_DECODE_GEMM must be library, triton or tuned, got {DECODE_GEMM!r}")
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -225,6 +227,8 @@ class ModelRunner:
         from flashrec.engine.graph import DecodeGraphRunner
 
         graphs = DecodeGraphRunner(self, BLOCK_M)
+        if DECODE_GEMM == "tuned" and not self.invariant_decode:
+            self._tune_decode_gemms(graphs.sizes)
         with batch_invariant(self.invariant_decode):  # the kernels the replays run
             graphs.capture()
         top = graphs.sizes[-1]
@@ -236,6 +240,24 @@ class ModelRunner:
                 top, self.kv.row_slots, top,
             )  # fmt: skip
         return graphs
+
+    def _tune_decode_gemms(self, sizes: list[int]) -> None:
+        """``FLASHREC_DECODE_GEMM=tuned``: the GEMM of every linear layer's shape at each
+        decode graph size, timed and chosen before the graphs capture it."""
+        from flashrec.kernels import gemm_choice
+        from flashrec.layers.linear import Linear
+
+        weights = [
+            (m.weight, m.weight_scale) for m in self.model.modules() if isinstance(m, Linear)
+        ]
+        for rows in sizes:
+            gemm_choice.tune(weights, rows)
+        picked = [key for key, tile in gemm_choice.chosen().items() if tile is not None]
+        log.info(
+            "decode GEMMs tuned at %d sizes: Triton for %d of %d (rows, shape) pairs",
+            sum(1 for r in sizes if r <= gemm_choice.MAX_ROWS), len(picked),
+            len(gemm_choice.chosen()),
+        )  # fmt: skip
 
     def _capture_prefill_graphs(self) -> None:
         """The one-prompt prefill graphs and the piecewise prefill graphs, sharing one memory

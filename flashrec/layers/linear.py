@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from flashrec.kernels import fp8 as fp8k
-from flashrec.kernels import invariant
+from flashrec.kernels import gemm_choice, invariant
 
 
 class Linear(nn.Module):
@@ -56,6 +56,10 @@ class Linear(nn.Module):
             self.weight_scale = self.weight_scale.to(self.weight.device)
         return self
 
+    def _tile(self, x: torch.Tensor, dtype: torch.dtype) -> gemm_choice.Tile | None:
+        """The Triton tile ``FLASHREC_DECODE_GEMM=tuned`` chose for this GEMM's shape, if any."""
+        return gemm_choice.choice(x.shape[0], self.out_features, self.in_features, dtype)
+
     def dequantized_weight(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         if self.is_fp8:
             return fp8k.dequantize(self.weight, self.weight_scale).to(dtype)
@@ -67,6 +71,8 @@ class Linear(nn.Module):
         if not self.is_fp8:
             if invariant.active():  # --deterministic decode: a fixed reduction order per row
                 res = invariant.linear(x, self.weight, self.bias)
+            elif self.bias is None and x.dim() == 2 and (tile := self._tile(x, x.dtype)):
+                return gemm_choice.triton_linear(x, self.weight, tile, out=out)
             elif out is not None and self.bias is None and x.dim() == 2:
                 return torch.mm(x, self.weight.t(), out=out)
             else:
@@ -85,5 +91,11 @@ class Linear(nn.Module):
         """GEMM on an activation that was already quantized per token upstream."""
         assert self.is_fp8, "forward_fp8 on an unquantized Linear"
         w, s, b = self.weight, self.weight_scale, self.bias
+        if b is None and x_fp8.dim() == 2 and not invariant.active():
+            tile = self._tile(x_fp8, fp8k.FP8_DTYPE)
+            if tile is not None:
+                return gemm_choice.triton_linear(
+                    x_fp8, w, tile, a_scale.float(), s, out_dtype=out_dtype, out=out
+                )
         linear = invariant.fp8_linear_batch_invariant if invariant.active() else fp8k.fp8_linear
         return linear(x_fp8, a_scale, w, s, b, out_dtype=out_dtype, out=out)
