@@ -99,10 +99,9 @@ def triton_linear(
     return res
 
 
-def _gpu_us(fn) -> float:
-    """Microseconds per call of ``fn`` on the GPU: ``CALLS`` calls captured in one graph, the
-    fastest of ``REPLAYS`` replays."""
-    fn()  # compile / pick the algorithm outside the capture
+def graph_of(fn, calls: int = 1) -> torch.cuda.CUDAGraph:
+    """A CUDA graph of ``calls`` back-to-back calls of ``fn``, captured after a warm-up call on a
+    side stream (algorithm choice, compilation and allocations outside the capture)."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -110,8 +109,16 @@ def _gpu_us(fn) -> float:
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        for _ in range(CALLS):
+        for _ in range(calls):
             fn()
+    return graph
+
+
+def _gpu_us(fn) -> float:
+    """Microseconds per call of ``fn`` on the GPU: ``CALLS`` calls captured in one graph, the
+    fastest of ``REPLAYS`` replays."""
+    fn()  # compile / pick the algorithm before anything is timed
+    graph = graph_of(fn, CALLS)
     graph.replay()  # first replay uploads the graph
     best = float("inf")
     for _ in range(REPLAYS):

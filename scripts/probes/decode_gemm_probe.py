@@ -24,9 +24,15 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository
+
+from flashrec.kernels import gemm_choice  # noqa: E402
 
 # OneRec-1.7B / Qwen3-1.7B projections: (name, N = out features, K = in features)
 SHAPES = (
@@ -55,18 +61,7 @@ def _time(fn, iters: int, graph: bool) -> float:
     """Median microseconds of ``fn`` over ``iters`` launches (CUDA events)."""
     fn()  # warm-up: cuBLAS picks and caches its algorithm, Triton compiles
     torch.cuda.synchronize()
-    if graph:
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            fn()
-        torch.cuda.current_stream().wait_stream(stream)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            fn()
-        run = g.replay
-    else:
-        run = fn
+    run = gemm_choice.graph_of(fn).replay if graph else fn
     times = []
     for _ in range(iters):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -79,29 +74,11 @@ def _time(fn, iters: int, graph: bool) -> float:
 
 
 def _triton_form(x, w, tile, x_scale=None, w_scale=None):
-    """The Triton GEMM at one tile, into a buffer made once (graph-capturable)."""
-    import triton
-
-    from flashrec.kernels.tl.matmul import matmul_nt_kernel
-
-    bm, bn, bk, warps, stages = tile
-    m, k = x.shape
-    n = w.shape[0]
-    out = torch.empty((m, n), dtype=torch.bfloat16, device=x.device)
-    scaled = x_scale is not None
-    sa = x_scale.reshape(-1).float().contiguous() if scaled else out
-    sw = w_scale.reshape(-1).float().contiguous() if scaled else out
-    grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
-
-    def run() -> torch.Tensor:
-        matmul_nt_kernel[grid](
-            x, w, out, out, sa, sw, m, n, k, x.stride(0), w.stride(0), out.stride(0),
-            HAS_BIAS=False, SCALED=scaled, IEEE=False,
-            BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, num_warps=warps, num_stages=stages,
-        )  # fmt: skip
-        return out
-
-    return run
+    """The engine's Triton GEMM at one tile, into a buffer made once (graph-capturable)."""
+    out = torch.empty((x.shape[0], w.shape[0]), dtype=torch.bfloat16, device=x.device)
+    sa = x_scale.float() if x_scale is not None else None
+    sw = w_scale.float() if w_scale is not None else None
+    return lambda: gemm_choice.triton_linear(x, w, tile, sa, sw, torch.bfloat16, out=out)
 
 
 def _forms(x: torch.Tensor, w: torch.Tensor, tiles: list[str], triton_ok: bool) -> dict:
