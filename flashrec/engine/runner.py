@@ -252,11 +252,11 @@ class ModelRunner:
         ]
         for rows in sizes:
             gemm_choice.tune(weights, rows)
-        picked = [key for key, tile in gemm_choice.chosen().items() if tile is not None]
+        table = gemm_choice.chosen()
         log.info(
             "decode GEMMs tuned at %d sizes: Triton for %d of %d (rows, shape) pairs",
-            sum(1 for r in sizes if r <= gemm_choice.MAX_ROWS), len(picked),
-            len(gemm_choice.chosen()),
+            sum(1 for r in sizes if r <= gemm_choice.MAX_ROWS),
+            sum(tile is not None for tile in table.values()), len(table),
         )  # fmt: skip
 
     def _capture_prefill_graphs(self) -> None:

@@ -64,10 +64,12 @@ def triton_linear(
     w_scale: torch.Tensor | None = None,
     out_dtype: torch.dtype | None = None,
     out: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``x @ w.T`` through the Triton GEMM at ``tile``; with ``x_scale`` / ``w_scale`` (FP8
-    W8A8) both row scales applied to the fp32 accumulator. ``out``: a contiguous [M, N]
-    tensor the result is written to."""
+    """``x @ w.T (+ bias)`` through the Triton GEMM of ``kernels/tl/matmul.py`` at ``tile``
+    (also the batch-invariant GEMM of ``invariant.py``, at its fixed tiles); with ``x_scale``
+    / ``w_scale`` (FP8 W8A8) both row scales applied to the fp32 accumulator; fp32 operands
+    multiply in full precision. ``out``: a contiguous [M, N] tensor the result is written to."""
     import triton
 
     from flashrec.kernels.tl.matmul import matmul_nt_kernel
@@ -76,6 +78,8 @@ def triton_linear(
     n = w.shape[0]
     if x.stride(1) != 1:
         x = x.contiguous()
+    if w.stride(1) != 1:
+        w = w.contiguous()
     dtype = out_dtype or (x.dtype if x_scale is None else torch.bfloat16)
     if out is None or not out.is_contiguous() or out.dtype != dtype:
         res = torch.empty((m, n), dtype=dtype, device=x.device)
@@ -85,12 +89,13 @@ def triton_linear(
         return res if out is None else out
     bm, bn, bk, warps, stages = tile
     scaled = x_scale is not None
-    sa = x_scale.reshape(-1) if scaled else res
-    sw = w_scale.reshape(-1) if scaled else res
+    sa = x_scale.reshape(-1).contiguous() if scaled else res
+    sw = w_scale.reshape(-1).contiguous() if scaled else res
     grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
     matmul_nt_kernel[grid](
-        x, w, res, res, sa, sw, m, n, k, x.stride(0), w.stride(0), res.stride(0),
-        HAS_BIAS=False, SCALED=scaled, IEEE=False,
+        x, w, res, res if bias is None else bias, sa, sw,
+        m, n, k, x.stride(0), w.stride(0), res.stride(0),
+        HAS_BIAS=bias is not None, SCALED=scaled, IEEE=w.dtype == torch.float32,
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, num_warps=warps, num_stages=stages,
     )  # fmt: skip
     if out is not None and res is not out:
@@ -163,7 +168,7 @@ def tune(weights: list[tuple[torch.Tensor, torch.Tensor | None]], m: int) -> Non
     for w, w_scale in weights:
         n, k = w.shape
         fp8 = w.dtype == fp8k.FP8_DTYPE
-        key = (m, n, k, fp8k.FP8_DTYPE if fp8 else w.dtype)
+        key = (m, n, k, w.dtype)
         if key in _table or not w.is_cuda:
             continue
         times = _times(w, w_scale, m)

@@ -68,32 +68,10 @@ def _tiles(dtype: torch.dtype, n: int) -> tuple[int, int, int, int, int]:
 
 
 def _triton(x, w, bias, x_scale, w_scale, out_dtype) -> torch.Tensor:
-    import triton
+    from flashrec.kernels.gemm_choice import triton_linear
 
-    from flashrec.kernels.tl.matmul import matmul_nt_kernel
-
-    m, k = x.shape
-    n = w.shape[0]
-    if x.stride(1) != 1:
-        x = x.contiguous()
-    if w.stride(1) != 1:
-        w = w.contiguous()
-    out = torch.empty((m, n), dtype=out_dtype, device=x.device)
-    if m == 0:
-        return out
-    bm, bn, bk, warps, stages = _tiles(w.dtype, n)
-    scaled = x_scale is not None
-    grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
-    matmul_nt_kernel[grid](
-        x, w, out,
-        bias if bias is not None else out,
-        x_scale.reshape(-1).contiguous() if scaled else out,
-        w_scale.reshape(-1).contiguous() if scaled else out,
-        m, n, k, x.stride(0), w.stride(0), out.stride(0),
-        HAS_BIAS=bias is not None, SCALED=scaled, IEEE=w.dtype == torch.float32,
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, num_warps=warps, num_stages=stages,
-    )  # fmt: skip
-    return out
+    tile = _tiles(w.dtype, w.shape[0])
+    return triton_linear(x, w, tile, x_scale, w_scale, out_dtype, bias=bias)
 
 
 def _chunked(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
