@@ -27,6 +27,7 @@ import cProfile
 import io
 import json
 import pstats
+import re
 import socket
 import statistics
 import sys
@@ -55,9 +56,14 @@ class Instrumented:
         self.engine_s: dict[str, float] = {}
         self.steps_s: dict[str, float] = {}
         self.last: GenResult | None = None
+        # the hand-off's parts (time.monotonic, the clock of GenResult.done_at): the result
+        # ready on the host -> its future resolved -> the engine thread out of work
+        self.done_at: dict[str, float] = {}
+        self.resolved_at: dict[str, float] = {}
+        self.idle_at: list[float] = []
         self._active: set[str] = set()
         self._lock = threading.Lock()
-        submit, step = loop.submit, loop.scheduler.step
+        submit, step, has_work = loop.submit, loop.scheduler.step, loop.scheduler.has_work
 
         def timed_submit(req: Any) -> Any:
             t0 = time.perf_counter()
@@ -68,10 +74,13 @@ class Instrumented:
 
             def done(f: Any) -> None:
                 self.engine_s[req.rid] = time.perf_counter() - t0
+                self.resolved_at[req.rid] = time.monotonic()
                 with self._lock:
                     self._active.discard(req.rid)
                 if not f.cancelled() and f.exception() is None:
                     self.last = f.result()
+                    if self.last.done_at is not None:
+                        self.done_at[req.rid] = self.last.done_at
 
             fut.add_done_callback(done)
             return fut
@@ -86,7 +95,14 @@ class Instrumented:
                     for rid in self._active:
                         self.steps_s[rid] += dt
 
+        def timed_has_work() -> bool:
+            busy = has_work()
+            if not busy:
+                self.idle_at.append(time.monotonic())
+            return busy
+
         loop.submit = timed_submit  # type: ignore[method-assign]
+        loop.scheduler.has_work = timed_has_work  # type: ignore[method-assign]
         loop.scheduler.step = timed_step  # type: ignore[method-assign]
 
 
@@ -163,10 +179,14 @@ async def drive(url: str, bodies: list[dict], warmup: int) -> list[tuple[str, fl
     return out
 
 
-def drive_raw(url: str, bodies: list[dict], warmup: int) -> list[tuple[str, float, int]]:
+def drive_raw(
+    url: str, bodies: list[dict], warmup: int, phases: dict[str, list[float]] | None = None
+) -> list[tuple[str, float, int]]:
     """``drive`` with the least client there is: one blocking keep-alive socket, each request's
     bytes built before its clock starts, the answer read by its Content-Length. Beside
-    ``drive`` it shows the aiohttp client's own share of the e2e time."""
+    ``drive`` it shows the aiohttp client's own share of the e2e time. ``phases`` collects the
+    answers' ``Server-Timing`` durations (seconds) by name, plus ``outside``: the e2e time
+    past the server's phases."""
     host, port = url.split("//", 1)[1].split(":")
     sock = socket.create_connection((host, int(port)))
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -182,11 +202,13 @@ def drive_raw(url: str, bodies: list[dict], warmup: int) -> list[tuple[str, floa
             t0 = time.perf_counter()
             sock.sendall(req)
             status = f.readline()
-            length = None
+            length, timing = None, {}
             while (line := f.readline()) not in (b"\r\n", b""):
                 name, _, value = line.decode("latin-1").partition(":")
                 if name.strip().lower() == "content-length":
                     length = int(value)
+                elif name.strip().lower() == "server-timing":
+                    timing = parse_server_timing(value)
             if length is None:
                 raise RuntimeError(f"no Content-Length in the answer ({status!r})")
             raw = f.read(length)
@@ -195,10 +217,50 @@ def drive_raw(url: str, bodies: list[dict], warmup: int) -> list[tuple[str, floa
                 raise RuntimeError(f"{status!r}: {raw[:300]!r}")
             if i >= warmup:
                 out.append((json.loads(raw)["id"], dt, len(raw)))
+                if phases is not None and timing:
+                    for name, sec in timing.items():
+                        phases.setdefault(name, []).append(sec)
+                    inside = sum(timing.get(k, 0.0) for k in SERVER_PHASES)
+                    phases.setdefault("outside", []).append(dt - inside)
     finally:
         f.close()
         sock.close()
     return out
+
+
+# the Server-Timing phases that add up to the server's share of a request (handoff is a part
+# of respond: flashrec.server.generation.server_timing)
+SERVER_PHASES = ("tokenize", "queue", "engine", "ipc", "respond")
+
+
+def parse_server_timing(value: str) -> dict[str, float]:
+    """``name;dur=MS, ...`` -> ``{name: seconds}``."""
+    out = {}
+    for part in value.split(","):
+        name, _, rest = part.strip().partition(";")
+        m = re.search(r"dur=([0-9.eE+-]+)", rest)
+        if name and m:
+            out[name] = float(m.group(1)) / 1000.0
+    return out
+
+
+def print_handoff(inst: Instrumented, rids: list[str]) -> None:
+    """The engine thread's side of the hand-off: result on the host -> future resolved (the
+    step's remaining work) -> the engine thread out of work (bookkeeping after the resolve,
+    while the event loop may want the interpreter)."""
+    ready, after = [], []
+    for rid in rids:
+        if rid not in inst.done_at or rid not in inst.resolved_at:
+            continue
+        resolved = inst.resolved_at[rid]
+        ready.append(resolved - inst.done_at[rid])
+        idle = next((t for t in inst.idle_at if t >= resolved), None)
+        if idle is not None:
+            after.append(idle - resolved)
+    if ready:
+        print(f"    {'ready->resolved':<18} {ms(ready)}")
+    if after:
+        print(f"    {'resolved->idle':<18} {ms(after)}")
 
 
 def ms(xs: list[float]) -> str:
@@ -324,7 +386,8 @@ def run(srv: ServerThread, engine: Any, inst: Instrumented, args: argparse.Names
         else:
             rows = asyncio.run(drive(url, bodies, args.warmup))
         if args.raw_client:  # the same requests again through a raw socket
-            raw_rows = drive_raw(url, bodies, args.warmup)
+            phases: dict[str, list[float]] = {}
+            raw_rows = drive_raw(url, bodies, args.warmup, phases)
             raw_e2e = [dt for _, dt, _ in raw_rows]
             raw_eng = [inst.engine_s[rid] for rid, _, _ in raw_rows]
         e2e = [dt for _, dt, _ in rows]
@@ -344,6 +407,10 @@ def run(srv: ServerThread, engine: Any, inst: Instrumented, args: argparse.Names
             print(f"  overhead raw-engine  {ms(raw_over)}")
             gap = statistics.median(over) - statistics.median(raw_over)
             print(f"  aiohttp client's share (median overheads' difference) {gap * 1e3:.2f} ms")
+            print("  raw socket, Server-Timing phases (outside = e2e past the server's phases):")
+            for name, xs in phases.items():
+                print(f"    {name:<18} {ms(xs)}")
+            print_handoff(inst, [rid for rid, _, _ in raw_rows])
         if inst.last is not None:
             breakdown(engine, srv.server.state.limits, bodies[0], inst.last)
         if args.profile and srv.profile is not None:
