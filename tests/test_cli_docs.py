@@ -123,3 +123,19 @@ def test_a_literal_percent_in_help_comes_out_as_is():
     parser = argparse.ArgumentParser()
     add_config_args(parser, Knobs)
     assert "at most 4% of rows" in " ".join(parser.format_help().split())
+
+
+def test_env_choice_reads_and_refuses(monkeypatch):
+    from flashrec.config.flags import env_choice
+
+    monkeypatch.delenv("FLASHREC_TEST_KNOB", raising=False)
+    assert env_choice("FLASHREC_TEST_KNOB", "a", ("a", "b")) == "a"
+    monkeypatch.setenv("FLASHREC_TEST_KNOB", "b")
+    assert env_choice("FLASHREC_TEST_KNOB", "a", ("a", "b")) == "b"
+    monkeypatch.setenv("FLASHREC_TEST_KNOB", "c")
+    try:
+        env_choice("FLASHREC_TEST_KNOB", "a", ("a", "b", "d"))
+    except ValueError as exc:
+        assert str(exc) == "FLASHREC_TEST_KNOB must be a, b or d, got 'c'"
+    else:
+        raise AssertionError("an unknown value was accepted")

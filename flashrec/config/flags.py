@@ -85,3 +85,13 @@ def config_from_args(cls: type, args: argparse.Namespace, **overrides: Any):
 
 def env_flag(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def env_choice(name: str, default: str, choices: tuple[str, ...]) -> str:
+    """The environment variable ``name`` (``default`` when unset), one of ``choices``: a
+    ValueError naming them otherwise (the A/B knobs read at import: a typo fails the start)."""
+    value = os.environ.get(name, default)
+    if value not in choices:
+        names = ", ".join(choices[:-1]) + f" or {choices[-1]}" if len(choices) > 1 else choices[0]
+        raise ValueError(f"{name} must be {names}, got {value!r}")
+    return value

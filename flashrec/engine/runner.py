@@ -6,13 +6,13 @@ from __future__ import annotations
 import functools
 import itertools
 import logging
-import os
 from dataclasses import dataclass
 
 import torch
 
 from flashrec.beam.step import StaticStep, StaticStepOut, reorder_rows
 from flashrec.config import EngineConfig, ModelConfig
+from flashrec.config.flags import env_choice
 from flashrec.engine.attention_choice import (
     pick_backend,
     pick_decode_prompt,
@@ -44,9 +44,7 @@ log = logging.getLogger("flashrec")
 # "tuned" (per weight shape and decode graph size, whichever of the library and a few Triton
 # tiles a timed trial at start finds fastest: kernels/gemm_choice.py); the environment
 # variable is for same-run A/Bs on a GPU (--deterministic always takes the Triton one)
-DECODE_GEMM = os.environ.get("FLASHREC_DECODE_GEMM", "library")
-if DECODE_GEMM not in ("library", "triton", "tuned"):
-    raise ValueError(f"FLASHREC_DECODE_GEMM must be library, triton or tuned, got {DECODE_GEMM!r}")
+DECODE_GEMM = env_choice("FLASHREC_DECODE_GEMM", "library", ("library", "triton", "tuned"))
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -247,17 +245,8 @@ class ModelRunner:
         from flashrec.kernels import gemm_choice
         from flashrec.layers.linear import Linear
 
-        weights = [
-            (m.weight, m.weight_scale) for m in self.model.modules() if isinstance(m, Linear)
-        ]
-        for rows in sizes:
-            gemm_choice.tune(weights, rows)
-        table = gemm_choice.chosen()
-        log.info(
-            "decode GEMMs tuned at %d sizes: Triton for %d of %d (rows, shape) pairs",
-            sum(1 for r in sizes if r <= gemm_choice.MAX_ROWS),
-            sum(tile is not None for tile in table.values()), len(table),
-        )  # fmt: skip
+        linears = [m for m in self.model.modules() if isinstance(m, Linear)]
+        gemm_choice.tune_sizes([(m.weight, m.weight_scale) for m in linears], sizes)
 
     def _capture_prefill_graphs(self) -> None:
         """The one-prompt prefill graphs and the piecewise prefill graphs, sharing one memory
@@ -305,21 +294,9 @@ class ModelRunner:
         # from the QKV row instead of gathering and converting the pool
         round_kv = meta.mode == "prefill" and self._prefill_reads_qkv
         q, k, v = qk_norm_rope_store(
-            qkv,
-            attn.hq,
-            attn.hkv,
-            attn.d,
-            positions,
-            self.ctx.cos_sin,
-            qn,
-            kn,
-            eps,
-            kc,
-            vc,
-            meta.out_loc,
-            round_kv=round_kv,
-            hw_round=self.config.qk_rope_rounding == "hardware",
-        )
+            qkv, attn.hq, attn.hkv, attn.d, positions, self.ctx.cos_sin, qn, kn, eps, kc, vc,
+            meta.out_loc, round_kv=round_kv, hw_round=self.config.qk_rope_rounding == "hardware",
+        )  # fmt: skip
         if round_kv:
             meta.kv_rounded = True
         return q, k, v, True

@@ -22,7 +22,6 @@ import dataclasses
 import hashlib
 import json
 import logging
-import os
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -33,6 +32,7 @@ import torch
 
 from flashrec import boundedread
 from flashrec.config import EngineConfig, ModelConfig
+from flashrec.config.flags import env_choice
 from flashrec.engine import weights_child
 from flashrec.engine.swaps import SwapGuard, release_host_memory
 from flashrec.models.loader import (
@@ -54,15 +54,11 @@ STAGE_CHUNK_BYTES = 16 << 20  # host-to-device staging copies in pieces of this 
 # the copies asynchronous; the least stall of the three in a served A/B, docs/baselines.md),
 # "paced" (pieces from pageable memory, each waited for) or "whole" (one copy per tensor); the
 # environment variable is for same-run A/Bs on a GPU
-STAGE_COPY = os.environ.get("FLASHREC_STAGE_COPY", "pinned")
-if STAGE_COPY not in ("paced", "pinned", "whole"):
-    raise ValueError(f"FLASHREC_STAGE_COPY must be paced, pinned or whole, got {STAGE_COPY!r}")
+STAGE_COPY = env_choice("FLASHREC_STAGE_COPY", "pinned", ("paced", "pinned", "whole"))
 # after a swap, the staging's device blocks: "free" (back to the driver, ``empty_cache``) or
 # "keep" (left in torch's cache, the next update's staging reuses them with no cudaMalloc or
 # cudaFree, either of which may wait for the device); for same-run A/Bs on a GPU
-STAGE_RELEASE = os.environ.get("FLASHREC_STAGE_RELEASE", "free")
-if STAGE_RELEASE not in ("free", "keep"):
-    raise ValueError(f"FLASHREC_STAGE_RELEASE must be free or keep, got {STAGE_RELEASE!r}")
+STAGE_RELEASE = env_choice("FLASHREC_STAGE_RELEASE", "free", ("free", "keep"))
 STAGING_HEADROOM = 0.1  # device memory left free beside staged weights, as their fraction
 LOAD_FORMATS = (None, "auto", "safetensors")  # SGLang's ``load_format`` values we read
 

@@ -182,3 +182,15 @@ def tune(weights: list[tuple[torch.Tensor, torch.Tensor | None]], m: int) -> Non
             "x".join(map(str, best[:3])), times[best],
             "Triton " + "x".join(map(str, keep[:3])) if keep else "library",
         )  # fmt: skip
+
+
+def tune_sizes(weights: list[tuple[torch.Tensor, torch.Tensor | None]], sizes: list[int]) -> None:
+    """``tune`` at every row count of ``sizes`` (the decode graphs'), then one log line of
+    what was chosen."""
+    for m in sizes:
+        tune(weights, m)
+    picks = list(chosen().values())
+    log.info(
+        "decode GEMMs tuned at %d sizes: Triton for %d of %d (rows, shape) pairs",
+        sum(1 for m in sizes if 0 < m <= MAX_ROWS), sum(t is not None for t in picks), len(picks),
+    )  # fmt: skip
