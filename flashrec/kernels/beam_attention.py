@@ -122,7 +122,7 @@ def _kernel():
         G: tl.constexpr, HQ: tl.constexpr, D: tl.constexpr, DEPTH: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr,
         I64_POOL: tl.constexpr, I64_DEC: tl.constexpr, F16_DOT: tl.constexpr,
-        LIVE_ONLY: tl.constexpr,
+        LIVE_ONLY: tl.constexpr, DEC_LAST: tl.constexpr,
     ):  # fmt: skip
         r = tl.load(work_ptr + 3 * w)
         if r >= 0:
@@ -179,17 +179,20 @@ def _kernel():
             else:
                 drow = drow.to(tl.int32)
             offs_r = tl.arange(0, BLOCK_M)
-            if LIVE_ONLY:  # blocks holding a key this forward: split 0, positions <= step
-                nlive = tl.where(split == 0, step + 1, 0)
+            # the split that folds in the decode keys: the first, or (DEC_LAST) the last, whose
+            # prompt chunk is the remainder (the shortest): the slowest program does less
+            dec = (split == nsplit - 1) if DEC_LAST else (split == 0)
+            if LIVE_ONLY:  # blocks holding a key this forward: that split, positions <= step
+                nlive = tl.where(dec, step + 1, 0)
             else:
                 nlive = DEPTH
             for j in tl.static_range(DEPTH):
-                # LIVE_ONLY: a block past this forward's step, or in a split other than 0,
+                # LIVE_ONLY: a block past this forward's step, or in another split,
                 # holds no key: branch around it (products, loads and the rescale) instead of
                 # computing it masked. At 3 levels that is 2 of 3 blocks at step 0, 1 at step 1,
                 # and all 3 in every split > 0 (the one-request, wide-beam launches)
                 if j < nlive:
-                    ok = m_mask & (j <= step) & (split == 0)
+                    ok = m_mask & (j <= step) & dec
                     d_off = (drow * DEPTH + j)[:, None] * s_dk + kvh * s_dh + offs_d[None, :]
                     kj = tl.load(dk_ptr + d_off, mask=ok[:, None], other=0.0).to(q.dtype)
                     sj = tl.dot(q, tl.trans(kj), input_precision=PREC) * scale
@@ -226,7 +229,7 @@ def _kernel():
         G: tl.constexpr, HQ: tl.constexpr, D: tl.constexpr, DEPTH: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr,
         I64_POOL: tl.constexpr, I64_DEC: tl.constexpr, F16_DOT: tl.constexpr,
-        LIVE_ONLY: tl.constexpr,
+        LIVE_ONLY: tl.constexpr, DEC_LAST: tl.constexpr,
     ):  # fmt: skip
         kvh = tl.program_id(1)
         nsplit = tl.load(ctrl_ptr)
@@ -240,7 +243,7 @@ def _kernel():
                 n_ptr, slot_start_ptr, len_ptr, step_ptr, dk_ptr, dv_ptr, rows_ptr, out_ptr,
                 part_o_ptr, part_ml_ptr, part_rows, scale, s_qr, s_qh, s_kp, s_kh, s_dk, s_dh,
                 s_or, s_oh, G, HQ, D, DEPTH, BLOCK_M, BLOCK_N, PREC, I64_POOL, I64_DEC, F16_DOT,
-                LIVE_ONLY,
+                LIVE_ONLY, DEC_LAST,
             )  # fmt: skip
 
     @triton.jit
@@ -333,6 +336,7 @@ def beam_decode_attention_triton(
     num_stages: int | None = None,
     f16_dot: bool | None = None,
     live_only: bool = True,
+    decode_split: str = "first",
 ):
     """Triton launch. ``work``: int32 [W, 3] of (request, block, split) (request -1 = unused
     entry). ``ctrl``: int32 device pair (splits, items); None = (1, W). With splits > 1 the
@@ -345,10 +349,14 @@ def beam_decode_attention_triton(
     values converted e4m3 -> f16 exactly, float32 accumulation). Each of these left None takes
     :func:`launch_settings`' value for the KV and query dtypes. ``live_only`` (default):
     branch around the per-beam decode-key blocks that hold no key this forward (False
-    computes them masked; ``bench_kernels.py --attn-sweep`` times both).
+    computes them masked; ``bench_kernels.py --attn-sweep`` times both). ``decode_split``:
+    the prompt split whose programs fold in each beam's decode keys, ``"first"`` or
+    ``"last"`` (the remainder chunk, the shortest; the sweep times both).
 
     The engine launches live_only for every KV dtype: the masked form crashed served FP8
     runs at n=512 (cause not found; docs/baselines.md) and stays as the sweep's comparison."""
+    if decode_split not in ("first", "last"):
+        raise ValueError(f"decode_split must be 'first' or 'last', got {decode_split!r}")
     auto = launch_settings(k_pool.dtype, q.dtype, q.shape[-1])
     block_n = auto["block_n"] if block_n is None else block_n
     num_warps = auto["num_warps"] if num_warps is None else num_warps
@@ -378,7 +386,8 @@ def beam_decode_attention_triton(
         G=hq // hkv, HQ=hq, D=d, DEPTH=depth, BLOCK_M=block_m, BLOCK_N=block_n,
         PREC="ieee" if q.dtype == torch.float32 else "tf32",  # fp32 models: no TF32 shortcut
         I64_POOL=k_pool.numel() >= 2**31, I64_DEC=dk.numel() >= 2**31, F16_DOT=f16_dot,
-        LIVE_ONLY=live_only, num_warps=num_warps, num_stages=num_stages,
+        LIVE_ONLY=live_only, DEC_LAST=decode_split == "last", num_warps=num_warps,
+        num_stages=num_stages,
     )  # fmt: skip
     m_rows = min(R, part_rows)
     if m_rows > 0 and splits != 1:

@@ -162,7 +162,12 @@ ATTN_TILES = (
 
 
 def _attn_sweep(
-    reqs: int, n: int, length: int, kv_dtype: torch.dtype, forced_splits: int | None = None
+    reqs: int,
+    n: int,
+    length: int,
+    kv_dtype: torch.dtype,
+    forced_splits: int | None = None,
+    dec: str = "first",
 ) -> None:
     """One decode step's attention (one layer, 16 q / 8 kv heads of 128, 3 SID levels, at the
     last level) for ``reqs`` requests of ``n`` beams over ``length``-token prompts: every tile
@@ -195,6 +200,7 @@ def _attn_sweep(
     rows = torch.randperm(rows_n, device=DEV, generator=g)
     scale = d**-0.5
     tag = f"R={reqs} n={n} L={length} kv={str(kv_dtype).split('.')[-1]}"
+    tag += "" if dec == "first" else f" dec={dec}"
     flops = 4 * rows_n * hq * length * d  # QK and PV of the prompt part
     ref = None
     for tile in ATTN_TILES:
@@ -217,7 +223,7 @@ def _attn_sweep(
             return ba.beam_decode_attention_triton(
                 q, kp, vp, slots, work, row_start, *meta, dk, dv, rows, depth, scale,
                 block_m=bm, block_n=bn, ctrl=ctrl, partials=parts, sms=sms, splits=splits,
-                num_warps=warps, num_stages=stages, f16_dot=f16,
+                num_warps=warps, num_stages=stages, f16_dot=f16, decode_split=dec,
             )  # fmt: skip
 
         try:
@@ -501,11 +507,14 @@ def main() -> None:
                 tuple(int(v) for v in s.split("x")) for s in os.environ["ATTN_SHAPES"].split()
             )
         forced = [int(x) for x in os.environ.get("ATTN_SPLITS", "").split()] or [None]
+        # ATTN_DEC="first last": the split that folds in the decode keys (decode_split)
+        decs = os.environ.get("ATTN_DEC", "first").split()
         kvs = {"fp8": torch.float8_e4m3fn, "bf16": BF16}
         for kv in (kvs[k] for k in os.environ.get("ATTN_KV", "fp8 bf16").split()):
             for shape in shapes:
                 for sp in forced:
-                    _attn_sweep(*shape, kv, sp)
+                    for dec in decs:
+                        _attn_sweep(*shape, kv, sp, dec)
         return
     for m in (64, 1600, 16384):
         _run(m)

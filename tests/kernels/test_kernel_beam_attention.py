@@ -14,6 +14,8 @@ from flashrec.kernels.beam_attention import (
     build_work,
 )
 
+SMS_LIVE = ((64, True), (1, True), (64, False))
+
 
 @pytest.mark.parametrize("splits", [1, 3, 8])
 def test_beam_attention_matches_reference(triton_backend, splits):
@@ -36,13 +38,16 @@ def test_beam_attention_matches_reference(triton_backend, splits):
     ref = beam_decode_attention_ref(q, kp, vp, slots, starts, *args, dk, dv, rows, depth, d**-0.5)
     items = build_work(req_n, hq // hkv, 16, splits)
     work = i32(items + [(-1, 0, 0)] * 3)
-    # live_only: the decode-key blocks past a request's step / outside split 0 are branched
-    # around (the engine's launch) or computed masked; both must equal the reference
-    for sms, live in ((64, True), (1, True), (64, False)):  # 1: 2 programs walk every item
+    # live_only: the decode-key blocks past a request's step / outside the split that folds
+    # them in (the first, or the last: decode_split) are branched around (the engine's
+    # launch) or computed masked; every form must equal the reference
+    # (sms, live_only, decode_split); sms 1: 2 programs walk every item
+    forms = [(sms, live, dec) for dec in ("first", "last") for sms, live in SMS_LIVE]
+    for sms, live, dec in forms:
         out = beam_decode_attention_triton(
             q, kp, vp, slots, work, starts, *args, dk, dv, rows, depth, d**-0.5,
             block_m=16, block_n=16, ctrl=i32([splits, len(items) + 3]), sms=sms, splits=splits,
-            live_only=live,
+            live_only=live, decode_split=dec,
         )  # fmt: skip
         torch.testing.assert_close(out.float(), ref.float(), atol=2e-2, rtol=2e-2)
 
