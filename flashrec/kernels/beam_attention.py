@@ -29,11 +29,17 @@ import functools
 
 import torch
 
+from flashrec.config.flags import env_choice
 from flashrec.kernels.backend import next_pow2
 
 MAX_SPLITS = 8
 SPLIT_MAX_ROWS = 1024  # batches wider than this never split (they fill the GPU anyway)
 MIN_SPLIT_TOKENS = 128  # a split covers at least this many prompt tokens
+RESIDENT_PER_SM = 2  # programs of the engine's launches resident per SM (registers, shared memory)
+# how a one-request batch's prompt is split: "wave" (the most splits whose programs all fit one
+# wave of RESIDENT_PER_SM per SM, each beam's decode keys in the last split, the shortest) or
+# "fill" (at least two programs per SM, decode keys in split 0); for same-run A/Bs on a GPU
+SPLIT_RULE = env_choice("FLASHREC_DECODE_SPLITS", "wave", ("wave", "fill"))
 
 
 def build_work(
@@ -57,14 +63,25 @@ def grid_programs(items: int, num_kv_heads: int, sms: int) -> int:
 
 
 def choose_splits(
-    blocks: int, num_kv_heads: int, rows: int, min_len: int, sms: int, max_splits: int = MAX_SPLITS
+    blocks: int,
+    num_kv_heads: int,
+    rows: int,
+    min_len: int,
+    sms: int,
+    max_splits: int = MAX_SPLITS,
+    rule: str | None = None,
 ) -> int:
-    """Prompt splits for a forward: enough programs for ~2 waves over ``sms`` multiprocessors,
-    each split at least ``MIN_SPLIT_TOKENS`` long; 1 for wide batches."""
+    """Prompt splits for a forward, each split at least ``MIN_SPLIT_TOKENS`` long; 1 for wide
+    batches. ``rule`` (default ``SPLIT_RULE``): "wave", the most splits whose programs fit one
+    wave of ``RESIDENT_PER_SM`` per multiprocessor (a second, partial wave costs a whole
+    program's time); "fill", enough for at least two programs per multiprocessor."""
     if rows > SPLIT_MAX_ROWS or blocks == 0:
         return 1
     programs = blocks * num_kv_heads
-    want = -(-2 * sms // programs)
+    if (rule or SPLIT_RULE) == "wave":
+        want = RESIDENT_PER_SM * sms // programs
+    else:
+        want = -(-2 * sms // programs)
     return max(1, min(MAX_SPLITS, max_splits, want, min_len // MIN_SPLIT_TOKENS))
 
 
@@ -336,7 +353,7 @@ def beam_decode_attention_triton(
     num_stages: int | None = None,
     f16_dot: bool | None = None,
     live_only: bool = True,
-    decode_split: str = "first",
+    decode_split: str | None = None,
 ):
     """Triton launch. ``work``: int32 [W, 3] of (request, block, split) (request -1 = unused
     entry). ``ctrl``: int32 device pair (splits, items); None = (1, W). With splits > 1 the
@@ -351,10 +368,13 @@ def beam_decode_attention_triton(
     branch around the per-beam decode-key blocks that hold no key this forward (False
     computes them masked; ``bench_kernels.py --attn-sweep`` times both). ``decode_split``:
     the prompt split whose programs fold in each beam's decode keys, ``"first"`` or
-    ``"last"`` (the remainder chunk, the shortest; the sweep times both).
+    ``"last"`` (the remainder chunk, the shortest; the sweep times both); None: "last" under
+    ``SPLIT_RULE`` "wave", else "first".
 
     The engine launches live_only for every KV dtype: the masked form crashed served FP8
     runs at n=512 (cause not found; docs/baselines.md) and stays as the sweep's comparison."""
+    if decode_split is None:
+        decode_split = "last" if SPLIT_RULE == "wave" else "first"
     if decode_split not in ("first", "last"):
         raise ValueError(f"decode_split must be 'first' or 'last', got {decode_split!r}")
     auto = launch_settings(k_pool.dtype, q.dtype, q.shape[-1])

@@ -51,9 +51,10 @@ def test_decode_meta_splits_the_prompt_when_the_batch_is_narrow():
     meta = make_decode_meta(g, 4, "cpu", packed=True, group_size=2, num_kv_heads=8, sms=132)
     pk = meta.packed
     blocks = (2 * 256) // BLOCK_M  # 8 blocks x 8 kv heads = 64 programs for 132 SMs
-    assert pk.splits == min(MAX_SPLITS, -(-264 // 64), 1000 // 128) == 5
-    assert pk.work.tolist() == [[0, b, s] for b in range(blocks) for s in range(5)]
-    assert pk.ctrl.tolist() == [5, blocks * 5]
+    # the "wave" rule: as many splits as keep 64 programs each in one wave of 2 x 132
+    assert pk.splits == min(MAX_SPLITS, 264 // 64, 1000 // 128) == 4
+    assert pk.work.tolist() == [[0, b, s] for b in range(blocks) for s in range(4)]
+    assert pk.ctrl.tolist() == [4, blocks * 4]
     wide = make_decode_meta(
         g, 4, "cpu", packed=True, group_size=2, num_kv_heads=8, sms=132,
         split_rows=SPLIT_MAX_ROWS + 1,
@@ -61,6 +62,21 @@ def test_decode_meta_splits_the_prompt_when_the_batch_is_narrow():
     assert wide.packed.splits == 1 and wide.packed.work.shape[0] == blocks
     short = [(np.arange(256), slots[:200], torch.from_numpy(slots[:200]), 0, 200)]
     assert make_decode_meta(short, 4, "cpu", True, 2, 8, 132).packed.splits == 1  # 200 // 128
+
+
+def test_split_rules():
+    """The "wave" rule keeps a one-request batch's programs in one wave of two per SM (the
+    split counts that timed fastest for 128-512 beams over 500-5,000 tokens); "fill" (the
+    rule before) asks for at least two programs per SM, a partial second wave."""
+    from flashrec.kernels.beam_attention import choose_splits
+
+    # (blocks of 64 query rows, prompt tokens) -> (wave, fill) on 132 SMs with 8 kv heads
+    cases = {(8, 1026): (4, 5), (16, 2465): (2, 3), (4, 1026): (8, 8), (8, 500): (3, 3),
+             (32, 1026): (1, 2), (40, 5000): (1, 1)}  # fmt: skip
+    for (blocks, length), (wave, fill) in cases.items():
+        assert choose_splits(blocks, 8, 64 * blocks // 2, length, 132, rule="wave") == wave
+        assert choose_splits(blocks, 8, 64 * blocks // 2, length, 132, rule="fill") == fill
+    assert choose_splits(8, 8, 2048, 5000, 132, rule="wave") == 1  # wide: never split
 
 
 def test_prefill_meta():
@@ -80,7 +96,7 @@ def test_decode_max_splits_caps_the_split_count():
 
     slots = np.arange(1000)
     g = [(np.arange(256), slots, torch.from_numpy(slots), 0, 1000)]
-    for cap, want in ((1, 1), (2, 2), (8, 5)):
+    for cap, want in ((1, 1), (2, 2), (8, 4)):
         meta = make_decode_meta(g, 4, "cpu", True, 2, 8, 132, max_splits=cap)
         assert meta.packed.splits == want
     with pytest.raises(ValueError, match="decode-max-splits"):

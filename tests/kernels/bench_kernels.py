@@ -167,7 +167,7 @@ def _attn_sweep(
     length: int,
     kv_dtype: torch.dtype,
     forced_splits: int | None = None,
-    dec: str = "first",
+    dec: str | None = None,
 ) -> None:
     """One decode step's attention (one layer, 16 q / 8 kv heads of 128, 3 SID levels, at the
     last level) for ``reqs`` requests of ``n`` beams over ``length``-token prompts: every tile
@@ -200,7 +200,7 @@ def _attn_sweep(
     rows = torch.randperm(rows_n, device=DEV, generator=g)
     scale = d**-0.5
     tag = f"R={reqs} n={n} L={length} kv={str(kv_dtype).split('.')[-1]}"
-    tag += "" if dec == "first" else f" dec={dec}"
+    tag += "" if dec is None else f" dec={dec}"
     flops = 4 * rows_n * hq * length * d  # QK and PV of the prompt part
     ref = None
     for tile in ATTN_TILES:
@@ -507,8 +507,9 @@ def main() -> None:
                 tuple(int(v) for v in s.split("x")) for s in os.environ["ATTN_SHAPES"].split()
             )
         forced = [int(x) for x in os.environ.get("ATTN_SPLITS", "").split()] or [None]
-        # ATTN_DEC="first last": the split that folds in the decode keys (decode_split)
-        decs = os.environ.get("ATTN_DEC", "first").split()
+        # ATTN_DEC="first last": the split that folds in the decode keys (decode_split; unset:
+        # the engine's, from FLASHREC_DECODE_SPLITS)
+        decs = os.environ.get("ATTN_DEC", "").split() or [None]
         kvs = {"fp8": torch.float8_e4m3fn, "bf16": BF16}
         for kv in (kvs[k] for k in os.environ.get("ATTN_KV", "fp8 bf16").split()):
             for shape in shapes:
