@@ -13,7 +13,8 @@ Split-K: when a batch has too few (request, block, kv head) programs to fill the
 request with a few hundred beams), each work item also carries a split index and the prompt
 is cut into ``splits`` chunks; the programs of one block write unnormalised partial results
 (acc, running max, running sum) and a second kernel merges them with a log-sum-exp rescale.
-Split 0 also folds in the per-beam decode KV.
+One split (the last under the default split rule, else split 0) also folds in the per-beam
+decode KV.
 
 Launch: a fixed grid of (programs, kv heads) walks the work list in a strided loop up to the
 item count, so a captured graph's launch size does not grow with the work list's capacity.
