@@ -250,3 +250,8 @@ def test_stage_prompt_kv_copies_the_listed_rows(triton_backend):
         end = min(cap, n + tail)
         assert bool((ok[n:end] == 0).all()) and bool((ov[n:end] == 0).all())
         assert bool(ok[end:].isnan().all()) and bool((ov[end:] == 7.0).all())
+
+
+def test_decode_split_names_its_choices():
+    with pytest.raises(ValueError, match="decode_split must be 'first' or 'last', got 'middle'"):
+        beam_decode_attention_triton(*[None] * 15, decode_split="middle")
