@@ -72,7 +72,7 @@ def test_split_rules():
 
     # (blocks of 64 query rows, prompt tokens) -> (wave, fill) on 132 SMs with 8 kv heads
     cases = {(8, 1026): (4, 5), (16, 2465): (2, 3), (4, 1026): (8, 8), (8, 500): (3, 3),
-             (32, 1026): (1, 2), (40, 5000): (1, 1)}  # fmt: skip
+             (32, 1026): (1, 2), (20, 5000): (1, 2)}  # fmt: skip
     for (blocks, length), (wave, fill) in cases.items():
         assert choose_splits(blocks, 8, 64 * blocks // 2, length, 132, rule="wave") == wave
         assert choose_splits(blocks, 8, 64 * blocks // 2, length, 132, rule="fill") == fill
