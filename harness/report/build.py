@@ -225,6 +225,7 @@ def build_report(
                 spec.load.interleave_engines,
                 spec.stats.confidence,
                 spec.stats.bootstrap,
+                [e.name for e in spec.engine_list if e.control],
             ),
             "parity": stages.get("parity", {"status": "not_configured"}),
             "determinism": stages.get("determinism", {"status": "not_configured"}),

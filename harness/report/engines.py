@@ -38,27 +38,69 @@ def _rounds(cell: Cell, metric: str) -> dict[int, float]:
     }
 
 
-def _verdict(metric: str, lo: float, hi: float, base: str, other: str) -> str:
-    """Who is ahead on ``metric`` by the interval of other / base: ``level`` when it holds 1."""
-    if not (lo == lo and hi == hi):  # NaN
+def _finite(x: Any) -> bool:
+    return isinstance(x, (int, float)) and x == x and abs(x) != float("inf")
+
+
+def _reach(r: dict) -> float:
+    """How far an A/A control's interval reaches from 1, relative (NaN without one): the
+    spread two servers of one setting show in this run."""
+    lo, hi = r.get("ci_low"), r.get("ci_high")
+    return max(abs(1 - lo), abs(hi - 1)) if _finite(lo) and _finite(hi) else float("nan")
+
+
+def _band(metric: str, b: Cell, o: Cell, reach: float) -> tuple[float, str]:
+    """The relative change a verdict must exceed on ``metric``: the wider of the two cells'
+    noise bands and the A/A controls' reach, with which of them it is."""
+    bands = [c.metrics[metric].noise_band for c in (b, o) if c.metrics.get(metric) is not None]
+    noise = max((x for x in bands if _finite(x)), default=0.0)
+    if _finite(reach) and reach >= noise:
+        return reach, "A/A spread"
+    return noise, "noise band"
+
+
+def _verdict(metric: str, r: dict, base: str, other: str, band: float, band_from: str,
+             controlled: bool) -> str:  # fmt: skip
+    """Who is ahead on ``metric`` by the ratio other / base: only when its interval excludes 1
+    and the ratio lies beyond ``band`` (the noise band or the A/A spread); ``level`` else."""
+    ratio, lo, hi = r["ratio"], r["ci_low"], r["ci_high"]
+    if not (_finite(ratio) and _finite(lo) and _finite(hi)):
         return "no data"
+    if lo <= 1 <= hi:
+        return "level (interval holds 1)"
+    if abs(ratio - 1) <= band:
+        return f"level within the {band_from} (±{100 * band:.1f}%)"
     better = HIGHER_IS_BETTER[metric]
-    if lo > 1:
-        return f"{other} ahead" if better else f"{base} ahead"
-    if hi < 1:
-        return f"{base} ahead" if better else f"{other} ahead"
-    return "level (interval holds 1)"
+    ahead = other if (ratio > 1) == better else base
+    return f"{ahead} ahead" + ("" if controlled else " (no A/A control)")
+
+
+def _ratio(b: Cell, o: Cell, metric: str, interleaved: bool, confidence: float,
+           n_boot: int) -> dict[str, Any]:  # fmt: skip
+    """other / base on ``metric`` with its bootstrap interval, paired by round where both
+    engines' rounds were interleaved."""
+    rb, ro = _rounds(b, metric), _rounds(o, metric)
+    shared = sorted(set(rb) & set(ro))
+    paired = interleaved and len(shared) >= 2
+    xs = [rb[i] for i in shared] if paired else list(rb.values())
+    ys = [ro[i] for i in shared] if paired else list(ro.values())
+    r, lo, hi = ratio_ci(xs, ys, paired, confidence, n_boot)
+    return {"ratio": r, "ci_low": lo, "ci_high": hi, "paired": paired, "rounds": len(xs)}
 
 
 def engine_comparison(cells: Sequence[Cell], engines: list[str], interleaved: bool,
-                      confidence: float = 0.95, n_boot: int = 2000) -> dict[str, Any] | None:  # fmt: skip
+                      confidence: float = 0.95, n_boot: int = 2000,
+                      controls: Sequence[str] = ()) -> dict[str, Any] | None:  # fmt: skip
     """report.json's ``engines`` section (None with fewer than two engines): ``base`` (the
-    first engine), ``interleaved``, and one row per point with each engine's entry and each
-    other engine's ``ratios`` (other / base per metric: ``ratio``, ``ci_low``, ``ci_high``,
-    ``paired``, ``verdict``)."""
+    first engine), ``controls`` (A/A repeats of it), ``interleaved``, and one row per point
+    with each engine's entry and each other engine's ``ratios`` (other / base per metric:
+    ``ratio``, ``ci_low``, ``ci_high``, ``paired``, ``rounds``, ``verdict``; for an engine
+    under test also ``band``, the relative change its verdict had to exceed, and
+    ``band_from``)."""
     if len(engines) < 2:
         return None
     base = engines[0]
+    controls = set(controls or ())
     by_point: dict[str, dict[str, Cell]] = {}
     for c in cells:
         by_point.setdefault(point_of(c.id), {})[str(c.engine)] = c
@@ -85,19 +127,22 @@ def engine_comparison(cells: Sequence[Cell], engines: list[str], interleaved: bo
             o = got.get(name)
             if not b or not o or not b.ok or not o.ok:
                 continue
-            ratios[name] = {}
-            for metric in RATIO_METRICS:
-                rb, ro = _rounds(b, metric), _rounds(o, metric)
-                shared = sorted(set(rb) & set(ro))
-                paired = interleaved and len(shared) >= 2
-                xs = [rb[i] for i in shared] if paired else list(rb.values())
-                ys = [ro[i] for i in shared] if paired else list(ro.values())
-                r, lo, hi = ratio_ci(xs, ys, paired, confidence, n_boot)
-                ratios[name][metric] = {"ratio": r, "ci_low": lo, "ci_high": hi,
-                                        "paired": paired, "rounds": len(xs),
-                                        "verdict": _verdict(metric, lo, hi, base, name)}  # fmt: skip
+            ratios[name] = {m: _ratio(b, o, m, interleaved, confidence, n_boot)
+                            for m in RATIO_METRICS}  # fmt: skip
+        reach = {m: max((x for x in (_reach(ratios[c][m]) for c in controls if c in ratios)
+                         if _finite(x)), default=float("nan")) for m in RATIO_METRICS}  # fmt: skip
+        for name, per in ratios.items():
+            for metric, r in per.items():
+                if name in controls:
+                    r["verdict"] = f"A/A control (reach ±{100 * _reach(r):.1f}%)"
+                    continue
+                band, band_from = _band(metric, b, got[name], reach[metric])
+                r.update(band=band, band_from=band_from)
+                r["verdict"] = _verdict(metric, r, base, name, band, band_from,
+                                        _finite(reach[metric]))  # fmt: skip
         rows.append({"point": point, "engines": entries, "ratios": ratios})
-    return {"base": base, "engines": engines, "interleaved": interleaved, "rows": rows}
+    return {"base": base, "engines": engines, "controls": sorted(controls),
+            "interleaved": interleaved, "rows": rows}  # fmt: skip
 
 
 def _metric(entry: dict | None) -> Metric | None:
@@ -146,5 +191,9 @@ ENGINES_NOTE = (
     "over the first engine's, with a bootstrap interval: paired by round where the rounds were "
     "interleaved (load.interleave_engines: each round of one engine seconds from the other's), "
     "else resampled per engine. A verdict names an engine ahead only when the interval excludes "
-    "1. A cell an engine could not serve shows its error and the last line of its log."
+    "1 and the ratio lies beyond the wider of the two cells' noise bands and the A/A spread: how "
+    "far the interval of a control (an engine with control: true, the first engine's settings "
+    "in a server of its own) reaches from 1. Without a control the spread between two servers "
+    "of one setting is unmeasured, and an engine ahead says so. A cell an engine could not "
+    "serve shows its error and the last line of its log."
 )

@@ -83,6 +83,9 @@ class EngineSpec(ReplicaFields):
     tokenizer: str | None = None
     startup_timeout_s: float = Field(600.0, gt=0)
     stop_timeout_s: float = Field(20.0, gt=0)
+    # an A/A control: the first engine's settings again in a server of its own; how far it lands
+    # from the first engine bounds what the side-by-side verdicts call a difference
+    control: bool = False
 
     @field_validator("url")
     @classmethod
@@ -340,6 +343,7 @@ class MatrixSpec(SpecModel):
         if self.load.interleave_engines and len(names) < 2:
             raise ValueError("load.interleave_engines needs at least two 'engines'")
         check_parity_engines(self.parity, names)
+        check_controls(self.engine_list)
         needs_model = [e.name for e in self.engine_list if e.kind == "flashrec"]
         if needs_model and self.model is None:
             raise ValueError(f"engine(s) {needs_model} launch FlashRec and need 'model'")
@@ -349,6 +353,34 @@ class MatrixSpec(SpecModel):
     def engine_list(self) -> list[EngineSpec]:
         """The engines in declaration order (``engine:`` is a list of one)."""
         return [self.engine] if self.engine is not None else list(self.engines or [])
+
+
+# what an A/A control may set apart from the engine it repeats
+_CONTROL_OWN = {"name", "port", "control", "startup_timeout_s", "stop_timeout_s"}
+
+
+def check_controls(engines: list[EngineSpec]) -> None:
+    """An engine with ``control: true`` repeats the first engine: refused as the first engine
+    itself, or with any setting (kind, args, link, env, ...) of its own."""
+    if not engines or not any(e.control for e in engines):
+        return
+    base = engines[0]
+    if base.control:
+        raise ValueError(
+            f"engine '{base.name}' is the first engine, the one a control repeats: "
+            "'control: true' belongs on a later engine"
+        )
+    want = base.model_dump(exclude=_CONTROL_OWN)
+    for e in engines[1:]:
+        if not e.control:
+            continue
+        got = e.model_dump(exclude=_CONTROL_OWN)
+        differ = sorted(k for k in want if want[k] != got[k])
+        if differ:
+            raise ValueError(
+                f"control engine '{e.name}' must repeat '{base.name}' but sets "
+                f"{', '.join(differ)} of its own (a control differs only in name and port)"
+            )
 
 
 # --------------------------------------------------------------------------- loading
