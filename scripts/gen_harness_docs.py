@@ -76,6 +76,9 @@ DESCRIPTIONS: dict[str, str] = {
     "engine.tokenizer": "tokenizer whose chat template builds `/generate` prompts; unset: the model path",
     "engine.startup_timeout_s": "`/health` must answer 200 within this, else the cell fails with the log tail",
     "engine.stop_timeout_s": "SIGTERM grace before the process group is killed",
+    "engine.control": "in `engines`: an A/A control repeating the first engine (only name, port "
+    "and timeouts its own); its spread from the first bounds the side-by-side verdicts "
+    "([peers](harness/peers.md))",
     "model.path": "checkpoint directory; empty (`${MODEL_PATH:-}` unset) means use the preset",
     "model.preset": "synthetic preset (`tiny`, `tiny-llama`, `tiny-qwen2`, `onerec-1.7b`, `qwen2-1.5b`, `llama-1.5b`), built on first use with `flashrec.synth.build_checkpoint` and cached",
     "model.seed": "preset weights' seed",
