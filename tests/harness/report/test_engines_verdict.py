@@ -15,8 +15,8 @@ BASE_QPS = [100.0, 101.0, 99.5, 100.5, 100.2, 99.8]  # CV ~0.5%: a noise band of
 
 def _cell(engine: str, qps: list[float]) -> Cell:
     p50 = [1000.0 / q for q in qps]  # latency falls as QPS rises (closed loop, c=1)
-    rounds = [{"round": i, "qps": q, "latency_p50_ms": l, "latency_p99_ms": 1.2 * l}
-              for i, (q, l) in enumerate(zip(qps, p50))]  # fmt: skip
+    rounds = [{"round": i, "qps": q, "latency_p50_ms": ms, "latency_p99_ms": 1.2 * ms}
+              for i, (q, ms) in enumerate(zip(qps, p50))]  # fmt: skip
     metrics = {
         "qps": Metric.from_json(summarize(qps)),
         "latency_p50_ms": Metric.from_json(summarize(p50)),
