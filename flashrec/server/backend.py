@@ -34,6 +34,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from flashrec.config.flags import env_choice
 from flashrec.engine.request import EngineError, GenRequest, GenResult, QueueFullError
 from flashrec.prompt import LengthGuard, PromptTooLong, bound_word_cache, length_guard
 from flashrec.server import responses
@@ -56,6 +57,10 @@ PROMPT_ERRORS = (ValueError, TypeError, LookupError, _TemplateError)
 
 LARGE_PROMPT_CHARS = 1 << 18  # prompts longer than this (text characters) take the large lane
 LARGE_LANE_DEPTH = 2  # large prompts being built or waiting at once; another one is a 503
+# a prompt of at most this many characters, arriving while no other request is being handled,
+# is built on the event loop (FLASHREC_PROMPT_INLINE=idle): no hand-off to a thread and back
+INLINE_PROMPT_CHARS = 1 << 15
+PROMPT_INLINE = env_choice("FLASHREC_PROMPT_INLINE", "off", ("off", "idle"))
 STALL_LIMIT_S = 10.0  # an ordinary prompt waiting this long for a thread: /health degraded
 
 
@@ -280,8 +285,14 @@ class Backend:
         if self._guard is not None:
             kwargs = {**kwargs, "guard": self._guard}
         try:
-            if prompt_chars(kwargs) > LARGE_PROMPT_CHARS:
+            chars = prompt_chars(kwargs)
+            if chars > LARGE_PROMPT_CHARS:
                 ids = await self._run_large(kwargs)
+            elif (inline := self._inline_builder(chars)) is not None:
+                try:
+                    ids = inline(**kwargs)
+                finally:
+                    self._builders.put(inline)
             else:
                 ticket = next(self._ids)
                 with self._waiting_lock:
@@ -298,6 +309,17 @@ class Backend:
         ids = list(map(int, ids))
         check_prompt(ids, self.limits, param)
         return ids
+
+    def _inline_builder(self, chars: int) -> PromptBuilder | None:
+        """A free builder for building on the event loop (``FLASHREC_PROMPT_INLINE=idle``),
+        when the prompt is small and this handler is the only one; None otherwise (a thread
+        builds it)."""
+        if PROMPT_INLINE != "idle" or chars > INLINE_PROMPT_CHARS or self.active_handlers > 1:
+            return None
+        try:
+            return self._builders.get_nowait()
+        except queue.Empty:  # a withdrawn request's prompt still being built on a thread
+            return None
 
     async def _run_large(self, kwargs: dict[str, Any]) -> list[int]:
         """A large prompt on the large lane; 503 while ``LARGE_LANE_DEPTH`` already are (a
