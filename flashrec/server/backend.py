@@ -237,10 +237,11 @@ class Backend:
 
     def _build(self, kwargs: dict[str, Any], ticket: int) -> list[int]:
         """On a prompt-building thread: borrow a builder (never shared by two threads; there
-        are as many builders as threads), build, give it back."""
+        are as many builders as threads, and one may be out on the event loop for the moment
+        of an inline build), build, give it back."""
         with self._waiting_lock:
             self._waiting.pop(ticket, None)
-        build = self._builders.get_nowait()
+        build = self._builders.get()
         try:
             return build(**kwargs)
         finally:
@@ -278,9 +279,10 @@ class Backend:
             raise busy("the server is still warming up")
 
     async def build_prompt(self, param: str, **kwargs: Any) -> list[int]:
-        """The prompt ``kwargs`` describe, built off the event loop on a builder of its own; bad
-        input is a 400 on ``param``; the result is checked against ``--max-seq-len`` and the
-        vocabulary."""
+        """The prompt ``kwargs`` describe, built off the event loop on a builder of its own (on
+        the loop itself for a small prompt on an otherwise idle server, under
+        ``FLASHREC_PROMPT_INLINE=idle``); bad input is a 400 on ``param``; the result is checked
+        against ``--max-seq-len`` and the vocabulary."""
         aloop = asyncio.get_running_loop()
         if self._guard is not None:
             kwargs = {**kwargs, "guard": self._guard}
