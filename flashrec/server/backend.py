@@ -58,9 +58,10 @@ PROMPT_ERRORS = (ValueError, TypeError, LookupError, _TemplateError)
 LARGE_PROMPT_CHARS = 1 << 18  # prompts longer than this (text characters) take the large lane
 LARGE_LANE_DEPTH = 2  # large prompts being built or waiting at once; another one is a 503
 # a prompt of at most this many characters, arriving while no other request is being handled,
-# is built on the event loop (FLASHREC_PROMPT_INLINE=idle): no hand-off to a thread and back
+# is built on the event loop (FLASHREC_PROMPT_INLINE=idle, the default; off: always a thread):
+# no hand-off to a thread and back, its encoding on the thread that just read the request
 INLINE_PROMPT_CHARS = 1 << 15
-PROMPT_INLINE = env_choice("FLASHREC_PROMPT_INLINE", "off", ("off", "idle"))
+PROMPT_INLINE = env_choice("FLASHREC_PROMPT_INLINE", "idle", ("idle", "off"))
 STALL_LIMIT_S = 10.0  # an ordinary prompt waiting this long for a thread: /health degraded
 
 
@@ -281,7 +282,7 @@ class Backend:
     async def build_prompt(self, param: str, **kwargs: Any) -> list[int]:
         """The prompt ``kwargs`` describe, built off the event loop on a builder of its own (on
         the loop itself for a small prompt on an otherwise idle server, under
-        ``FLASHREC_PROMPT_INLINE=idle``); bad input is a 400 on ``param``; the result is checked
+        ``FLASHREC_PROMPT_INLINE``); bad input is a 400 on ``param``; the result is checked
         against ``--max-seq-len`` and the vocabulary."""
         aloop = asyncio.get_running_loop()
         if self._guard is not None:
@@ -314,9 +315,9 @@ class Backend:
 
     def _inline_builder(self, chars: int) -> PromptBuilder | None:
         """A free builder for building on the event loop (``FLASHREC_PROMPT_INLINE=idle``),
-        when the prompt is small and this handler is the only one; None otherwise (a thread
-        builds it)."""
-        if PROMPT_INLINE != "idle" or chars > INLINE_PROMPT_CHARS or self.active_handlers > 1:
+        when the prompt is small and its handler is the only one; None otherwise (a thread
+        builds it, as for a call from outside a handler)."""
+        if PROMPT_INLINE != "idle" or chars > INLINE_PROMPT_CHARS or self.active_handlers != 1:
             return None
         try:
             return self._builders.get_nowait()

@@ -1,10 +1,13 @@
-"""FLASHREC_PROMPT_INLINE=idle: a small prompt arriving while no other request is handled is
-built on the event loop (no hand-off to a prompt thread); otherwise, and by default, a thread
-builds it. Either way a builder is never shared and always given back."""
+"""FLASHREC_PROMPT_INLINE=idle (the default): a small prompt arriving while no other request is
+handled is built on the event loop (no hand-off to a prompt thread); otherwise, and with
+``off``, a thread builds it. Either way a builder is never shared and always given back."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -57,11 +60,23 @@ def test_idle_server_builds_a_small_prompt_on_the_event_loop(monkeypatch):
     assert inline
 
 
+def test_idle_is_the_default_and_a_typo_fails_the_import():
+    env = {k: v for k, v in os.environ.items() if k != "FLASHREC_PROMPT_INLINE"}
+    code = "from flashrec.server import backend; print(backend.PROMPT_INLINE)"
+    got = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert got.returncode == 0 and got.stdout.strip() == "idle", got.stderr
+    env["FLASHREC_PROMPT_INLINE"] = "always"
+    bad = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert bad.returncode != 0
+    assert "FLASHREC_PROMPT_INLINE must be idle or off, got 'always'" in bad.stderr
+
+
 @pytest.mark.parametrize(
     ("mode", "text", "handlers"),
     [
-        ("off", "short", 1),  # the default: always a thread
+        ("off", "short", 1),  # off: always a thread
         ("idle", "short", 2),  # another request is being handled: the loop stays free
+        ("idle", "short", 0),  # a call from outside a handler
         ("idle", "x" * (INLINE_PROMPT_CHARS + 1), 1),  # too long to hold the loop for
     ],
 )
