@@ -56,7 +56,9 @@ class ServerConfig(EngineConfig):
     tokenizer_workers: int = opt(
         4,
         "threads that build prompts (chat template + tokenization) in parallel, each with its "
-        "own tokenizer copy; 1 = one thread over the engine's tokenizer",
+        "own tokenizer copy; 1 = one thread over the engine's tokenizer; a prompt of at most "
+        "32,768 characters whose request is the only one being handled is built on the event "
+        "loop instead (FLASHREC_PROMPT_INLINE=off keeps it on a thread)",
     )
     respond_workers: int = opt(
         0,
