@@ -5,9 +5,10 @@ Engine work happens on other threads: prompt building (chat template + tokenizat
 ``--tokenizer-workers`` threads, beam search on the ``EngineLoop`` thread. The one exception:
 a prompt of at most ``INLINE_PROMPT_CHARS`` whose handler is the only one in the server is
 built on the event loop (``FLASHREC_PROMPT_INLINE=idle``, the default), where the hand-off
-would cost more than the wait it spares anyone. A HF fast tokenizer must not be used by two threads at once, so each prompt-building
-thread borrows one of as many builders, each over its own tokenizer copy
-(``engine.prompt_builders``: the first thread gets the engine's own); the Rust encoder releases the GIL, so they run in parallel.
+would cost more than the wait it spares anyone. A HF fast tokenizer must not be used by two
+threads at once, so each prompt-building thread (or the loop) borrows one of as many builders,
+each over its own tokenizer copy (``engine.prompt_builders``: the first thread gets the
+engine's own); the Rust encoder releases the GIL, so they run in parallel.
 
 Work per prompt is bounded before it is spent: a text that provably cannot fit
 ``--max-seq-len`` (``prompt.LengthGuard``: its bytes over the most bytes one token stands
