@@ -9,10 +9,10 @@ on regressions against a baseline (a comparison from :mod:`harness.judge.runs` o
 from __future__ import annotations
 
 import dataclasses
-import math
 import operator
 from typing import Any
 
+from harness.metrics.stats import finite
 from harness.names import direction
 from harness.report.model import (
     Cell,
@@ -36,10 +36,6 @@ OPS = {
     ">=": operator.ge,
     ">": operator.gt,
 }
-
-
-def _finite(x: Any) -> bool:
-    return isinstance(x, (int, float)) and math.isfinite(x)
 
 
 def resolve_path(root: Any, path: str) -> Any:
@@ -95,7 +91,7 @@ def _absolute(gate: GateSpec, report: Report) -> GateResult:
                 missing.append(target)
                 continue
             value = resolve_path(root, gate.path)
-            if _finite(value) or isinstance(value, bool):
+            if finite(value) or isinstance(value, bool):
                 checks.append(GateCheck(target, bool(op(value, gate.value)), value=value))
             elif value is None and (why := unchecked_reason(root, gate.path)):
                 unchecked.append(Unchecked(target, why))
@@ -114,7 +110,7 @@ def _absolute(gate: GateSpec, report: Report) -> GateResult:
             if m is None and (why := (cell.unchecked or {}).get(name)):
                 unchecked.append(Unchecked(cell.id, why))
                 continue
-            if m is None or not _finite(m.median):
+            if m is None or not finite(m.median):
                 checks.append(GateCheck(cell.id, False, value="no value"))
                 continue
             checks.append(GateCheck(cell.id, bool(op(m.median, gate.value)), value=m.median))
@@ -151,7 +147,7 @@ def _relative(gate: GateSpec, comparison: dict | None) -> GateResult:
             continue
         worse = -d * r["delta_pct"]
         band = r["band_pct"] if gate.beyond_noise else 0.0
-        significant = _finite(r.get("p_value")) and r["p_value"] < comparison["alpha"]
+        significant = finite(r.get("p_value")) and r["p_value"] < comparison["alpha"]
         counts = significant or not gate.beyond_noise  # a change the statistics support
         kw = {"band_pct": r["band_pct"], "p_value": r.get("p_value")}
         if gate.max_regression_pct is not None:  # fails on a supported loss over the limit

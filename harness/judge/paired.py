@@ -34,7 +34,7 @@ import numpy as np
 
 from harness.judge.runs import compare_cell_metrics, correct_verdicts, report_side
 from harness.judge.samples import compare_samples, is_sample_metric
-from harness.metrics.stats import t_two_sided_p
+from harness.metrics.stats import finite, t_two_sided_p
 from harness.names import direction, named_direction
 from harness.report.model import Cell, Report, as_report
 from harness.report.render_compare import change_pct
@@ -102,7 +102,7 @@ def _aligned(
     ``round_metrics`` entry: ``{round, requests, METRIC: value}``)."""
     b = {r["round"]: r.get(name) for r in base_cell.round_metrics or []}
     n = {r["round"]: r.get(name) for r in new_cell.round_metrics or []}
-    keys = sorted(k for k in b.keys() & n.keys() if _finite(b[k]) and _finite(n[k]))
+    keys = sorted(k for k in b.keys() & n.keys() if finite(b[k]) and finite(n[k]))
     return keys, np.array([b[k] for k in keys], float), np.array([n[k] for k in keys], float)
 
 
@@ -111,10 +111,6 @@ def _units(d: np.ndarray, groups: np.ndarray | None) -> np.ndarray:
     if groups is None or len(set(groups.tolist())) < 3:
         return d
     return np.array([d[groups == g].mean() for g in sorted(set(groups.tolist()))])
-
-
-def _finite(x: Any) -> bool:
-    return isinstance(x, (int, float)) and math.isfinite(x)
 
 
 def paired_metric(
@@ -156,7 +152,7 @@ def paired_metric(
     # the two can differ in sign (a mean of ratios is not a ratio of medians)
     out["estimate"] = "ratio" if (a > 0).all() and (b > 0).all() else "difference"
     out["median_delta_pct"] = change_pct(out["base"], out["new"])
-    significant = _finite(p) and p < alpha
+    significant = finite(p) and p < alpha
     if not (significant and abs(delta) > band):
         reason = "not significant" if not significant else "inside the noise band"
         return {**out, "verdict": "within_noise", "reason": reason}

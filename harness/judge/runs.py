@@ -18,14 +18,10 @@ from typing import Any
 
 from harness.judge.samples import compare_samples, is_sample_metric
 from harness.metrics.host import BUSY_NOTE
-from harness.metrics.stats import holm, significance
+from harness.metrics.stats import finite, holm, significance
 from harness.names import direction, is_metric, metric_names
 from harness.report.model import Cell, Metric, Report, as_report
 from harness.spec.load import unknown
-
-
-def _finite(x: Any) -> bool:
-    return isinstance(x, (int, float)) and math.isfinite(x)
 
 
 def compare_metric(name: str, base: Metric, new: Metric, alpha: float, test: str) -> dict:
@@ -34,13 +30,13 @@ def compare_metric(name: str, base: Metric, new: Metric, alpha: float, test: str
         return compare_samples(name, base, new, alpha)
     b, n = base.median, new.median
     out: dict[str, Any] = {"base": b, "new": n}
-    if not (_finite(b) and _finite(n)):
+    if not (finite(b) and finite(n)):
         return {**out, "verdict": "n/a", "reason": "missing value"}
     if b != 0:
         delta = (n - b) / abs(b)
     else:
         delta = 0.0 if n == 0 else math.copysign(math.inf, n)
-    bands = [x for x in (base.noise_band, new.noise_band) if _finite(x)]
+    bands = [x for x in (base.noise_band, new.noise_band) if finite(x)]
     band = max(bands) if bands else 0.0
     out.update(delta_pct=100 * delta, band_pct=100 * band)
     bv, nv = base.values or [], new.values or []
@@ -48,7 +44,7 @@ def compare_metric(name: str, base: Metric, new: Metric, alpha: float, test: str
         return {**out, "verdict": "n/a", "reason": "fewer than 2 rounds on a side"}
     p = significance(bv, nv, test)
     out["p_value"] = p
-    significant = _finite(p) and p < alpha
+    significant = finite(p) and p < alpha
     beyond = abs(delta) > band
     d = direction(name)
     if not (significant and beyond):
@@ -131,7 +127,7 @@ def correct_verdicts(comparison: dict, correction: str = "holm") -> dict:
         for cell in comparison["cells"]
         if cell.get("status") == "compared"
         for r in cell["metrics"].values()
-        if _finite(r.get("p_value")) and not (r.get("delta_pct") == 0 and r.get("band_pct") == 0)
+        if finite(r.get("p_value")) and not (r.get("delta_pct") == 0 and r.get("band_pct") == 0)
     ]
     comparison["correction"] = {"method": correction, "tests": len(tested)}
     if correction != "none" and tested:
@@ -184,7 +180,7 @@ def host_probe_pct(base: Report, new: Report) -> float | None:
     """How much slower (+) or faster (-) NEW's host ran the host probe than BASE's, in %
     (:func:`harness.run.environment.host_probe`; None when a report lacks it)."""
     b, n = ((r.environment.host_probe or {}).get("json_256_beams_ms") for r in (base, new))
-    return 100 * (n / b - 1) if _finite(b) and _finite(n) and b > 0 else None
+    return 100 * (n / b - 1) if finite(b) and finite(n) and b > 0 else None
 
 
 def _engines(report: Report) -> Any:
@@ -239,7 +235,7 @@ def admit_drift(comparison: dict) -> dict:
                 continue
             p = r.get("p_value")
             supported = (
-                _finite(p)
+                finite(p)
                 and p < comparison["alpha"]
                 and (abs(r.get("delta_pct", 0.0)) > r.get("band_pct", 0.0))
             )

@@ -9,10 +9,16 @@ from __future__ import annotations
 
 import math
 from functools import cache
+from typing import Any
 
 import numpy as np
 
 NAN = float("nan")
+
+
+def finite(x: Any) -> bool:
+    """``x`` is a finite int or float (not None, NaN, an infinity or another type)."""
+    return isinstance(x, (int, float)) and math.isfinite(x)
 
 
 def _arr(values) -> np.ndarray:

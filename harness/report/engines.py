@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from harness.metrics.stats import ratio_ci
+from harness.metrics.stats import finite, ratio_ci
 from harness.report.model import Cell, Metric, Report
 from harness.report.render import med_ci, num, pct
 from harness.report.render_stages import Table
@@ -38,23 +38,19 @@ def _rounds(cell: Cell, metric: str) -> dict[int, float]:
     }
 
 
-def _finite(x: Any) -> bool:
-    return isinstance(x, (int, float)) and x == x and abs(x) != float("inf")
-
-
 def _reach(r: dict) -> float:
     """How far an A/A control's interval reaches from 1, relative (NaN without one): the
     spread two servers of one setting show in this run."""
     lo, hi = r.get("ci_low"), r.get("ci_high")
-    return max(abs(1 - lo), abs(hi - 1)) if _finite(lo) and _finite(hi) else float("nan")
+    return max(abs(1 - lo), abs(hi - 1)) if finite(lo) and finite(hi) else float("nan")
 
 
 def _band(metric: str, b: Cell, o: Cell, reach: float) -> tuple[float, str]:
     """The relative change a verdict must exceed on ``metric``: the wider of the two cells'
     noise bands and the A/A controls' reach, with which of them it is."""
     bands = [c.metrics[metric].noise_band for c in (b, o) if c.metrics.get(metric) is not None]
-    noise = max((x for x in bands if _finite(x)), default=0.0)
-    if _finite(reach) and reach >= noise:
+    noise = max((x for x in bands if finite(x)), default=0.0)
+    if finite(reach) and reach >= noise:
         return reach, "A/A spread"
     return noise, "noise band"
 
@@ -64,7 +60,7 @@ def _verdict(metric: str, r: dict, base: str, other: str, band: float, band_from
     """Who is ahead on ``metric`` by the ratio other / base: only when its interval excludes 1
     and the ratio lies beyond ``band`` (the noise band or the A/A spread); ``level`` else."""
     ratio, lo, hi = r["ratio"], r["ci_low"], r["ci_high"]
-    if not (_finite(ratio) and _finite(lo) and _finite(hi)):
+    if not (finite(ratio) and finite(lo) and finite(hi)):
         return "no data"
     if lo <= 1 <= hi:
         return "level (interval holds 1)"
@@ -130,7 +126,7 @@ def engine_comparison(cells: Sequence[Cell], engines: list[str], interleaved: bo
             ratios[name] = {m: _ratio(b, o, m, interleaved, confidence, n_boot)
                             for m in RATIO_METRICS}  # fmt: skip
         reach = {m: max((x for x in (_reach(ratios[c][m]) for c in controls if c in ratios)
-                         if _finite(x)), default=float("nan")) for m in RATIO_METRICS}  # fmt: skip
+                         if finite(x)), default=float("nan")) for m in RATIO_METRICS}  # fmt: skip
         for name, per in ratios.items():
             for metric, r in per.items():
                 if name in controls:
@@ -139,7 +135,7 @@ def engine_comparison(cells: Sequence[Cell], engines: list[str], interleaved: bo
                 band, band_from = _band(metric, b, got[name], reach[metric])
                 r.update(band=band, band_from=band_from)
                 r["verdict"] = _verdict(metric, r, base, name, band, band_from,
-                                        _finite(reach[metric]))  # fmt: skip
+                                        finite(reach[metric]))  # fmt: skip
         rows.append({"point": point, "engines": entries, "ratios": ratios})
     return {"base": base, "engines": engines, "controls": sorted(controls),
             "interleaved": interleaved, "rows": rows}  # fmt: skip
