@@ -17,6 +17,7 @@ from pydantic_core import PydanticUndefined  # noqa: E402
 
 from harness.determinism.check import run_determinism  # noqa: E402
 from harness.parity.candidates import CANDIDATE_KEYS  # noqa: E402
+from harness.spec.base import model_in  # noqa: E402
 from harness.spec.cells import BOTH_KEYS, CLIENT_KEYS  # noqa: E402
 from harness.spec.matrix import (  # noqa: E402
     LoadSpec,
@@ -24,7 +25,6 @@ from harness.spec.matrix import (  # noqa: E402
     Scalar,
     StageSpec,
     WorkloadSpec,
-    model_in,
 )
 
 ROOT = Path(__file__).resolve().parents[1]

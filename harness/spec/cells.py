@@ -17,8 +17,9 @@ import operator
 from dataclasses import dataclass, field
 from typing import Any
 
+from harness.spec.base import close_hint
 from harness.spec.catalogs import catalog_problem, cell_client
-from harness.spec.matrix import EngineSpec, MatrixSpec, Scalar, SpecError, close_hint
+from harness.spec.matrix import EngineSpec, MatrixSpec, Scalar, SpecError
 from harness.spec.serve_args import check_flashrec_args, flashrec_serve_args
 
 # client setting name -> ClientSettings attribute

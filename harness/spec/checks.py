@@ -3,6 +3,7 @@ and ``targets:`` (goals reported as met or missed)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -123,4 +124,32 @@ def check_parity_engines(parity: Any, names: list[str]) -> None:
             raise ValueError(
                 f"parity.candidates[{i}].against: {c['against']!r} names no other candidate "
                 f"(candidates: {cand_names})"
+            )
+
+
+# what an A/A control may set apart from the engine it repeats
+_CONTROL_OWN = {"name", "port", "control", "startup_timeout_s", "stop_timeout_s"}
+
+
+def check_controls(engines: Sequence[Any]) -> None:
+    """An engine with ``control: true`` repeats the first engine: refused as the first engine
+    itself, or with any setting (kind, args, link, env, ...) of its own."""
+    if not engines or not any(e.control for e in engines):
+        return
+    base = engines[0]
+    if base.control:
+        raise ValueError(
+            f"engine '{base.name}' is the first engine, the one a control repeats: "
+            "'control: true' belongs on a later engine"
+        )
+    want = base.model_dump(exclude=_CONTROL_OWN)
+    for e in engines[1:]:
+        if not e.control:
+            continue
+        got = e.model_dump(exclude=_CONTROL_OWN)
+        differ = sorted(k for k in want if want[k] != got[k])
+        if differ:
+            raise ValueError(
+                f"control engine '{e.name}' must repeat '{base.name}' but sets "
+                f"{', '.join(differ)} of its own (a control differs only in name and port)"
             )

@@ -9,9 +9,10 @@ report or the judges.
 from __future__ import annotations
 
 from harness.names import CELL_FIELDS, REPORT_SECTIONS, is_metric, metric_names
+from harness.spec.base import close_hint
 from harness.spec.cells import Cell, expand_cells, matches, reference_index
 from harness.spec.checks import relative_overrides
-from harness.spec.matrix import MatrixSpec, SpecError, close_hint, line_of, load_spec, relocate
+from harness.spec.matrix import MatrixSpec, SpecError, line_of, load_spec, relocate
 from harness.spec.quality import QualitySpec
 
 

@@ -7,10 +7,8 @@ an error. Cell expansion (axes, link, exclude) lives in :mod:`harness.spec.cells
 
 from __future__ import annotations
 
-import difflib
 import os
 import re
-import typing
 from pathlib import Path
 from typing import Any, Literal, Union
 
@@ -18,9 +16,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from harness.spec.base import NAME as _NAME
-from harness.spec.base import SpecModel
+from harness.spec.base import SpecModel, close_hint, model_in
 from harness.spec.catalogs import CATALOGS_FIELD, LOAD_CATALOG_FIELD, check_catalog_map
-from harness.spec.checks import GateSpec, TargetSpec, check_parity_engines
+from harness.spec.checks import GateSpec, TargetSpec, check_controls, check_parity_engines
 from harness.spec.quality import QualitySpec
 from harness.spec.router import ReplicaFields
 from harness.spec.url import check_url
@@ -355,34 +353,6 @@ class MatrixSpec(SpecModel):
         return [self.engine] if self.engine is not None else list(self.engines or [])
 
 
-# what an A/A control may set apart from the engine it repeats
-_CONTROL_OWN = {"name", "port", "control", "startup_timeout_s", "stop_timeout_s"}
-
-
-def check_controls(engines: list[EngineSpec]) -> None:
-    """An engine with ``control: true`` repeats the first engine: refused as the first engine
-    itself, or with any setting (kind, args, link, env, ...) of its own."""
-    if not engines or not any(e.control for e in engines):
-        return
-    base = engines[0]
-    if base.control:
-        raise ValueError(
-            f"engine '{base.name}' is the first engine, the one a control repeats: "
-            "'control: true' belongs on a later engine"
-        )
-    want = base.model_dump(exclude=_CONTROL_OWN)
-    for e in engines[1:]:
-        if not e.control:
-            continue
-        got = e.model_dump(exclude=_CONTROL_OWN)
-        differ = sorted(k for k in want if want[k] != got[k])
-        if differ:
-            raise ValueError(
-                f"control engine '{e.name}' must repeat '{base.name}' but sets "
-                f"{', '.join(differ)} of its own (a control differs only in name and port)"
-            )
-
-
 # --------------------------------------------------------------------------- loading
 
 
@@ -455,23 +425,6 @@ def _field(loc: tuple, locations: dict) -> str:
     ):
         cur += (last,)
     return ".".join(str(p) for p in cur)
-
-
-def close_hint(name: str, known: list[str]) -> str:
-    """``did you mean 'y'?`` for the known name closest to ``name``, else the known ones."""
-    close = difflib.get_close_matches(name, known, n=1)
-    return f"did you mean '{close[0]}'?" if close else f"known: {', '.join(known)}"
-
-
-def model_in(annotation: Any) -> type[BaseModel] | None:
-    """The section model inside a field's annotation (``X | None``, ``list[X]``, ...)."""
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    for arg in typing.get_args(annotation):
-        found = model_in(arg)
-        if found is not None:
-            return found
-    return None
 
 
 def _known_keys(loc: tuple) -> list[str]:
