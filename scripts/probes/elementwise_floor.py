@@ -62,7 +62,8 @@ def kernel_bytes(m: int, dtype: str) -> list[tuple[str, int]]:
             ("SiLU-and-mul -> e4m3", m * (INTER * (2 * 2 + 1) + 4)),
         ]
     norm = m * h * 2 * 4  # x, residual in; residual, normed out
-    qk = m * ((HQ + HKV) * D * 2 * 2 + HKV * D * 2 + 2 * HKV * D * 2)  # q/k in and back, v in, k/v out
+    # q / k in and back, v in, k / v out
+    qk = m * ((HQ + HKV) * D * 2 * 2 + HKV * D * 2 + 2 * HKV * D * 2)
     return [
         ("input norm", norm),
         ("q/k norm + RoPE + KV write", qk),
