@@ -18,7 +18,7 @@ from typing import Any
 
 from harness.judge.samples import compare_samples, is_sample_metric
 from harness.metrics.host import BUSY_NOTE
-from harness.metrics.stats import finite, holm, significance
+from harness.metrics.stats import finite, holm, significance, wider_band
 from harness.names import direction, is_metric, metric_names
 from harness.report.model import Cell, Metric, Report, as_report
 from harness.spec.load import unknown
@@ -36,8 +36,7 @@ def compare_metric(name: str, base: Metric, new: Metric, alpha: float, test: str
         delta = (n - b) / abs(b)
     else:
         delta = 0.0 if n == 0 else math.copysign(math.inf, n)
-    bands = [x for x in (base.noise_band, new.noise_band) if finite(x)]
-    band = max(bands) if bands else 0.0
+    band = wider_band(base.noise_band, new.noise_band)
     out.update(delta_pct=100 * delta, band_pct=100 * band)
     bv, nv = base.values or [], new.values or []
     if len(bv) < 2 or len(nv) < 2:

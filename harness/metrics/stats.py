@@ -21,6 +21,12 @@ def finite(x: Any) -> bool:
     return isinstance(x, (int, float)) and math.isfinite(x)
 
 
+def wider_band(*bands: Any) -> float:
+    """The widest of the finite noise bands given (0.0 when none is): the relative change a
+    comparison of two cells must exceed."""
+    return max((b for b in bands if finite(b)), default=0.0)
+
+
 def _arr(values) -> np.ndarray:
     a = np.asarray([v for v in values if v is not None], dtype=float)
     return a[np.isfinite(a)]

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from harness.metrics.stats import finite, ratio_ci
+from harness.metrics.stats import finite, ratio_ci, wider_band
 from harness.report.model import Cell, Metric, Report
 from harness.report.render import med_ci, num, pct
 from harness.report.render_stages import Table
@@ -48,8 +48,9 @@ def _reach(r: dict) -> float:
 def _band(metric: str, b: Cell, o: Cell, reach: float) -> tuple[float, str]:
     """The relative change a verdict must exceed on ``metric``: the wider of the two cells'
     noise bands and the A/A controls' reach, with which of them it is."""
-    bands = [c.metrics[metric].noise_band for c in (b, o) if c.metrics.get(metric) is not None]
-    noise = max((x for x in bands if finite(x)), default=0.0)
+    noise = wider_band(
+        *(c.metrics[metric].noise_band for c in (b, o) if c.metrics.get(metric) is not None)
+    )
     if finite(reach) and reach >= noise:
         return reach, "A/A spread"
     return noise, "noise band"

@@ -95,3 +95,13 @@ def test_holm_adjusted_p_values():
     assert holm([0.5, 0.9]) == [1.0, 1.0]
     assert holm([]) == []
     assert holm([0.2]) == [0.2]
+
+
+def test_wider_band_takes_the_widest_finite_band_or_zero():
+    from harness.metrics.stats import finite, wider_band
+
+    assert wider_band(0.02, 0.05) == 0.05
+    assert wider_band(0.02, float("nan"), None) == 0.02
+    assert wider_band() == 0.0 and wider_band(None, float("inf")) == 0.0
+    assert finite(3) and finite(0.5)
+    assert not finite(float("nan")) and not finite(None) and not finite("1")
