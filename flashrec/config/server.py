@@ -7,6 +7,10 @@ from dataclasses import dataclass
 from flashrec.config.engine import EngineConfig
 from flashrec.config.flags import check_choice, opt, uvloop_installed
 
+# a prompt of at most this many characters, arriving while no other request is being handled,
+# is built on the event loop (FLASHREC_PROMPT_INLINE=idle, the default; off: always a thread)
+INLINE_PROMPT_CHARS = 1 << 15
+
 
 @dataclass(frozen=True)
 class ServerConfig(EngineConfig):
@@ -57,8 +61,8 @@ class ServerConfig(EngineConfig):
         4,
         "threads that build prompts (chat template + tokenization) in parallel, each with its "
         "own tokenizer copy; 1 = one thread over the engine's tokenizer; a prompt of at most "
-        "32,768 characters whose request is the only one being handled is built on the event "
-        "loop instead (FLASHREC_PROMPT_INLINE=off keeps it on a thread)",
+        f"{INLINE_PROMPT_CHARS:,} characters whose request is the only one being handled is "
+        "built on the event loop instead (FLASHREC_PROMPT_INLINE=off keeps it on a thread)",
     )
     respond_workers: int = opt(
         0,

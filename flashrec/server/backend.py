@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from flashrec.config.flags import env_choice
+from flashrec.config.server import INLINE_PROMPT_CHARS
 from flashrec.engine.request import EngineError, GenRequest, GenResult, QueueFullError
 from flashrec.prompt import LengthGuard, PromptTooLong, bound_word_cache, length_guard
 from flashrec.server import responses
@@ -60,10 +61,9 @@ PROMPT_ERRORS = (ValueError, TypeError, LookupError, _TemplateError)
 
 LARGE_PROMPT_CHARS = 1 << 18  # prompts longer than this (text characters) take the large lane
 LARGE_LANE_DEPTH = 2  # large prompts being built or waiting at once; another one is a 503
-# a prompt of at most this many characters, arriving while no other request is being handled,
-# is built on the event loop (FLASHREC_PROMPT_INLINE=idle, the default; off: always a thread):
-# no hand-off to a thread and back, its encoding on the thread that just read the request
-INLINE_PROMPT_CHARS = 1 << 15
+# FLASHREC_PROMPT_INLINE=idle (the default): a prompt of at most INLINE_PROMPT_CHARS whose
+# handler is alone is built on the event loop: no hand-off to a thread and back, its encoding
+# on the thread that just read the request; off: always a thread
 PROMPT_INLINE = env_choice("FLASHREC_PROMPT_INLINE", "idle", ("idle", "off"))
 STALL_LIMIT_S = 10.0  # an ordinary prompt waiting this long for a thread: /health degraded
 
