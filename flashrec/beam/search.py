@@ -1,10 +1,8 @@
 """One beam-search step: exact global top-n over (beam x catalog-valid next token).
 
 NOTE on ordering: candidates are laid out parent-major with codes ascending inside each
-parent (the trie's CSR order), and selected in a *stable* descending order, so ties are
-broken by the lowest (parent beam, token id) and results are reproducible bit for bit (one
-stable sort, or with ``FLASHREC_TOP_N=topk`` a top-k over keys that cannot tie: the same
-selection).
+parent (the trie's CSR order), and selected with a *stable* descending sort, so ties are
+broken by the lowest (parent beam, token id) and results are reproducible bit for bit.
 Dead beams carry cum = -inf; every state has a fixed row count (the request's n) so the
 step is shape-static.
 """
@@ -14,13 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-
-from flashrec.config.flags import env_choice
-
-# how top_n selects: "sort", one stable descending sort of every candidate; "topk", torch.topk
-# over int64 keys that hold the candidate's index below its score (order_keys): no ties, so
-# the same rows in the same order, without sorting all of them
-TOP_N = env_choice("FLASHREC_TOP_N", "sort", ("sort", "topk"))
 
 
 @dataclass
@@ -123,18 +114,6 @@ def expand(
     return res
 
 
-def order_keys(x: torch.Tensor) -> torch.Tensor:
-    """int64 keys, one per element of ``x [B, M]`` (float), whose descending order is ``x``'s
-    stable descending order: the float's bits made monotone as a signed int32 (-0.0 taken as
-    +0.0) in the high half, ``M - 1 - index`` in the low half, so equal values rank by lower
-    index and no two keys are equal. Graph-safe."""
-    m = x.shape[-1]
-    bits = (x.float() + 0.0).contiguous().view(torch.int32)
-    mono = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # negatives: magnitude bits flipped
-    low = (m - 1) - torch.arange(m, device=x.device, dtype=torch.int64)
-    return mono.to(torch.int64) * (1 << 32) + low
-
-
 def top_n(
     total: torch.Tensor,
     cand_codes: torch.Tensor,
@@ -142,20 +121,16 @@ def top_n(
     n: int,
     f: int,
     key: torch.Tensor | None = None,
-    method: str | None = None,
 ) -> StepResult:
     """The ``n`` best of ``B`` requests' candidates: ``total [B, m * F]`` (cumulative logprobs,
     parent-major), ``cand_codes`` / ``cand_nodes`` with ``B * m * F`` elements, ranked by
-    ``key`` (default ``total``) in a stable descending order, so ties fall to the lowest
-    (parent, code). ``method``: "sort" or "topk" (default ``TOP_N``), the same selection.
-    Returns ``[B, min(n, m * F)]`` tensors. Graph-safe: no host reads, shapes from the
-    arguments' shapes only. The eager expansion and the static step both select here."""
+    ``key`` (default ``total``) in ONE stable descending sort, so ties fall to the lowest
+    (parent, code). Returns ``[B, min(n, m * F)]`` tensors. Graph-safe: no host reads, shapes
+    from the arguments' shapes only. The eager expansion and the static step both select
+    here."""
     b = total.shape[0]
-    rank = total if key is None else key
-    if (method or TOP_N) == "topk":
-        order = torch.topk(order_keys(rank), min(n, rank.shape[1]), dim=1).indices
-    else:
-        order = torch.sort(rank, dim=1, descending=True, stable=True).indices[:, :n]
+    order = torch.sort(total if key is None else key, dim=1, descending=True, stable=True)
+    order = order.indices[:, :n]
     return StepResult(
         torch.div(order, f, rounding_mode="floor"),
         cand_codes.reshape(b, -1).gather(1, order),
