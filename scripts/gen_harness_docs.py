@@ -119,6 +119,7 @@ DESCRIPTIONS: dict[str, str] = {
     "trace.settle_s": "trace files must be unchanged this long to count as complete",
     "trace.timeout_s": "give up waiting for the files (trace status `timeout` / `missing`)",
     "trace.profile_args": "extra `/start_profile` fields (`activities`, `with_stack`, `record_shapes`, ...)",
+    "trace.spans": "host annotations (e.g. `flashrec.beam`) each traced file's report breaks down: host time per occurrence, direct children, own time, the GPU work launched; a name the trace lacks is said",
     "stats.bootstrap": "bootstrap resamples of the median",
     "stats.confidence": "interval level (the keys stay `ci95_*`)",
     "stats.min_rounds": "fewer rounds: a no-conclusion note",

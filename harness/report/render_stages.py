@@ -324,6 +324,32 @@ def _file_details(f: dict) -> list[tuple[str, list[str]]]:
                 for r in f["gpu_idle_by_python"][:5]
             )
             out.append((f"GPU idle by Python frame: {frames}", []))
+    out.extend(_span_lines(f.get("span_breakdown") or []))
+    return out
+
+
+def _span_lines(rows: list[dict]) -> list[tuple[str, list[str]]]:
+    """The host spans a matrix asked to break down (``trace.spans``): per span its host time,
+    its direct children, its own time and the GPU work it launched; a span the trace does not
+    hold is said, not left out."""
+    out: list[tuple[str, list[str]]] = []
+    for r in rows:
+        if not r.get("count"):
+            out.append((f"host span {r['span']}: not in the trace", []))
+            continue
+        kids = [
+            f"{k['name'][:70]} {k['total_us'] / 1000:.2f} ms (x{k['count']}, {k['pct']:.1f}%)"
+            for k in r.get("children", [])
+        ]
+        out.append(
+            (
+                f"host span {r['span']} x{r['count']}: {r['host_us_mean'] / 1000:.2f} ms each "
+                f"on the host, {r['self_us'] / 1000:.1f} ms of {r['host_us'] / 1000:.1f} in "
+                f"its own code; it launched {r['gpu_us'] / 1000:.1f} ms of GPU work "
+                f"({r['gpu_ops']} ops). Its direct children by host time:",
+                kids,
+            )
+        )
     return out
 
 

@@ -244,7 +244,9 @@ async def _traced_round(ctx, cell, target, reqs, prime, res: CellResult) -> None
                 waited_s=round(wait.waited_s, 2),
                 stop="ok" if stop_ok else stop_detail,
             )
-            trace["files"] = [summarize_trace(f["path"]) for f in wait.files]
+            trace["files"] = [
+                summarize_trace(f["path"], spans=tuple(spec.spans)) for f in wait.files
+            ]
             if wait.status != "complete":  # said where the cell is read, not only in its trace
                 res.notes.append(
                     f"trace {wait.status}: no complete trace file in {out_dir} after "

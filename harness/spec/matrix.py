@@ -202,6 +202,18 @@ class TraceSpec(SpecModel):
     settle_s: float = Field(5.0, ge=0)
     timeout_s: float = Field(180.0, gt=0)
     profile_args: dict[str, Any] = {}
+    # host annotations (e.g. flashrec.beam) whose inside each traced file's report breaks down:
+    # host time per occurrence, its direct children, its self time, the GPU work it launched
+    spans: list[str] = []
+
+    @field_validator("spans")
+    @classmethod
+    def _named_spans(cls, v: list[str]) -> list[str]:
+        if any(not str(n).strip() for n in v) or len(set(v)) != len(v):
+            raise ValueError(
+                "trace.spans: each entry a host annotation's name, no blanks or repeats"
+            )
+        return v
 
 
 class StatsSpec(SpecModel):

@@ -28,13 +28,18 @@ from harness.trace.host import (
 
 
 def summarize_events(
-    events: list[dict], top_k: int = 10, gaps_k: int = 5, classes: tuple = ()
+    events: list[dict],
+    top_k: int = 10,
+    gaps_k: int = 5,
+    classes: tuple = (),
+    spans: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """Summary of a list of chrome trace events (see the module docstring); ``classes``:
-    extra ``(name, regex)`` kernel classes, tried before the built-in ones."""
-    spans = gpu_spans(events)
-    merged = union(spans)
-    gpu = gpu_summary(events, spans, merged, top_k, gaps_k, classes)
+    extra ``(name, regex)`` kernel classes, tried before the built-in ones; ``spans``: host
+    annotations broken down (``span_breakdown``, one entry each, ``count`` 0 when absent)."""
+    intervals = gpu_spans(events)
+    merged = union(intervals)
+    gpu = gpu_summary(events, intervals, merged, top_k, gaps_k, classes)
     idle = idle_by_host(events, merged=merged)
     by_span = gpu_time_by_span(events, classes=classes)
     rows = by_span["gpu_time_by_span"]
@@ -58,17 +63,22 @@ def summarize_events(
         **host_stalls(events),
         **decode_cadence(events),
         **cpu_summary(events, top_k),
+        **({"span_breakdown": [span_breakdown(events, n, top_k) for n in spans]} if spans else {}),
     }
 
 
 def summarize_trace(
-    path: str | Path, top_k: int = 10, gaps_k: int = 5, classes: tuple = ()
+    path: str | Path,
+    top_k: int = 10,
+    gaps_k: int = 5,
+    classes: tuple = (),
+    spans: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """Summary of one trace file, with its path and size; ``error`` when it cannot be read."""
     p = Path(path)
     out: dict[str, Any] = {"path": str(p), "size_bytes": p.stat().st_size if p.exists() else 0}
     try:
-        out.update(summarize_events(load_events(p), top_k, gaps_k, classes))
+        out.update(summarize_events(load_events(p), top_k, gaps_k, classes, spans))
     except (OSError, ValueError, EOFError) as exc:
         out["error"] = f"{type(exc).__name__}: {exc}"
     return out

@@ -50,7 +50,13 @@ def test_full_loop_restarts_warmup_trace(tmp_path, marker):
     m = base_matrix(
         engine,
         axes={"beam_width": [4, 8], "concurrency": [1, 2]},
-        trace={"cells": "first", "num_steps": 7, "settle_s": 0.3, "timeout_s": 20},
+        trace={
+            "cells": "first",
+            "num_steps": 7,
+            "settle_s": 0.3,
+            "timeout_s": 20,
+            "spans": ["ProfilerStep#2", "flashrec.absent"],
+        },  # fmt: skip
         catalog={"path": str(catalog)},
         gates=[{"metric": "invalid_rate", "op": "==", "value": 0}],
     )
@@ -86,6 +92,10 @@ def test_full_loop_restarts_warmup_trace(tmp_path, marker):
     assert t["status"] == "complete" and t["waited_s"] >= 1.0
     assert len(t["files"]) == 1 and t["files"][0]["steps"] == 7
     assert t["files"][0]["size_bytes"] > 0 and t["files"][0]["device"] == "cpu"
+    # trace.spans: each named host span broken down, one the trace lacks said so
+    step2, absent = t["files"][0]["span_breakdown"]
+    assert step2["span"] == "ProfilerStep#2" and step2["count"] == 1 and step2["host_us"] == 5.0
+    assert absent == {"span": "flashrec.absent", "count": 0}
     start, end = t["window"]
     assert {r["phase"] for r in rows} == {"warmup", "prime", "measure", "trace"}
     for r in rows:
@@ -97,6 +107,8 @@ def test_full_loop_restarts_warmup_trace(tmp_path, marker):
     assert processes_with(marker) == []
     md = (out / "REPORT.md").read_text()
     assert "## Traces" in md and "fake,beam_width=8,concurrency=2" in md
+    assert "host span ProfilerStep#2 x1: 0.01 ms each on the host" in md
+    assert "host span flashrec.absent: not in the trace" in md
 
 
 def test_crash_hang_and_bad_flag_fail_only_their_cells(tmp_path, marker):

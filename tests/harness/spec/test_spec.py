@@ -35,6 +35,8 @@ def test_valid_spec_parses():
         (GOOD.replace("protocol: generate", "protocol: grpc"), 2, "engine.protocol", "chat"),
         (GOOD + "gates:\n  - {metric: qps}\n", 8, "gates.0", "op"),
         (GOOD + "trace: {cells: [x], num_steps: 0}\n", 7, "trace.num_steps", "greater"),
+        (GOOD + "trace: {cells: [x], spans: [a, a]}\n", 7, "trace.spans", "no blanks or repeats"),
+        (GOOD + "trace: {cells: [x], spans: [' ']}\n", 7, "trace.spans", "no blanks or repeats"),
         (GOOD.replace("axes:", "axes: [\n"), 6, "", "expected"),
     ],
 )

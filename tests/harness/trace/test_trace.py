@@ -459,3 +459,38 @@ def test_report_lists_gpu_time_by_kind(tmp_path):
     events = [_kernel("nvjet_sm90_tst_gemm", 0, 3000), _kernel("rms_norm_kernel", 3000, 1000)]
     text = "\n".join(_report_lines(tmp_path, events))
     assert "GPU time by kind: GEMM 3.0 ms (75.0%), norm / activation / quant 1.0 ms (25.0%)" in text
+
+
+def test_named_spans_are_broken_down_in_the_summary_and_the_report(tmp_path):
+    """summarize_trace(spans=...) adds one span_breakdown per name (count 0 for a span the trace
+    lacks) and the report's trace lines show each: its host time, own time, launched GPU work
+    and direct children; without names the summary has no such key."""
+    from harness.report.render_stages import trace_lines
+
+    events = [
+        _span("flashrec.beam", 0, 400),
+        {"ph": "X", "cat": "cpu_op", "name": "aten::stack", "ts": 10, "dur": 100},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaGraphLaunch", "ts": 200, "dur": 50,
+         "args": {"correlation": 3}},
+        {**_kernel("step_kernel", 260, 900), "args": {"correlation": 3}},
+        _span("flashrec.beam", 2000, 200),
+    ]  # fmt: skip
+    for e in events:
+        e.setdefault("pid", 0)
+        e.setdefault("tid", 0)
+    p = tmp_path / "t.trace.json.gz"
+    with gzip.open(p, "wt") as fh:
+        json.dump({"traceEvents": events}, fh)
+    assert "span_breakdown" not in summarize_trace(p)
+    s = summarize_trace(p, spans=("flashrec.beam", "flashrec.results"))
+    beam, results = s["span_breakdown"]
+    assert beam["count"] == 2 and beam["host_us"] == 600.0 and beam["self_us"] == 450.0
+    assert beam["gpu_us"] == 900.0 and results == {"span": "flashrec.results", "count": 0}
+    lines = trace_lines({"cells": [{"id": "c", "trace": {"status": "complete", "files": [s]}}]})
+    text = "\n".join(lines)
+    assert (
+        "host span flashrec.beam x2: 0.30 ms each on the host, 0.5 ms of 0.6 in its own code; "
+        "it launched 0.9 ms of GPU work (1 ops)" in text
+    )
+    assert "aten::stack 0.10 ms (x1, 16.7%)" in text
+    assert "host span flashrec.results: not in the trace" in text
