@@ -119,20 +119,27 @@ def graph_of(fn, calls: int = 1) -> torch.cuda.CUDAGraph:
     return graph
 
 
-def _gpu_us(fn) -> float:
-    """Microseconds per call of ``fn`` on the GPU: ``CALLS`` calls captured in one graph, the
-    fastest of ``REPLAYS`` replays."""
-    fn()  # compile / pick the algorithm before anything is timed
-    graph = graph_of(fn, CALLS)
-    graph.replay()  # first replay uploads the graph
-    best = float("inf")
-    for _ in range(REPLAYS):
+def replay_us(graph: torch.cuda.CUDAGraph, calls: int, replays: int) -> list[float]:
+    """Microseconds per call of each of ``replays`` replays of ``graph`` (holding ``calls``
+    calls), timed with CUDA events; a first replay (the graph's upload) is not timed."""
+    graph.replay()
+    out = []
+    for _ in range(replays):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
         graph.replay()
         b.record()
         b.synchronize()
-        best = min(best, a.elapsed_time(b) * 1000.0 / CALLS)
+        out.append(a.elapsed_time(b) * 1000.0 / calls)
+    return out
+
+
+def _gpu_us(fn) -> float:
+    """Microseconds per call of ``fn`` on the GPU: ``CALLS`` calls captured in one graph, the
+    fastest of ``REPLAYS`` replays."""
+    fn()  # compile / pick the algorithm before anything is timed
+    graph = graph_of(fn, CALLS)
+    best = min(replay_us(graph, CALLS, REPLAYS))
     del graph
     return best
 

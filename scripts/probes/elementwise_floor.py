@@ -114,22 +114,12 @@ def _timer(iters: int, calls: int):
 
         return cpu
 
-    from flashrec.kernels.gemm_choice import graph_of
+    from flashrec.kernels.gemm_choice import graph_of, replay_us
 
     def gpu(fn) -> float:
         fn()
         torch.cuda.synchronize()
-        graph = graph_of(fn, calls)
-        graph.replay()
-        ts = []
-        for _ in range(iters):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            graph.replay()
-            b.record()
-            b.synchronize()
-            ts.append(a.elapsed_time(b) * 1000.0 / calls)
-        return statistics.median(ts)
+        return statistics.median(replay_us(graph_of(fn, calls), calls, iters))
 
     return gpu
 

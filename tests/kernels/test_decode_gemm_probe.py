@@ -3,23 +3,12 @@ tiny shapes it runs without a GPU (every form's output checked against the first
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "scripts" / "probes" / "decode_gemm_probe.py"
+from probe_helpers import load_probe, run_probe
 
 
 def _probe():
-    spec = importlib.util.spec_from_file_location("decode_gemm_probe", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_probe("decode_gemm_probe")
 
 
 def test_parse_tile_reads_every_field_and_refuses_malformed_specs():
@@ -31,11 +20,8 @@ def test_parse_tile_reads_every_field_and_refuses_malformed_specs():
             probe.parse_tile(bad)
 
 
-def _run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, str(SCRIPT), *args], cwd=ROOT, capture_output=True, text=True,
-        timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )  # fmt: skip
+def _run(*args: str):
+    return run_probe("decode_gemm_probe", *args)
 
 
 def test_probe_runs_every_shape_on_cpu_and_refuses_a_bad_tile():

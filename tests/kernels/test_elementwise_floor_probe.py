@@ -3,23 +3,12 @@ arithmetic, its refusals, and the script itself at the small M it runs without a
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "scripts" / "probes" / "elementwise_floor.py"
+from probe_helpers import load_probe, run_probe
 
 
 def _probe():
-    spec = importlib.util.spec_from_file_location("elementwise_floor", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_probe("elementwise_floor")
 
 
 def test_kernel_bytes_per_token_follow_the_layer_shapes():
@@ -51,11 +40,8 @@ def test_floor_share_rescales_one_class_and_keeps_the_rest():
             p.parse_shares([bad])
 
 
-def _run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, str(SCRIPT), *args], cwd=ROOT, capture_output=True, text=True,
-        timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT), "CUDA_VISIBLE_DEVICES": ""},
-    )  # fmt: skip
+def _run(*args: str):
+    return run_probe("elementwise_floor", *args, timeout=300, cpu=True)
 
 
 def test_probe_runs_both_forms_on_cpu_and_refuses_shares_without_the_class():
