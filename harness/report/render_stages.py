@@ -338,7 +338,7 @@ def _span_lines(rows: list[dict]) -> list[tuple[str, list[str]]]:
             out.append((f"host span {r['span']}: not in the trace", []))
             continue
         kids = [
-            f"{k['name'][:70]} {k['total_us'] / 1000:.2f} ms (x{k['count']}, {k['pct']:.1f}%)"
+            f"{k['name'][:70]} {k['total_us'] / 1000:.2f} ms (x{k['count']}, {k['pct'] or 0:.1f}%)"
             for k in r.get("children", [])
         ]
         out.append(
