@@ -111,10 +111,13 @@ def span_breakdown(events: list[dict], name: str, top_k: int = 10) -> dict[str, 
     """The inside of host annotation ``name`` (see the module docstring): occurrences, host
     time, direct children by total time, self time, and the GPU work launched from inside.
     ``{"span": name, "count": 0}`` when the trace has no such span."""
+    return span_breakdowns(events, [name], top_k)[0]
+
+
+def span_breakdowns(events: list[dict], names: list[str], top_k: int = 10) -> list[dict]:
+    """:func:`span_breakdown` of each of ``names``, over one per-thread index of the host
+    events (built once, not once per name)."""
     host = [e for e in events if e.get("ph") == "X" and e.get("cat") in HOST_CATS]
-    spans = [e for e in host if e.get("cat") == "user_annotation" and e.get("name") == name]
-    if not spans:
-        return {"span": name, "count": 0}
     by_thread: dict[tuple, list[dict]] = defaultdict(list)
     for e in host:
         by_thread[(e.get("pid"), e.get("tid"))].append(e)
@@ -122,6 +125,14 @@ def span_breakdown(events: list[dict], name: str, top_k: int = 10) -> dict[str, 
     for key, evs in by_thread.items():
         evs.sort(key=lambda e: (float(e["ts"]), -float(e.get("dur", 0))))
         starts[key] = [float(e["ts"]) for e in evs]
+    return [_breakdown(events, host, by_thread, starts, n, top_k) for n in names]
+
+
+def _breakdown(events, host, by_thread, starts, name: str, top_k: int) -> dict[str, Any]:
+    """One span's breakdown over the index of :func:`span_breakdowns`."""
+    spans = [e for e in host if e.get("cat") == "user_annotation" and e.get("name") == name]
+    if not spans:
+        return {"span": name, "count": 0}
     children: dict[str, list[float]] = {}
     correlations: set = set()
     total = inside = 0.0

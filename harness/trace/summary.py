@@ -23,7 +23,7 @@ from harness.trace.host import (
     decode_cadence,
     host_stalls,
     profiler_steps,
-    span_breakdown,
+    span_breakdowns,
 )
 
 
@@ -63,7 +63,7 @@ def summarize_events(
         **host_stalls(events),
         **decode_cadence(events),
         **cpu_summary(events, top_k),
-        **({"span_breakdown": [span_breakdown(events, n, top_k) for n in spans]} if spans else {}),
+        **({"span_breakdown": span_breakdowns(events, list(spans), top_k)} if spans else {}),
     }
 
 
@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     for path in args.traces:
         if args.span:
             events = load_events(path)
-            out: Any = [span_breakdown(events, n, args.top) for n in args.span]
+            out: Any = span_breakdowns(events, args.span, args.top)
         else:
             out = summarize_trace(path, top_k=args.top, classes=tuple(classes))
         print(json.dumps(out, indent=1, default=str))
