@@ -100,7 +100,6 @@ ZH = {
     "prefill_graph_max_tokens": "单独一个、无缓存前缀且不超过该 token 数的 prompt 重放整段前向的 CUDA graph（按 128 token 分桶）；0 = 关闭；默认：捕获 CUDA graph 时为 2048，否则为 0",
     "enable_step_graph": "把每个 decode step 整体（前向、LM head、trie 掩码、top-n、beam 扩展、KV 重排）捕获为一个 CUDA graph；默认：捕获 decode CUDA graph 时开启",
     "overlap_results": "一个 step 完成的请求在下一个 step 的 GPU 工作发出之后才交回，使 host 构建回答时 GPU 不空闲；默认：使用 CUDA 时开启",
-    "overlap_results_steps": "配合 --overlap-results：其他请求运行时，最多可暂缓交回多少个 step 的完成请求（拷贝已到达的结果立即交回）；2 让 host 比 GPU 多提前规划一个 step",
     "decode_max_splits": "GPU beam-decode attention 在窄 batch 上对 prompt 的最大切分数（split-K，1-8；1 = 不切分）",
     "decode_prompt_attention": "GPU beam-decode attention 的 prompt 部分：triton（一个 kernel，连同每个 beam 自己的 key）、flashinfer（在 >= 512 行的 batch 上用 FlashInfer 的 prefill：BF16 pool 上直接 paged，FP8 pool 则先把 prompt 暂存为 BF16 再 ragged；再用一个 kernel 合并 beam 自己的 key；需要 --attention-backend flashinfer）或 auto：Hopper GPU 上，bfloat16 KV cache，或 FP8 KV cache 且 --beam-width >= 256 时用 flashinfer（--deterministic 下不用），否则 triton",
     "attention_backend": "attention 后端：torch（参考实现，CPU）、triton（GPU：SDPA prefill + Triton beam decode）或 flashinfer（GPU：FlashInfer ragged prefill + Triton beam decode）；默认：flashinfer 支持该模型时用 flashinfer，否则 triton；CPU 上用 torch",
@@ -217,18 +216,6 @@ NOTES = [
         "已有后续工作时才等待它。任何结果的等待都不超过下一个 step 的 launch；没有其他工作时"
         "结果立即交回，逐个请求时不受影响。CPU 上关闭（host 与 device 共用 CPU 核）；"
         "--no-overlap-results 让每个结果在本 step 交回。",
-    ),
-    (
-        "--overlap-results-steps",
-        "Held results go back oldest first: those held that many steps, after a wait for their "
-        "copy, and any whose copy has already landed, without one. With 1 a result waits for "
-        "at most the next step's launches; with 2 the host launches one more step before it "
-        "waits, so the GPU has more work queued while the host answers, and a result can come "
-        "back up to two steps later. Nothing is held while nothing else runs.",
-        "暂缓的结果按从旧到新交回：已暂缓满该 step 数的（等待其拷贝完成），以及拷贝已到达的"
-        "（无需等待）。取 1 时结果最多等到下一个 step 的 launch；取 2 时 host 在等待前多发出"
-        "一个 step，host 构建回答期间 GPU 排队的工作更多，结果最多晚两个 step 交回。没有其他"
-        "工作时不暂缓。",
     ),
     (
         "--prefill-graph-max-tokens",

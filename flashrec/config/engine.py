@@ -129,12 +129,6 @@ class EngineConfig:
         "hand a step's finished requests back after the next step's GPU work is launched, so the "
         "GPU does not idle while the host answers; default: on with CUDA",
     )
-    overlap_results_steps: int = opt(
-        1,
-        "with --overlap-results: how many steps' finished requests may be held back while "
-        "others run (results whose copy has landed are handed back at once); 2 lets the host "
-        "plan one step further ahead of the GPU",
-    )
     prefill_graph_max_tokens: int | None = opt(
         None,
         "a lone prompt of at most this many tokens with no cached prefix replays a whole-forward "
@@ -266,10 +260,6 @@ class EngineConfig:
             raise ValueError(
                 f"--cuda-graph-max-bs must be >= 1, got {self.cuda_graph_max_bs} (to decode "
                 "without CUDA graphs: --disable-cuda-graph)"
-            )
-        if not 1 <= self.overlap_results_steps <= 8:
-            raise ValueError(
-                f"--overlap-results-steps must be in 1..8, got {self.overlap_results_steps}"
             )
         if not 1 <= self.decode_max_splits <= 8:
             raise ValueError(f"--decode-max-splits must be in 1..8, got {self.decode_max_splits}")

@@ -10,7 +10,7 @@ from flashrec.config import EngineConfig
 from flashrec.engine.engine import Engine
 
 
-def _engine(model_dir, overlap: bool, steps: int = 1) -> Engine:
+def _engine(model_dir, overlap: bool) -> Engine:
     return Engine(
         EngineConfig(
             model_path=str(model_dir),
@@ -18,7 +18,6 @@ def _engine(model_dir, overlap: bool, steps: int = 1) -> Engine:
             batch_slots=256,
             enable_prefix_cache=False,
             overlap_results=overlap,
-            overlap_results_steps=steps,
         )
     )
 
@@ -73,7 +72,7 @@ def _one_at_a_time(eng: Engine, widths) -> tuple[int, list]:
             steps += 1
             out = sched.step()
         assert [r.rid for r, _ in out] == [f"r{i}"]
-        assert not sched._pending and not sched.has_work()  # handed back in its own step
+        assert sched._pending is None and not sched.has_work()  # handed back in its own step
         results.append(out[0][1])
     return steps, results
 
@@ -95,7 +94,7 @@ def test_held_results_survive_a_failed_step(tiny_model):
     a = eng.new_request(_prompt(eng, 0), n=4, rid="a")
     b = eng.new_request(_prompt(eng, 1), n=4, rid="b")
     sched.add(a)
-    while not sched._pending:  # run a alone until it finishes, then hold it behind b
+    while sched._pending is None:  # run a alone until it finishes, then hold it behind b
         if not sched.waiting and not sched.running:
             pytest.fail("a finished without being held back")
         if len(sched.running) == 1 and sched.running[0].generated == sched.depth - 1:
@@ -114,53 +113,9 @@ def test_held_results_survive_a_failed_step(tiny_model):
     eng2 = _engine(tiny_model, True)
     s2 = eng2.scheduler
     s2.add(eng2.new_request(_prompt(eng2, 0), n=4, rid="a"))
-    while not s2._pending:
+    while s2._pending is None:
         if len(s2.running) == 1 and s2.running[0].generated == s2.depth - 1:
             s2.add(eng2.new_request(_prompt(eng2, 1), n=4, rid="b"))
         s2.step()
     err = RuntimeError("step failed")
     assert [(r.rid, e) for r, e in s2.flush_pending(err)] == [("a", err)]
-
-
-def test_two_steps_hold_results_at_most_two_steps(tiny_model):
-    """``--overlap-results-steps 2``: the same results, none held more than two steps, some
-    held exactly two (on CPU no copy lands early), and the last one handed back at once."""
-    off = _staggered(_engine(tiny_model, False), WIDTHS)
-    two = _staggered(_engine(tiny_model, True, steps=2), WIDTHS)
-    lags = []
-    for rid, (s_off, a) in off.items():
-        s_two, b = two[rid]
-        assert [x.token_ids for x in a.beams] == [x.token_ids for x in b.beams]
-        assert [x.sequence_score for x in a.beams] == [x.sequence_score for x in b.beams]
-        lags.append(s_two - s_off)
-    assert set(lags) <= {0, 1, 2} and 2 in lags
-    assert max(s for s, _ in two.values()) == max(s for s, _ in off.values())
-
-
-def test_two_held_steps_are_flushed_together(tiny_model):
-    """Results of two steps held at once all come back from ``flush_pending`` (oldest first),
-    or all get the error."""
-    for err in (None, RuntimeError("step failed")):
-        eng = _engine(tiny_model, True, steps=2)
-        sched = eng.scheduler
-        reqs = [eng.new_request(_prompt(eng, i), n=n, rid=f"r{i}") for i, n in enumerate(WIDTHS)]
-        got = []
-        while len(sched._pending) < 2:  # one request joins per step: they finish a step apart
-            assert reqs or sched.has_work(), "never two steps held"
-            if reqs:
-                sched.add(reqs.pop(0))
-            got += [r.rid for r, _ in sched.step()]
-        held = [st.req.rid for p in sched._pending for st in p.states]
-        flushed = sched.flush_pending(err)
-        assert [r.rid for r, _ in flushed] == held and not sched._pending
-        assert not set(held) & set(got)
-        if err is None:
-            assert all(res.beams for _, res in flushed)
-        else:
-            assert all(res is err for _, res in flushed)
-
-
-def test_steps_outside_their_range_are_refused():
-    for bad in (0, 9):
-        with pytest.raises(ValueError, match="--overlap-results-steps must be in 1..8"):
-            EngineConfig(model_path="m", overlap_results_steps=bad)

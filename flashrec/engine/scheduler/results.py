@@ -26,12 +26,6 @@ class PendingResults:
     ordered: list[int]
     host: torch.Tensor
     event: torch.cuda.Event | None
-    step: int = 0  # the scheduler step that started it (how long it has been held)
-
-    def landed(self) -> bool:
-        """Whether the copy has completed, asked without a wait (False on CPU, where nothing
-        is copied: held results there go back by the step count alone)."""
-        return self.event is not None and self.event.query()
 
 
 class ResultManager:

@@ -3,8 +3,6 @@ managers (admission, prefill, decode with its beam expansion, results, KV cache)
 
 from __future__ import annotations
 
-from collections import deque
-
 from flashrec.engine.prefill_graph import BUCKET
 from flashrec.engine.request import GenRequest, GenResult, SidText
 from flashrec.engine.runner import ModelRunner
@@ -70,11 +68,9 @@ class Scheduler:
         self.waiting: list[GenRequest] = self.admission.waiting  # the same list
         self.running: list[ReqState] = []
         # --overlap-results: a step's finished requests, their results' device-to-host copy
-        # started, handed back by a later step once its GPU work is launched (oldest first; at
-        # most --overlap-results-steps steps' worth held)
+        # started, handed back by the next step once its GPU work is launched
         self.overlap_results = cfg.resolved_overlap_results
-        self.overlap_steps = cfg.overlap_results_steps
-        self._pending: deque[PendingResults] = deque()
+        self._pending: PendingResults | None = None
 
     # ---- public -------------------------------------------------------------------------
     def add(self, req: GenRequest) -> None:
@@ -105,7 +101,7 @@ class Scheduler:
         and those of running (or held-back) requests; a replaced catalog no longer held is
         dropped with its last request."""
         out = {id(version): version for version in self.catalogs.live()}
-        held = [st for pending in self._pending for st in pending.states]
+        held = self._pending.states if self._pending is not None else []
         for st in [*self.running, *held]:
             out.setdefault(id(st.catalog), st.catalog)
         return list(out.values())
@@ -152,14 +148,9 @@ class Scheduler:
         """Results held back by ``--overlap-results`` (finished now), or ``exc`` for each of
         those requests when given; the engine loop calls it when a step fails, so no finished
         request is lost."""
-        out: Finished = []
-        while self._pending:
-            out.extend(self._finish_oldest(exc))
-        return out
-
-    def _finish_oldest(self, exc: BaseException | None = None) -> Finished:
-        """The oldest held step's results (a wait for its copy where it has not landed)."""
-        pending = self._pending.popleft()
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return []
         if exc is not None:
             return [(st.req, exc) for st in pending.states]
         try:
@@ -183,22 +174,24 @@ class Scheduler:
             out.extend(self.prefill.run(admitted, self.running))
         out.extend(self.decode.run(self.running))
         done = [s for s in self.running if s.done]
+        started = None
         if done:
             with trace_range("flashrec.results"):
                 started = self.results.start(done)  # device ranking + asynchronous copy
-                started.step = self.stats.steps_total
-                self._pending.append(started)
-                self.running[:] = [s for s in self.running if not s.done]
                 for st in done:
+                    self.running.remove(st)
                     self.cache.release(st)  # stream order: later writes to its KV come after
-        # held-back results: this step's GPU work is already queued, so the GPU keeps running
-        # while they are waited for and built. With nothing else to run, all go back now;
-        # else those held --overlap-results-steps steps (with a wait) and any whose copy has
-        # landed (no wait), oldest first
-        busy = self.overlap_results and bool(self.waiting or self.running)
-        oldest = self.stats.steps_total - (self.overlap_steps if busy else 0)
-        while self._pending and (self._pending[0].step <= oldest or self._pending[0].landed()):
+        hold = started is not None and self.overlap_results and bool(self.waiting or self.running)
+        if started is not None and not hold:  # nothing else queued: hand them back now
             with trace_range("flashrec.results"):
-                out.extend(self._finish_oldest())
+                out.extend(self.results.finish(started))
+        # the previous step's held-back results: this step's GPU work is already queued, so
+        # the GPU keeps running while they are waited for and built (after a wait for a later
+        # copy just above, their event has passed: no second wait)
+        if self._pending is not None:
+            with trace_range("flashrec.results"):
+                out.extend(self.flush_pending())
+        if hold:
+            self._pending = started
         self.stats.steps_total += 1
         return out
