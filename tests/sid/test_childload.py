@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
-import threading
-import time
 
 import numpy as np
 import pytest
+from probe_helpers import load_probe
 
 from flashrec import boundedread
 from flashrec.sid import childload
@@ -99,25 +98,9 @@ def test_paths_that_are_not_regular_files_stay_here(tmp_path):
 
 
 def _max_gap_while(fn) -> float:
-    """The longest another thread of this process waited to run while ``fn`` ran (seconds)."""
-    gaps, stop = [0.0], threading.Event()
-
-    def tick():
-        last = time.perf_counter()
-        while not stop.is_set():
-            time.sleep(0.001)
-            now = time.perf_counter()
-            gaps.append(now - last)
-            last = now
-
-    t = threading.Thread(target=tick)
-    t.start()
-    try:
-        fn()
-    finally:
-        stop.set()
-        t.join()
-    return max(gaps)
+    """The longest another thread of this process waited to run while ``fn`` ran (seconds):
+    the 1 ms ticker of ``scripts/probes/reload_stall_probe.py``."""
+    return max(load_probe("reload_stall_probe").ticking(fn)[1])
 
 
 def test_a_large_reload_leaves_other_threads_running(tmp_path, monkeypatch):
