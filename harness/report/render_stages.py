@@ -255,6 +255,21 @@ def _file_details(f: dict) -> list[tuple[str, list[str]]]:
                 [],
             )
         )
+    per = f.get("gpu_ms_per_request")
+    if isinstance(per, (int, float)):
+        parts = ", ".join(
+            f"{name} {ms:.2f}" for name, ms in (f.get("gpu_ms_per_request_by_class") or {}).items()
+        )
+        out.append(
+            (
+                f"GPU work per request: {per:.2f} ms ({parts}) over the "
+                f"{f['requests_in_window']} requests answered inside the traced window; with "
+                f"the GPU never idle that is {f['qps_at_full_busy']:.1f} QPS",
+                [],
+            )
+        )
+    elif f.get("requests_in_window") == 0:
+        out.append(("GPU work per request: no request was answered inside the traced window", []))
     if f.get("annotations"):
         spans = ", ".join(
             f"{k['name']} x{k['count']} {k['total_us'] / 1000:.1f} ms" for k in f["annotations"][:6]

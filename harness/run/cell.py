@@ -23,7 +23,7 @@ from typing import Any
 
 import aiohttp
 
-from harness.load.client import Record, now
+from harness.load.client import EPOCH_UNIX, Record, now
 from harness.load.loop import Target, closed_loop, make_requests, prepare_radix, run_load
 from harness.load.sids import SidChecker
 from harness.load.workload import PromptRenderer, PromptSet
@@ -40,7 +40,7 @@ from harness.trace.capture import (
     trace_prefix,
     wait_until_stable,
 )
-from harness.trace.summary import summarize_trace
+from harness.trace.summary import summarize_trace, work_per_request
 
 
 class CellFailure(RuntimeError):
@@ -247,6 +247,14 @@ async def _traced_round(ctx, cell, target, reqs, prime, res: CellResult) -> None
             trace["files"] = [
                 summarize_trace(f["path"], spans=tuple(spec.spans)) for f in wait.files
             ]
+            # the GPU work per request answered inside each file's window (Unix clock)
+            ends = [
+                EPOCH_UNIX + r.t_end
+                for r in res.records
+                if r.phase == "trace" and r.round == rnd and r.status == "ok"
+            ]
+            for f in trace["files"]:
+                f.update(work_per_request(f, ends))
             if wait.status != "complete":  # said where the cell is read, not only in its trace
                 res.notes.append(
                     f"trace {wait.status}: no complete trace file in {out_dir} after "

@@ -19,11 +19,21 @@ DECODE_SPANS = ("flashrec.decode", "flashrec.decode_step")
 
 def load_events(path: str | Path) -> list[dict]:
     """The ``traceEvents`` of a chrome trace file (``.json`` or ``.json.gz``)."""
+    return load_trace(path)[0]
+
+
+def load_trace(path: str | Path) -> tuple[list[dict], float | None]:
+    """The ``traceEvents`` of a chrome trace file and the Unix time (s) its ``ts`` count from:
+    torch.profiler's files carry it as ``baseTimeNanoseconds``; None without it."""
     p = Path(path)
     opener = gzip.open if p.name.endswith(".gz") else open
     with opener(p, "rt") as f:
         data = json.load(f)
-    return data.get("traceEvents", []) if isinstance(data, dict) else list(data)
+    if not isinstance(data, dict):
+        return list(data), None
+    base = data.get("baseTimeNanoseconds")
+    base_s = base / 1e9 if isinstance(base, (int, float)) and not isinstance(base, bool) else None
+    return data.get("traceEvents", []), base_s
 
 
 def union(intervals: list[tuple[float, float, str]]) -> list[tuple[float, float, str, str]]:

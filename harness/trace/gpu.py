@@ -118,6 +118,8 @@ def gpu_summary(
     if not spans:
         return {
             "gpu_busy_fraction": NA,
+            "gpu_busy_us": NA,
+            "gpu_window_us": NA,
             "largest_gaps_us": NA,
             "gaps_over": NA,
             "cuda_graph_launches": graph if runtime else NA,
@@ -161,6 +163,9 @@ def gpu_summary(
     fp8_us = sum(v[0] for n, v in gemms.items() if FP8.search(n))
     return {
         "gpu_busy_fraction": round(busy / span, 4) if span > 0 else NA,
+        "gpu_busy_us": round(busy, 1),
+        # first GPU operation's start, last one's end, in the trace's own clock (``ts``, us)
+        "gpu_window_us": [merged[0][0], merged[-1][1]],
         "largest_gaps_us": gaps,
         "gaps_over": gaps_over,
         "cuda_graph_launches": graph,

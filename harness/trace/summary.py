@@ -16,7 +16,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from harness.trace.events import NA, gpu_spans, load_events, union
+from harness.trace.events import NA, gpu_spans, load_events, load_trace, union
 from harness.trace.gpu import gpu_summary, gpu_time_by_span, idle_by_host, idle_by_python
 from harness.trace.host import (
     cpu_summary,
@@ -78,10 +78,44 @@ def summarize_trace(
     p = Path(path)
     out: dict[str, Any] = {"path": str(p), "size_bytes": p.stat().st_size if p.exists() else 0}
     try:
-        out.update(summarize_events(load_events(p), top_k, gaps_k, classes, spans))
+        events, base_s = load_trace(p)
+        out.update(summarize_events(events, top_k, gaps_k, classes, spans))
     except (OSError, ValueError, EOFError) as exc:
         out["error"] = f"{type(exc).__name__}: {exc}"
+        return out
+    window = out.get("gpu_window_us")
+    if base_s is not None and isinstance(window, list):  # the GPU's window in Unix time
+        out["gpu_window_unix"] = [base_s + window[0] / 1e6, base_s + window[1] / 1e6]
     return out
+
+
+def work_per_request(summary: dict[str, Any], ends_unix: list[float]) -> dict[str, Any]:
+    """The GPU work per answered request in a traced window: ``ends_unix``, when the traced
+    round's requests were answered (Unix s); those answered inside the trace's GPU window
+    (``gpu_window_unix``) share its GPU busy time and its time per kernel class. Requests
+    are partly worked on before or after the window, so this is an estimate whose error
+    shrinks with the requests in it. {} without the window (a trace without a base time, or
+    no GPU operations)."""
+    window = summary.get("gpu_window_unix")
+    busy = summary.get("gpu_busy_us")
+    if not isinstance(window, list) or not isinstance(busy, (int, float)) or busy <= 0:
+        return {}
+    n = sum(1 for t in ends_unix if window[0] <= t <= window[1])
+    if n == 0:
+        return {"requests_in_window": 0}
+    classes = summary.get("gpu_time_by_class")
+    by_class = (
+        {c["name"]: round(c["total_us"] / 1e3 / n, 3) for c in classes}
+        if isinstance(classes, list)
+        else {}
+    )
+    return {
+        "requests_in_window": n,
+        "gpu_ms_per_request": round(busy / 1e3 / n, 3),
+        "gpu_ms_per_request_by_class": by_class,
+        # the QPS this GPU work allows with the GPU never idle
+        "qps_at_full_busy": round(n / (busy / 1e6), 2),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

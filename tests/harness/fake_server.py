@@ -1,7 +1,7 @@
 """A fake beam server for harness tests: both protocols, deterministic beams, no model.
 
     python tests/harness/fake_server.py --port P [--crash-after N] [--hang-after N]
-        [--fail-start] [--latency-ms X] [--slow-trace] [--slow-first N] [--startup-s S]
+        [--fail-start] [--latency-ms X] [--slow-trace] [--gpu-trace] [--slow-first N] [--startup-s S]
         [--sid-vocab-file F] [--invalid-every K] [--dup-every K] [--spawn-child]
         [--ignore-sigterm] [--capacity C] [--crash-once-file F] [--tokenize-ms X]
 
@@ -49,6 +49,9 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--hang", action=argparse.BooleanOptionalAction, default=False)
     p.add_argument("--fail-start", action=argparse.BooleanOptionalAction, default=False)
     p.add_argument("--slow-trace", action=argparse.BooleanOptionalAction, default=False)
+    # a torch.profiler-like trace: one kernel per profiled request and the Unix time its ts
+    # count from (baseTimeNanoseconds), as a GPU server's files carry
+    p.add_argument("--gpu-trace", action="store_true")
     p.add_argument("--trace-write-s", type=float, default=1.5)
     p.add_argument("--slow-first", type=int, default=0)
     p.add_argument("--slow-first-ms", type=float, default=300.0)
@@ -239,7 +242,7 @@ async def start_profile(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
 
 
-def trace_bytes(spans: list[tuple[float, float, str]], steps: int) -> bytes:
+def trace_bytes(spans: list[tuple[float, float, str]], steps: int, gpu: bool = False) -> bytes:
     t0 = spans[0][0] if spans else 0.0
     events = [
         {
@@ -278,7 +281,11 @@ def trace_bytes(spans: list[tuple[float, float, str]], steps: int) -> bytes:
         }
         for i in range(4000)
     ]
-    return gzip.compress(json.dumps({"traceEvents": events}).encode(), compresslevel=1)
+    doc: dict = {"traceEvents": events}
+    if gpu:  # spans are time.monotonic(); the base is t0 on the Unix clock
+        events += [{**e, "cat": "kernel", "tid": 7} for e in events[: len(spans)]]
+        doc["baseTimeNanoseconds"] = int((t0 + time.time() - time.monotonic()) * 1e9)
+    return gzip.compress(json.dumps(doc).encode(), compresslevel=1)
 
 
 async def write_slowly(path: Path, data: bytes, seconds: float, fake: Fake) -> None:
@@ -301,7 +308,7 @@ async def stop_profile(request: web.Request) -> web.Response:
     out = Path(prof.get("output_dir") or ".")
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{prof.get('profile_prefix', 'fake')}-{int(time.time())}.trace.json.gz"
-    data = trace_bytes(fake.profiled, int(prof.get("num_steps", 5)))
+    data = trace_bytes(fake.profiled, int(prof.get("num_steps", 5)), fake.args.gpu_trace)
     if fake.args.slow_trace:
         asyncio.get_running_loop().create_task(
             write_slowly(path, data, fake.args.trace_write_s, fake)

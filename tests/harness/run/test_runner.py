@@ -424,3 +424,28 @@ def test_a_trace_that_never_completes_is_said_in_the_cell(tmp_path, marker):
     assert any(n.startswith("trace timeout: no complete trace file") for n in cell["notes"])
     assert "trace timeout" in (out / "REPORT.md").read_text()
     assert not processes_with(marker)
+
+
+def test_a_gpu_trace_gives_the_work_per_request_of_its_window(tmp_path, marker):
+    """A trace with torch.profiler's base time (the fake's ``--gpu-trace``: one kernel per
+    request it served while profiling): the runner counts the traced round's answers inside
+    the trace's GPU window, on the harness's clock mapped to Unix time, and the report gives
+    the GPU work per request. A wrong mapping (seconds off) would find none."""
+    engine = fake_engine("--gpu-trace", "--latency-ms", "20", "--marker", marker)
+    m = base_matrix(
+        engine,
+        axes={"beam_width": [4], "concurrency": [1]},
+        load={"rounds": 1, "beam_width": 4, "request_timeout_s": 10},
+        trace={"cells": "first", "num_steps": 3, "settle_s": 0.2, "timeout_s": 20},
+    )
+    out = tmp_path / "out"
+    assert run_cli(str(write_matrix(tmp_path, m)), "--out", str(out)) == 0
+    (cell,) = load(out)["cells"]
+    (f,) = cell["trace"]["files"]
+    traced = [r for r in records(out) if r["phase"] == "trace" and r["status"] == "ok"]
+    # each answer ends after its kernel: the last one (at least) falls after the window
+    assert 1 <= f["requests_in_window"] < len(traced), (f, len(traced))
+    assert f["gpu_ms_per_request"] == round(f["gpu_busy_us"] / 1e3 / f["requests_in_window"], 3)
+    assert f["gpu_ms_per_request"] >= 15.0  # a kernel per request, each the fake's 20 ms
+    assert "GPU work per request:" in (out / "REPORT.md").read_text()
+    assert not processes_with(marker)

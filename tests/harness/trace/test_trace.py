@@ -494,3 +494,97 @@ def test_named_spans_are_broken_down_in_the_summary_and_the_report(tmp_path):
     )
     assert "aten::stack 0.10 ms (x1, 16.7%)" in text
     assert "host span flashrec.results: not in the trace" in text
+
+
+def test_gpu_work_per_request_from_the_window_in_unix_time(tmp_path):
+    """A trace with torch.profiler's ``baseTimeNanoseconds``: its GPU window in Unix time
+    (base + ts); the requests answered inside it share its busy time and its time per kernel
+    class; answers before or after the window, and failed ones the caller left out, do not
+    count. The report says the figure, and what the GPU never idle would allow."""
+    from harness.report.render_stages import trace_lines
+    from harness.trace.summary import work_per_request
+
+    base = 1_796_600_000.0  # s
+    events = [
+        _kernel("nvjet_sm90_tst_gemm", 1_000_000, 3000),  # ts in us from the base
+        _kernel("rms_norm_kernel", 1_003_000, 1000),
+        _kernel("nvjet_sm90_tst_gemm", 1_010_000, 2000),  # a 6 ms idle gap before it
+    ]
+    for e in events:
+        e.setdefault("pid", 0)
+        e.setdefault("tid", 0)
+    p = tmp_path / "t.trace.json.gz"
+    with gzip.open(p, "wt") as fh:
+        json.dump({"traceEvents": events, "baseTimeNanoseconds": int(base * 1e9)}, fh)
+    s = summarize_trace(p)
+    assert s["gpu_busy_us"] == 6000.0 and s["gpu_window_us"] == [1_000_000, 1_012_000]
+    lo, hi = s["gpu_window_unix"]
+    assert abs(lo - (base + 1.0)) < 1e-6 and abs(hi - (base + 1.012)) < 1e-6
+    ends = [base + 0.99, base + 1.001, base + 1.005, base + 1.011, base + 1.02]  # 3 inside
+    w = work_per_request(s, ends)
+    assert w["requests_in_window"] == 3
+    assert w["gpu_ms_per_request"] == 2.0  # 6 ms of GPU work over 3 answers
+    assert w["gpu_ms_per_request_by_class"] == {
+        "GEMM": round(5.0 / 3, 3),
+        "norm / activation / quant": round(1.0 / 3, 3),
+    }
+    assert w["qps_at_full_busy"] == 500.0  # 3 answers per 6 ms of GPU work
+    assert work_per_request(s, [base + 2.0]) == {"requests_in_window": 0}
+    text = "\n".join(
+        trace_lines(
+            {"cells": [{"id": "c", "trace": {"status": "complete", "files": [{**s, **w}]}}]}
+        )
+    )
+    assert (
+        "GPU work per request: 2.00 ms (GEMM 1.67, norm / activation / quant 0.33) over the 3 "
+        "requests answered inside the traced window; with the GPU never idle that is 500.0 QPS"
+    ) in text
+    none = {**s, "requests_in_window": 0}
+    text = "\n".join(
+        trace_lines({"cells": [{"id": "c", "trace": {"status": "complete", "files": [none]}}]})
+    )
+    assert "no request was answered inside the traced window" in text
+
+
+def test_no_work_per_request_without_a_base_time_or_gpu_work(tmp_path):
+    """A trace without ``baseTimeNanoseconds`` has no Unix window, and a CPU-only one no busy
+    time: nothing is estimated (never a figure from a missing clock)."""
+    from harness.trace.summary import work_per_request
+
+    gpu = [_kernel("nvjet_sm90_tst_gemm", 0, 1000)]
+    cpu = [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 10}]
+    for name, events, base in (("g", gpu, None), ("c", cpu, 1_796_600_000 * 10**9)):
+        for e in events:
+            e.setdefault("pid", 0)
+            e.setdefault("tid", 0)
+        p = tmp_path / f"{name}.trace.json.gz"
+        doc = {"traceEvents": events, **({"baseTimeNanoseconds": base} if base else {})}
+        with gzip.open(p, "wt") as fh:
+            json.dump(doc, fh)
+        s = summarize_trace(p)
+        assert "gpu_window_unix" not in s
+        assert work_per_request(s, [1_796_600_000.0]) == {}
+
+
+def test_torch_profiler_files_count_ts_from_their_base_time(tmp_path):
+    """The fact the per-request estimate (and the fake's ``--gpu-trace``) rests on, checked on
+    the installed torch: a chrome trace it exports carries ``baseTimeNanoseconds``, and base +
+    ``ts`` is the Unix time of the event."""
+    import time
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from harness.trace.events import load_trace
+
+    before = time.time()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        x = torch.randn(64, 64)
+        _ = x @ x
+    after = time.time()
+    path = tmp_path / "cpu.trace.json"
+    prof.export_chrome_trace(str(path))
+    events, base_s = load_trace(path)
+    ts = [e["ts"] for e in events if e.get("ph") == "X" and "ts" in e]
+    assert base_s is not None and ts
+    assert before - 0.01 <= base_s + min(ts) / 1e6 <= base_s + max(ts) / 1e6 <= after + 0.01
