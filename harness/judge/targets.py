@@ -7,7 +7,10 @@ target, ``factor`` = how many times better the cell must get to meet it (target 
 ``>=`` / ``>``, actual / target for ``<=`` / ``<``; <= 1 when met), ``missed_by`` = the absolute
 shortfall (0 when met). For a speed target (``qps``, ``latency_*``) on a cell with an MFU,
 ``mfu_needed`` = the cell's MFU x ``factor``: the model-FLOP utilisation the cell would need to
-meet it with the same FLOPs per request (a derived figure, not a measurement).
+meet it with the same FLOPs per request (a derived figure, not a measurement). A missed speed
+target on a traced cell also says the trace's GPU work per request and the QPS it allows with
+the GPU never idle (``docs/harness/traces.md``): a QPS target above it needs less work per
+request, not a busier GPU.
 
 With ``relative_to: "key=value,..."`` the actual is a ratio: the cell's median over that of
 the same run's cell with those parameters changed (``value: 0.95`` = at least 95% of it);
@@ -41,8 +44,21 @@ def _mfu(cell: Cell) -> float | None:
     return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
 
 
-def check(target: TargetSpec, actual: float, mfu: float | None = None) -> dict[str, Any]:
-    """One cell's outcome for a target (``mfu``: the cell's MFU, for ``mfu_needed``)."""
+def _traced_work(cell: Cell) -> dict[str, Any] | None:
+    """The GPU work per request of the cell's first traced file that has it
+    (:func:`harness.trace.summary.work_per_request`), or None."""
+    files = (cell.trace or {}).get("files") if isinstance(cell.trace, dict) else None
+    for f in files or []:
+        if isinstance(f, dict) and isinstance(f.get("gpu_ms_per_request"), (int, float)):
+            return f
+    return None
+
+
+def check(
+    target: TargetSpec, actual: float, mfu: float | None = None, work: dict | None = None
+) -> dict[str, Any]:
+    """One cell's outcome for a target (``mfu``: the cell's MFU, for ``mfu_needed``;
+    ``work``: its traced GPU work per request, said beside a missed speed target)."""
     met = bool(OPS[target.op](actual, target.value))
     higher = target.op in (">=", ">")
     ratio = actual / target.value if target.value else math.inf
@@ -61,6 +77,11 @@ def check(target: TargetSpec, actual: float, mfu: float | None = None) -> dict[s
         if mfu_needed is not None:
             text += f", MFU {mfu:.1%} -> {mfu_needed:.1%}"
         text += ")"
+        if speed and work is not None:  # the trace's measure of what the GPU work allows
+            text += (
+                f"; traced GPU work {work['gpu_ms_per_request']:.3g} ms per request, at most "
+                f"{work['qps_at_full_busy']:.4g} QPS with the GPU never idle"
+            )
     return {
         "actual": actual,
         "target": target.value,
@@ -129,7 +150,8 @@ def evaluate_targets(targets: list[TargetSpec], report: Report | dict) -> Target
                 if reason := (cell.unchecked or {}).get(t.metric):  # not measurable
                     why[cell.id] = reason
                 continue
-            checks.append(TargetCheck(cell=cell.id, **check(t, actual, _mfu(cell))))
+            got = check(t, actual, _mfu(cell), _traced_work(cell))
+            checks.append(TargetCheck(cell=cell.id, **got))
         missed = any(not c.met for c in checks)
         # met only when every selected cell was measured and met it: a cell without the
         # metric (failed, or no quality eval) leaves the target partial, never met

@@ -371,3 +371,32 @@ def test_a_target_with_an_unmeasured_cell_is_partial_not_met():
     assert evaluate_targets(strict, rep).to_json()["fail_run"] is True
     rep["cells"] = rep["cells"][:1]
     assert evaluate_targets(targets, rep).to_json()["status"] == "met"
+
+
+def test_a_missed_speed_target_says_what_the_traced_gpu_work_allows():
+    """A traced cell whose file has the GPU work per request: a missed QPS or latency target
+    also says that work and the QPS it allows with the GPU never idle (here 1.5 ms: at most
+    666.7 QPS, so 800 needs less work per request); a met one, a cell without it, and a
+    non-speed metric say nothing of it."""
+    rep = _report(
+        [
+            ("a", {"beam_width": 50}, {"qps": 600.0, "error_rate": 0.02}),
+            ("b", {"beam_width": 8}, {"qps": 600.0}),
+        ]
+    )
+    work = {"gpu_ms_per_request": 1.5, "qps_at_full_busy": 666.67, "requests_in_window": 400}
+    rep["cells"][0]["trace"] = {"files": [{"device": "gpu"}, work]}  # the first with it counts
+    targets = [
+        TargetSpec(metric="qps", op=">=", value=800, cells="beam_width=50"),
+        TargetSpec(metric="qps", op=">=", value=500, cells="beam_width=50"),
+        TargetSpec(metric="error_rate", op="<=", value=0.01, cells="beam_width=50"),
+        TargetSpec(metric="qps", op=">=", value=800, cells="beam_width=8"),
+    ]
+    missed, met, err, untraced = (
+        r["checks"][0]["text"] for r in evaluate_targets(targets, rep).to_json()["results"]
+    )
+    assert missed.endswith(
+        "; traced GPU work 1.5 ms per request, at most 666.7 QPS with the GPU never idle"
+    )
+    for text in (met, err, untraced):
+        assert "traced GPU work" not in text
