@@ -386,12 +386,13 @@ def test_a_missed_speed_target_says_what_the_traced_gpu_work_allows():
     )
     work = {"gpu_ms_per_request": 1.5, "qps_at_full_busy": 666.67, "requests_in_window": 400}
     rep["cells"][0]["trace"] = {"files": [{"device": "gpu"}, work]}  # the first with it counts
-    targets = [
-        TargetSpec(metric="qps", op=">=", value=800, cells="beam_width=50"),
-        TargetSpec(metric="qps", op=">=", value=500, cells="beam_width=50"),
-        TargetSpec(metric="error_rate", op="<=", value=0.01, cells="beam_width=50"),
-        TargetSpec(metric="qps", op=">=", value=800, cells="beam_width=8"),
-    ]
+    asked = (  # (metric, op, value, cells): missed, met, not a speed metric, untraced
+        ("qps", ">=", 800, "beam_width=50"),
+        ("qps", ">=", 500, "beam_width=50"),
+        ("error_rate", "<=", 0.01, "beam_width=50"),
+        ("qps", ">=", 800, "beam_width=8"),
+    )
+    targets = [TargetSpec(metric=m, op=o, value=v, cells=c) for m, o, v, c in asked]
     missed, met, err, untraced = (
         r["checks"][0]["text"] for r in evaluate_targets(targets, rep).to_json()["results"]
     )

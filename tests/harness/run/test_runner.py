@@ -406,20 +406,27 @@ def test_each_cell_records_its_server_start_time(tmp_path, marker):
     assert len(starts) == 2 and all(1.5 <= s < 20 for s in starts), starts
 
 
+def _one_traced_cell(tmp_path: Path, engine: dict, timeout_s: float) -> tuple[Path, dict]:
+    """One n=4 c=1 cell on ``engine``, one measured round and a 3-step traced round waited
+    for up to ``timeout_s``: the run's directory and its cell."""
+    m = base_matrix(
+        engine,
+        axes={"beam_width": [4], "concurrency": [1]},
+        load={"rounds": 1, "beam_width": 4, "request_timeout_s": 10},
+        trace={"cells": "first", "num_steps": 3, "settle_s": 0.2, "timeout_s": timeout_s},
+    )
+    out = tmp_path / "out"
+    assert run_cli(str(write_matrix(tmp_path, m)), "--out", str(out)) == 0
+    (cell,) = load(out)["cells"]
+    return out, cell
+
+
 def test_a_trace_that_never_completes_is_said_in_the_cell(tmp_path, marker):
     """A traced round whose file is still being written at trace.timeout_s: the cell keeps its
     measured rounds (the trace is an extra), and its notes say the trace timed out, where the
     report shows the cell, not only in the trace entry."""
     engine = fake_engine("--slow-trace", "--trace-write-s", "30", "--marker", marker)
-    m = base_matrix(
-        engine,
-        axes={"beam_width": [4], "concurrency": [1]},
-        load={"rounds": 1, "beam_width": 4, "request_timeout_s": 10},
-        trace={"cells": "first", "num_steps": 3, "settle_s": 0.2, "timeout_s": 1.5},
-    )
-    out = tmp_path / "out"
-    assert run_cli(str(write_matrix(tmp_path, m)), "--out", str(out)) == 0
-    (cell,) = load(out)["cells"]
+    out, cell = _one_traced_cell(tmp_path, engine, timeout_s=1.5)
     assert cell["status"] == "ok" and cell["trace"]["status"] == "timeout", cell["trace"]
     assert any(n.startswith("trace timeout: no complete trace file") for n in cell["notes"])
     assert "trace timeout" in (out / "REPORT.md").read_text()
@@ -432,15 +439,7 @@ def test_a_gpu_trace_gives_the_work_per_request_of_its_window(tmp_path, marker):
     the trace's GPU window, on the harness's clock mapped to Unix time, and the report gives
     the GPU work per request. A wrong mapping (seconds off) would find none."""
     engine = fake_engine("--gpu-trace", "--latency-ms", "20", "--marker", marker)
-    m = base_matrix(
-        engine,
-        axes={"beam_width": [4], "concurrency": [1]},
-        load={"rounds": 1, "beam_width": 4, "request_timeout_s": 10},
-        trace={"cells": "first", "num_steps": 3, "settle_s": 0.2, "timeout_s": 20},
-    )
-    out = tmp_path / "out"
-    assert run_cli(str(write_matrix(tmp_path, m)), "--out", str(out)) == 0
-    (cell,) = load(out)["cells"]
+    out, cell = _one_traced_cell(tmp_path, engine, timeout_s=20)
     (f,) = cell["trace"]["files"]
     traced = [r for r in records(out) if r["phase"] == "trace" and r["status"] == "ok"]
     # each answer ends after its kernel: the last one (at least) falls after the window
