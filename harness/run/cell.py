@@ -209,6 +209,21 @@ async def _load(ctx, cell, target, reqs, rnd: int, phase: str, res: CellResult) 
             res.server["replicas"] = replicas.accumulate(res.server.get("replicas"), urls, per)
 
 
+def add_work_per_request(files: list[dict], records: list[Record], rnd: int) -> None:
+    """The GPU work per request answered inside the traced file's window (Unix clock: the
+    records' clock plus ``EPOCH_UNIX``), added to that file's summary; only where exactly one
+    file of the round holds GPU work (replicas' files would each count every answer)."""
+    gpu_files = [f for f in files if "gpu_window_unix" in f]
+    if len(gpu_files) != 1:
+        return
+    ends = [
+        EPOCH_UNIX + r.t_end
+        for r in records
+        if r.phase == "trace" and r.round == rnd and r.status == "ok"
+    ]
+    gpu_files[0].update(work_per_request(gpu_files[0], ends))
+
+
 async def _traced_round(ctx, cell, target, reqs, prime, res: CellResult) -> None:
     """The extra, profiled round: radix -> start -> load -> stop -> wait for the files."""
     spec = ctx.spec.trace
@@ -247,14 +262,7 @@ async def _traced_round(ctx, cell, target, reqs, prime, res: CellResult) -> None
             trace["files"] = [
                 summarize_trace(f["path"], spans=tuple(spec.spans)) for f in wait.files
             ]
-            # the GPU work per request answered inside each file's window (Unix clock)
-            ends = [
-                EPOCH_UNIX + r.t_end
-                for r in res.records
-                if r.phase == "trace" and r.round == rnd and r.status == "ok"
-            ]
-            for f in trace["files"]:
-                f.update(work_per_request(f, ends))
+            add_work_per_request(trace["files"], res.records, rnd)
             if wait.status != "complete":  # said where the cell is read, not only in its trace
                 res.notes.append(
                     f"trace {wait.status}: no complete trace file in {out_dir} after "

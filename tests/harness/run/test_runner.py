@@ -448,3 +448,28 @@ def test_a_gpu_trace_gives_the_work_per_request_of_its_window(tmp_path, marker):
     assert f["gpu_ms_per_request"] >= 15.0  # a kernel per request, each the fake's 20 ms
     assert "GPU work per request:" in (out / "REPORT.md").read_text()
     assert not processes_with(marker)
+
+
+def test_work_per_request_only_where_one_file_holds_the_gpu_work():
+    """One GPU file in the traced round: its answers inside the window counted (the round's
+    ok ones only); two (replicas behind a router, each counting every answer) or none: no
+    estimate at all."""
+    from harness.load.client import EPOCH_UNIX, Record
+    from harness.run.cell import add_work_per_request
+
+    def gpu_file() -> dict:
+        return {"gpu_window_unix": [EPOCH_UNIX + 10.0, EPOCH_UNIX + 11.0], "gpu_busy_us": 1e5}
+
+    recs = [Record("c", 3, "trace", i, 0, t_send=9.0, t_end=10.0 + i / 10) for i in range(5)]
+    recs += [
+        Record("c", 3, "trace", 5, 0, t_send=9.0, t_end=10.5, status="error"),
+        Record("c", 2, "measure", 6, 0, t_send=9.0, t_end=10.5),
+        Record("c", 3, "trace", 7, 0, t_send=9.0, t_end=12.0),  # after the window
+    ]
+    one = [gpu_file(), {"device": "cpu"}]
+    add_work_per_request(one, recs, 3)
+    assert one[0]["requests_in_window"] == 5 and one[0]["gpu_ms_per_request"] == 20.0
+    assert "requests_in_window" not in one[1]
+    two = [gpu_file(), gpu_file()]
+    add_work_per_request(two, recs, 3)
+    assert all("requests_in_window" not in f for f in two)
