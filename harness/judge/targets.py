@@ -47,7 +47,7 @@ def _mfu(cell: Cell) -> float | None:
 def _traced_work(cell: Cell) -> dict[str, Any] | None:
     """The GPU work per request of the cell's first traced file that has it
     (:func:`harness.trace.summary.work_per_request`), or None."""
-    files = (cell.trace or {}).get("files") if isinstance(cell.trace, dict) else None
+    files = cell.trace.get("files") if isinstance(cell.trace, dict) else None
     for f in files or []:
         if isinstance(f, dict) and isinstance(f.get("gpu_ms_per_request"), (int, float)):
             return f

@@ -125,11 +125,13 @@ def span_breakdowns(events: list[dict], names: list[str], top_k: int = 10) -> li
     for key, evs in by_thread.items():
         evs.sort(key=lambda e: (float(e["ts"]), -float(e.get("dur", 0))))
         starts[key] = [float(e["ts"]) for e in evs]
-    return [_breakdown(events, host, by_thread, starts, n, top_k) for n in names]
+    gpu_ops = [e for e in events if e.get("ph") == "X" and e.get("cat") in GPU_CATS]
+    return [_breakdown(gpu_ops, host, by_thread, starts, n, top_k) for n in names]
 
 
-def _breakdown(events, host, by_thread, starts, name: str, top_k: int) -> dict[str, Any]:
-    """One span's breakdown over the index of :func:`span_breakdowns`."""
+def _breakdown(gpu_ops, host, by_thread, starts, name: str, top_k: int) -> dict[str, Any]:
+    """One span's breakdown over the index of :func:`span_breakdowns` (``gpu_ops``: the
+    trace's GPU operations, matched to the span's runtime calls by correlation id)."""
     spans = [e for e in host if e.get("cat") == "user_annotation" and e.get("name") == name]
     if not spans:
         return {"span": name, "count": 0}
@@ -161,12 +163,11 @@ def _breakdown(events, host, by_thread, starts, name: str, top_k: int) -> dict[s
             inside += te - ts
             end = te
     gpu: dict[str, list[float]] = {}
-    for e in events:
-        if e.get("ph") == "X" and e.get("cat") in GPU_CATS:
-            if (e.get("args") or {}).get("correlation") in correlations:
-                row = gpu.setdefault(str(e.get("name", "")), [0.0, 0])
-                row[0] += float(e.get("dur", 0))
-                row[1] += 1
+    for e in gpu_ops:
+        if (e.get("args") or {}).get("correlation") in correlations:
+            row = gpu.setdefault(str(e.get("name", "")), [0.0, 0])
+            row[0] += float(e.get("dur", 0))
+            row[1] += 1
     gpu_total = sum(r[0] for r in gpu.values())
     return {
         "span": name,
