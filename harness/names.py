@@ -47,6 +47,7 @@ DIRECTIONS: dict[str, int] = {
     "server_respond_ms_mean": 0,  # FlashRec: beams on the host -> answer text
     "server_handoff_ms_mean": 0,  # FlashRec: respond's part up to the handler (not summed)
     "outside_server_ms_mean": 0,  # client latency - the phases above: HTTP, event loops
+    "host_path_ms_mean": 0,  # client latency - engine: every phase but the engine's own
     # the server's own counters over the round (harness.metrics.server), informational
     "server_gc_pause_ms": 0,
     "server_gc_full_collections": 0,
@@ -84,6 +85,7 @@ NAMED_DIRECTIONS: dict[str, int] = {
     "server_respond_ms_mean": -1,
     "server_handoff_ms_mean": -1,
     "outside_server_ms_mean": -1,
+    "host_path_ms_mean": -1,
     "server_gc_pause_ms": -1,
     "server_gc_full_collections": -1,
     "server_gc_slow_pauses": -1,

@@ -28,6 +28,7 @@ NO_TRUTH = "no ground truth: the workload's prompts carry no answer to score"
 SERVER_PHASE_METRICS = {
     *(f"server_{p}_ms_mean" for p in (*SERVER_PHASES, "ipc", "respond", "handoff")),
     "outside_server_ms_mean",
+    "host_path_ms_mean",
 }
 # harness.metrics.replicas: each server's prefix-cache counters around a round
 CACHE_METRICS = ("server_radix_hit_rate", "server_prefill_tokens_per_request")

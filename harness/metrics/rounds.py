@@ -140,6 +140,11 @@ def round_metrics(records: list[Record], extra: Extra | None = None) -> dict[str
         out["outside_server_ms_mean"] = float(
             np.mean([r.latency * 1000.0 - sum(r.server_ms[p] for p in phases) for r in timed])
         )
+        # everything but the engine's own time: what the request spends on the host path
+        # (tokenize, queue, pipe, respond, HTTP and the client), while its GPU work waits
+        out["host_path_ms_mean"] = float(
+            np.mean([r.latency * 1000.0 - r.server_ms["engine"] for r in timed])
+        )
     sums: dict[str, list[float]] = defaultdict(list)
     for r in ok:
         for k, v in r.quality.items():

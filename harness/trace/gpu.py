@@ -4,8 +4,8 @@ Busy fraction (union of kernel / memcpy / memset time over the span from the fir
 of them), the largest gaps between them, CUDA-graph replays (``cudaGraphLaunch`` runtime calls;
 ``decode_graph_replay`` counts only those inside FlashRec's decode spans, since prefill replays
 graphs too), top kernels by time, the time by kind of kernel (``gpu_time_by_class``: attention,
-GEMM, the norm / activation / quant kernels between them, copies, other) and whether the GEMMs
-are FP8 kernels. On a CPU-only trace those fields are ``"n/a"``.
+GEMM, the norm / activation / quant kernels between them, copies, other; ``elementwise_pct``:
+that middle class's share in percent) and whether the GEMMs are FP8 kernels. On a CPU-only trace those fields are ``"n/a"``.
 
 Where the GPU waits (``gpu_idle_by_host``): every gap between GPU operations is charged to the
 outermost host annotation (``record_function`` span, e.g. ``flashrec.prefill``) running at its
@@ -53,10 +53,11 @@ NORM_ACT = re.compile(r"norm|rope|rotary|silu|gelu|swiglu|act_and_mul|quant", re
 COPY = re.compile(r"^mem(cpy|set)\b|direct_copy|copy_kernel|CatArray", re.I)
 # gpu_time_by_class: an operation is the first class its name matches (attention first, as
 # attention kernels carry GEMM-like names), else "other" (e.g. beam search's sort and gather)
+ELEMENTWISE = "norm / activation / quant"
 KERNEL_CLASSES = (
     ("attention", ATTENTION),
     ("GEMM", GEMM),
-    ("norm / activation / quant", NORM_ACT),
+    (ELEMENTWISE, NORM_ACT),
     ("copy / memset", COPY),
 )
 
@@ -128,6 +129,7 @@ def gpu_summary(
             "decode_graph_replay": replay if runtime else NA,
             "top_kernels": NA,
             "gpu_time_by_class": NA,
+            "elementwise_pct": NA,
             "gemm": NA,
         }
     busy = sum(m[1] - m[0] for m in merged)
@@ -161,6 +163,7 @@ def gpu_summary(
     gemms = {n: v for n, v in kernels.items() if GEMM.search(n) and not ATTENTION.search(n)}
     gemm_us = sum(v[0] for v in gemms.values())
     fp8_us = sum(v[0] for n, v in gemms.items() if FP8.search(n))
+    by_class = gpu_time_by_class(((n, *v) for n, v in kernels.items()), classes)
     return {
         "gpu_busy_fraction": round(busy / span, 4) if span > 0 else NA,
         "gpu_busy_us": round(busy, 1),
@@ -174,7 +177,9 @@ def gpu_summary(
         "decode_graph_replay": replay,
         "top_kernels": top_rows(kernels, busy, top_k),
         # classified once per kernel name, not per launch
-        "gpu_time_by_class": gpu_time_by_class(((n, *v) for n, v in kernels.items()), classes),
+        "gpu_time_by_class": by_class,
+        # the norm / activation / quant class's share: what issue goals on fusing it name
+        "elementwise_pct": next((c["pct"] for c in by_class if c["name"] == ELEMENTWISE), 0.0),
         "gemm": {
             "total_us": round(gemm_us, 1),
             "fp8_us": round(fp8_us, 1),

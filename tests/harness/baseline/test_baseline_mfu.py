@@ -258,7 +258,22 @@ def test_h200_targets_dry_run(monkeypatch, capsys):
     assert "--cuda-graph-max-bs 3200" in out and "requests=1280" in out  # ~300-token prompts, c=64
     assert "prompt~2465" in out and "+hf-baseline(2) mfu-ceiling=1450" in out
     assert "prompt~5000" in out and "+hf-baseline(1) mfu-ceiling=760" in out
-    assert out.count("target: ") == 7 and "temperature=0.8" in out
+    assert out.count("target: ") == 11 and "temperature=0.8" in out
+    # every target selects the cells its goal names: the element-wise one the four FP8 cells
+    # at ~2,465 and ~300 tokens (not the FP8 p=5,000 cell), the others at least one
+    from harness.spec.cells import matches
+
+    picked = {
+        t.label: [c for c in cells if matches(c.id, c.params, t.cells or "")] for t in spec.targets
+    }
+    assert all(picked.values())
+    ew = next(v for k, v in picked.items() if k.startswith("element-wise"))
+    assert sorted((c.params["beam_width"], c.params["prompt_tokens"]) for c in ew) == [
+        (50, 300),
+        (50, 2465),
+        (50, 2465),
+        (512, 2465),
+    ]
 
 
 def test_hf_failure_is_recorded(tmp_path):

@@ -34,6 +34,8 @@ def test_round_metrics_break_the_latency_down():
     assert math.isclose(m["server_tokenize_ms_mean"], 2.0)
     assert math.isclose(m["server_queue_ms_mean"], 1.0)
     assert math.isclose(m["outside_server_ms_mean"], ((40 - 33) + (50 - 43)) / 2)
+    # the host path: the latency less the engine's own time
+    assert math.isclose(m["host_path_ms_mean"], ((40 - 30) + (50 - 40)) / 2)
     assert "server_respond_ms_mean" not in m  # a server without the respond phase
     assert "server_engine_ms_mean" not in round_metrics([_rec(0, 0.04, {})])  # no header
     # with respond on every request it is its own column and leaves "outside"
@@ -64,6 +66,7 @@ def test_ipc_phase_is_its_own_column():
     m = round_metrics(recs)
     assert math.isclose(m["server_ipc_ms_mean"], 1.0)
     assert math.isclose(m["outside_server_ms_mean"], ((40 - 36.5) + (50 - 44.5)) / 2)
+    assert math.isclose(m["host_path_ms_mean"], ((40 - 30) + (50 - 40)) / 2)  # ipc counts
     no_ipc = _rec(1, 0.05, {"tokenize": 1.0, "queue": 0.0, "engine": 1.0, "respond": 1.0})
     assert "server_ipc_ms_mean" not in round_metrics([recs[0], no_ipc])
     table = server_timing_table(

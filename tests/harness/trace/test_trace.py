@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -431,11 +432,16 @@ def test_gpu_time_by_kind_of_kernel():
     rows = summarize_events(events)["gpu_time_by_class"]
     assert [r["name"] for r in rows][:2] == ["GEMM", "attention"]  # largest first
     assert sum(r["pct"] for r in rows) == pytest.approx(100)
+    # the element-wise share as one number: 12 of 100 us
+    assert summarize_events(events)["elementwise_pct"] == pytest.approx(12.0)
+    no_norm = [e for e in events if not re.search("norm|silu|quant", e["name"])]
+    assert summarize_events(no_norm)["elementwise_pct"] == 0.0
     # a class of one's own goes first: an unnamed kernel counted as attention
     mine = summarize_events(events, classes=(("attention", r"Sort"),))["gpu_time_by_class"]
     assert {r["name"]: r["total_us"] for r in mine}["attention"] == 34
     assert "other" not in {r["name"] for r in mine}
     assert summarize_events([_span("x", 0, 5)])["gpu_time_by_class"] == "n/a"  # CPU trace
+    assert summarize_events([_span("x", 0, 5)])["elementwise_pct"] == "n/a"
 
 
 def test_trace_summary_command_takes_kernel_classes(tmp_path):
