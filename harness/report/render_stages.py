@@ -260,11 +260,17 @@ def _file_details(f: dict) -> list[tuple[str, list[str]]]:
         parts = ", ".join(
             f"{name} {ms:.2f}" for name, ms in (f.get("gpu_ms_per_request_by_class") or {}).items()
         )
+        n, counted = f["requests_in_window"], f.get("requests_counted")
+        over = (
+            f"the GPU's work between the first and the last of the {n} answers inside the "
+            f"traced window, over the {counted} requests answered after the first"
+            if f.get("estimate") == "between answers"
+            else f"the traced window's work over the {n} requests answered inside it"
+        )
         out.append(
             (
-                f"GPU work per request: {per:.2f} ms ({parts}) over the "
-                f"{f['requests_in_window']} requests answered inside the traced window; with "
-                f"the GPU never idle that is {f['qps_at_full_busy']:.1f} QPS",
+                f"GPU work per request: {per:.2f} ms ({parts}), {over}; with the GPU never idle "
+                f"that is {f['qps_at_full_busy']:.1f} QPS",
                 [],
             )
         )

@@ -209,19 +209,23 @@ async def _load(ctx, cell, target, reqs, rnd: int, phase: str, res: CellResult) 
             res.server["replicas"] = replicas.accumulate(res.server.get("replicas"), urls, per)
 
 
-def add_work_per_request(files: list[dict], records: list[Record], rnd: int) -> None:
+def add_work_per_request(
+    files: list[dict], records: list[Record], rnd: int, busy: list[list] | None = None
+) -> None:
     """The GPU work per request answered inside the traced file's window (Unix clock: the
     records' clock plus ``EPOCH_UNIX``), added to that file's summary; only where exactly one
-    file of the round holds GPU work (replicas' files would each count every answer)."""
-    gpu_files = [f for f in files if "gpu_window_unix" in f]
-    if len(gpu_files) != 1:
+    file of the round holds GPU work (replicas' files would each count every answer).
+    ``busy``: each file's merged GPU busy intervals, in the order of ``files``."""
+    gpu = [i for i, f in enumerate(files) if "gpu_window_unix" in f]
+    if len(gpu) != 1:
         return
     ends = [
         EPOCH_UNIX + r.t_end
         for r in records
         if r.phase == "trace" and r.round == rnd and r.status == "ok"
     ]
-    gpu_files[0].update(work_per_request(gpu_files[0], ends))
+    (i,) = gpu
+    files[i].update(work_per_request(files[i], ends, busy[i] if busy else None))
 
 
 async def _traced_round(ctx, cell, target, reqs, prime, res: CellResult) -> None:
@@ -259,10 +263,12 @@ async def _traced_round(ctx, cell, target, reqs, prime, res: CellResult) -> None
                 waited_s=round(wait.waited_s, 2),
                 stop="ok" if stop_ok else stop_detail,
             )
+            busy: list[list] = [[] for _ in wait.files]  # each file's GPU busy intervals
             trace["files"] = [
-                summarize_trace(f["path"], spans=tuple(spec.spans)) for f in wait.files
+                summarize_trace(f["path"], spans=tuple(spec.spans), busy_out=b)
+                for f, b in zip(wait.files, busy)
             ]
-            add_work_per_request(trace["files"], res.records, rnd)
+            add_work_per_request(trace["files"], res.records, rnd, busy)
             if wait.status != "complete":  # said where the cell is read, not only in its trace
                 res.notes.append(
                     f"trace {wait.status}: no complete trace file in {out_dir} after "

@@ -11,7 +11,9 @@ reports. ``python -m harness.trace.summary TRACE... [--span NAME]`` prints each 
 
 from __future__ import annotations
 
+import bisect
 import json
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -33,12 +35,17 @@ def summarize_events(
     gaps_k: int = 5,
     classes: tuple = (),
     spans: tuple[str, ...] = (),
+    busy_out: list | None = None,
 ) -> dict[str, Any]:
     """Summary of a list of chrome trace events (see the module docstring); ``classes``:
     extra ``(name, regex)`` kernel classes, tried before the built-in ones; ``spans``: host
-    annotations broken down (``span_breakdown``, one entry each, ``count`` 0 when absent)."""
+    annotations broken down (``span_breakdown``, one entry each, ``count`` 0 when absent);
+    ``busy_out``: a list that receives the GPU's merged busy intervals ``(start, end)`` in
+    ``ts`` (for :func:`work_per_request`; too many to keep in a summary)."""
     intervals = gpu_spans(events)
     merged = union(intervals)
+    if busy_out is not None:
+        busy_out.extend((m[0], m[1]) for m in merged)
     gpu = gpu_summary(events, intervals, merged, top_k, gaps_k, classes)
     idle = idle_by_host(events, merged=merged)
     by_span = gpu_time_by_span(events, classes=classes)
@@ -73,13 +80,15 @@ def summarize_trace(
     gaps_k: int = 5,
     classes: tuple = (),
     spans: tuple[str, ...] = (),
+    busy_out: list | None = None,
 ) -> dict[str, Any]:
-    """Summary of one trace file, with its path and size; ``error`` when it cannot be read."""
+    """Summary of one trace file, with its path and size; ``error`` when it cannot be read
+    (``busy_out`` as in :func:`summarize_events`)."""
     p = Path(path)
     out: dict[str, Any] = {"path": str(p), "size_bytes": p.stat().st_size if p.exists() else 0}
     try:
         events, base_s = load_trace(p)
-        out.update(summarize_events(events, top_k, gaps_k, classes, spans))
+        out.update(summarize_events(events, top_k, gaps_k, classes, spans, busy_out))
     except (OSError, ValueError, EOFError) as exc:
         out["error"] = f"{type(exc).__name__}: {exc}"
         return out
@@ -89,32 +98,60 @@ def summarize_trace(
     return out
 
 
-def work_per_request(summary: dict[str, Any], ends_unix: list[float]) -> dict[str, Any]:
-    """The GPU work per answered request in a traced window: ``ends_unix``, when the traced
-    round's requests were answered (Unix s); those answered inside the trace's GPU window
-    (``gpu_window_unix``) share its GPU busy time and its time per kernel class. Requests
-    are partly worked on before or after the window, so this is an estimate whose error
-    shrinks with the requests in it. {} without the window (a trace without a base time, or
-    no GPU operations)."""
+def busy_between(busy: list[tuple[float, float]], lo: float, hi: float) -> float:
+    """GPU busy time (us) of the merged intervals ``busy`` inside ``[lo, hi]`` (trace ``ts``)."""
+    i = bisect.bisect_right(busy, (lo, math.inf)) - 1  # the interval that may hold lo
+    total = 0.0
+    for start, end in busy[max(i, 0) :]:
+        if start >= hi:
+            break
+        total += max(0.0, min(end, hi) - max(start, lo))
+    return total
+
+
+def work_per_request(
+    summary: dict[str, Any], ends_unix: list[float], busy: list[tuple[float, float]] | None = None
+) -> dict[str, Any]:
+    """The GPU work per answered request in a traced window (``ends_unix``: when the traced
+    round's requests were answered, Unix s). With the GPU's merged busy intervals (``busy``,
+    :func:`summarize_trace`'s ``busy_out``) and two or more answers inside the trace's GPU
+    window, the busy time between the first and the last of them is the work of the requests
+    answered after the first (``estimate: between answers``): every request's work lies
+    between the answer before it and its own one when they run one at a time, and the rate
+    is unbiased in a steady stream. Else the answers inside the window share its whole busy
+    time (``estimate: window``), an estimate whose error, requests partly worked on before or
+    after the window, shrinks with the requests in it. The time per kernel class is the
+    window's split, scaled to the time counted. {} without the window (a trace without a base
+    time, or no GPU operations)."""
     window = summary.get("gpu_window_unix")
-    busy = summary.get("gpu_busy_us")
-    if not isinstance(window, list) or not isinstance(busy, (int, float)) or busy <= 0:
+    total = summary.get("gpu_busy_us")
+    if not isinstance(window, list) or not isinstance(total, (int, float)) or total <= 0:
         return {}
-    n = sum(1 for t in ends_unix if window[0] <= t <= window[1])
-    if n == 0:
+    inside = sorted(t for t in ends_unix if window[0] <= t <= window[1])
+    if not inside:
         return {"requests_in_window": 0}
+    work, n, estimate = total, len(inside), "window"
+    origin = summary.get("gpu_window_us")
+    if busy and len(inside) >= 2 and isinstance(origin, list):
+        base_s = window[0] - origin[0] / 1e6  # the trace's ts 0 in Unix s
+        between = busy_between(busy, *((t - base_s) * 1e6 for t in (inside[0], inside[-1])))
+        if between > 0:
+            work, n, estimate = between, len(inside) - 1, "between answers"
     classes = summary.get("gpu_time_by_class")
+    summed = sum(c["total_us"] for c in classes) if isinstance(classes, list) else 0.0
     by_class = (
-        {c["name"]: round(c["total_us"] / 1e3 / n, 3) for c in classes}
-        if isinstance(classes, list)
+        {c["name"]: round(c["total_us"] * work / summed / 1e3 / n, 3) for c in classes}
+        if isinstance(classes, list) and summed > 0
         else {}
     )
     return {
-        "requests_in_window": n,
-        "gpu_ms_per_request": round(busy / 1e3 / n, 3),
+        "requests_in_window": len(inside),
+        "requests_counted": n,
+        "estimate": estimate,
+        "gpu_ms_per_request": round(work / 1e3 / n, 3),
         "gpu_ms_per_request_by_class": by_class,
         # the QPS this GPU work allows with the GPU never idle
-        "qps_at_full_busy": round(n / (busy / 1e6), 2),
+        "qps_at_full_busy": round(n / (work / 1e6), 2),
     }
 
 

@@ -443,9 +443,12 @@ def test_a_gpu_trace_gives_the_work_per_request_of_its_window(tmp_path, marker):
     (f,) = cell["trace"]["files"]
     traced = [r for r in records(out) if r["phase"] == "trace" and r["status"] == "ok"]
     # each answer ends after its kernel: the last one (at least) falls after the window
-    assert 1 <= f["requests_in_window"] < len(traced), (f, len(traced))
-    assert f["gpu_ms_per_request"] == round(f["gpu_busy_us"] / 1e3 / f["requests_in_window"], 3)
-    assert f["gpu_ms_per_request"] >= 15.0  # a kernel per request, each the fake's 20 ms
+    assert 2 <= f["requests_in_window"] < len(traced), (f, len(traced))
+    # one request at a time: the busy time between the first and the last answer inside the
+    # window is the work of the requests after the first, a kernel of the fake's 20 ms each
+    assert f["estimate"] == "between answers"
+    assert f["requests_counted"] == f["requests_in_window"] - 1
+    assert 19.0 <= f["gpu_ms_per_request"] <= 45.0, f  # 20 ms sleeps, a loaded host's overshoot
     assert "GPU work per request:" in (out / "REPORT.md").read_text()
     assert not processes_with(marker)
 

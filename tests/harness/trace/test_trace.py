@@ -542,14 +542,59 @@ def test_gpu_work_per_request_from_the_window_in_unix_time(tmp_path):
         )
     )
     assert (
-        "GPU work per request: 2.00 ms (GEMM 1.67, norm / activation / quant 0.33) over the 3 "
-        "requests answered inside the traced window; with the GPU never idle that is 500.0 QPS"
+        "GPU work per request: 2.00 ms (GEMM 1.67, norm / activation / quant 0.33), the traced "
+        "window's work over the 3 requests answered inside it; with the GPU never idle that is "
+        "500.0 QPS"
     ) in text
     none = {**s, "requests_in_window": 0}
     text = "\n".join(
         trace_lines({"cells": [{"id": "c", "trace": {"status": "complete", "files": [none]}}]})
     )
     assert "no request was answered inside the traced window" in text
+
+
+def test_gpu_work_per_request_between_answers(tmp_path):
+    """One request at a time, 3 ms of GPU work each, answered 0.5 ms after its work: the window
+    ends with the last kernel, so the last answer falls after it and the window's estimate
+    counts that request's work but not its answer (4 ms per request, 1.33x the truth). The
+    busy time between the first and the last answer inside is the work of the two requests
+    answered after the first: 3 ms each, as run."""
+    from harness.report.render_stages import trace_lines
+    from harness.trace.summary import busy_between, work_per_request
+
+    base = 1_796_600_000.0
+    events = [_kernel("nvjet_sm90_tst_gemm", 1_000_000 + k * 5000, 3000) for k in range(4)]
+    for e in events:
+        e.setdefault("pid", 0)
+        e.setdefault("tid", 0)
+    p = tmp_path / "t.trace.json.gz"
+    with gzip.open(p, "wt") as fh:
+        json.dump({"traceEvents": events, "baseTimeNanoseconds": int(base * 1e9)}, fh)
+    busy: list = []
+    s = summarize_trace(p, busy_out=busy)
+    assert busy == [(1_000_000 + k * 5000, 1_003_000 + k * 5000) for k in range(4)]
+    assert busy_between(busy, 1_001_000, 1_011_000) == 2000 + 3000 + 1000
+    assert busy_between(busy, 1_003_500, 1_004_500) == 0.0  # inside a gap
+    ends = [base + 1.0035 + k * 0.005 for k in range(4)]  # 3 inside the window
+    w = work_per_request(s, ends, busy)
+    assert w["requests_in_window"] == 3 and w["requests_counted"] == 2
+    assert w["estimate"] == "between answers"
+    assert w["gpu_ms_per_request"] == 3.0 and w["qps_at_full_busy"] == round(2 / 0.006, 2)
+    assert w["gpu_ms_per_request_by_class"] == {"GEMM": 3.0}
+    window = work_per_request(s, ends)  # without the intervals: the window's estimate
+    assert window["estimate"] == "window" and window["gpu_ms_per_request"] == 4.0
+    one = work_per_request(s, ends[:1], busy)  # one answer inside: nothing to measure between
+    assert one["estimate"] == "window" and one["requests_counted"] == 1
+    text = "\n".join(
+        trace_lines(
+            {"cells": [{"id": "c", "trace": {"status": "complete", "files": [{**s, **w}]}}]}
+        )
+    )
+    assert (
+        "GPU work per request: 3.00 ms (GEMM 3.00), the GPU's work between the first and the "
+        "last of the 3 answers inside the traced window, over the 2 requests answered after "
+        "the first; with the GPU never idle that is 333.3 QPS"
+    ) in text
 
 
 def test_no_work_per_request_without_a_base_time_or_gpu_work(tmp_path):
