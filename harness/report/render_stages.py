@@ -260,12 +260,14 @@ def _file_details(f: dict) -> list[tuple[str, list[str]]]:
         parts = ", ".join(
             f"{name} {ms:.2f}" for name, ms in (f.get("gpu_ms_per_request_by_class") or {}).items()
         )
-        n, counted = f["requests_in_window"], f.get("requests_counted")
+        n, counted = f["requests_in_window"], f.get("requests_counted") or 0
         over = (
-            f"the GPU's work between the first and the last of the {n} answers inside the "
-            f"traced window, over the {counted} requests answered after the first"
+            f"the GPU's work from the first of the {n} answers inside the traced window to "
+            f"the last at the same point of their rhythm, over the {counted:g} answered after "
+            "the first"
             if f.get("estimate") == "between answers"
-            else f"the traced window's work over the {n} requests answered inside it"
+            else f"the traced window's work over the {counted:.2f} requests whose engine spans "
+            "it holds"
         )
         out.append(
             (

@@ -219,13 +219,25 @@ def add_work_per_request(
     gpu = [i for i, f in enumerate(files) if "gpu_window_unix" in f]
     if len(gpu) != 1:
         return
-    ends = [
-        EPOCH_UNIX + r.t_end
+    spans = [
+        engine_span(r)
         for r in records
         if r.phase == "trace" and r.round == rnd and r.status == "ok"
     ]
     (i,) = gpu
-    files[i].update(work_per_request(files[i], ends, busy[i] if busy else None))
+    files[i].update(work_per_request(files[i], spans, busy[i] if busy else None))
+
+
+def engine_span(r: Record) -> tuple[float, float, float]:
+    """``(engine start, engine end, answer)`` of an answered request in Unix s: the engine
+    phase of its Server-Timing, placed before the phases that follow it (ipc, respond), or the
+    whole request where the server gives no engine phase."""
+    end = EPOCH_UNIX + r.t_end
+    engine = r.server_ms.get("engine")
+    if engine is None:
+        return EPOCH_UNIX + r.t_send, end, end
+    stop = end - (r.server_ms.get("respond", 0.0) + r.server_ms.get("ipc", 0.0)) / 1e3
+    return stop - engine / 1e3, stop, end
 
 
 async def _traced_round(ctx, cell, target, reqs, prime, res: CellResult) -> None:

@@ -109,34 +109,63 @@ def busy_between(busy: list[tuple[float, float]], lo: float, hi: float) -> float
     return total
 
 
+CLUSTER_GAP = 4.0  # answers after a gap this many times the median one start a new wave
+
+
+def _between(inside: list[float]) -> tuple[float, float]:
+    """``(T1, T2)``: the first answer inside the window and the last one at the same point of
+    the answers' rhythm. Answers that come in waves (a batch retiring together: gaps over
+    ``CLUSTER_GAP`` x the median) end the span at the last wave's first answer, so that
+    (T1, T2] holds whole waves; a steady stream ends it at the last answer."""
+    gaps = [b - a for a, b in zip(inside, inside[1:])]
+    median = sorted(gaps)[len(gaps) // 2]
+    starts = [t for t, gap in zip(inside[1:], gaps) if gap > CLUSTER_GAP * median]
+    return inside[0], starts[-1] if starts else inside[-1]
+
+
 def work_per_request(
-    summary: dict[str, Any], ends_unix: list[float], busy: list[tuple[float, float]] | None = None
+    summary: dict[str, Any],
+    requests: list[tuple[float, float, float]],
+    busy: list[tuple[float, float]] | None = None,
 ) -> dict[str, Any]:
-    """The GPU work per answered request in a traced window (``ends_unix``: when the traced
-    round's requests were answered, Unix s). With the GPU's merged busy intervals (``busy``,
-    :func:`summarize_trace`'s ``busy_out``) and two or more answers inside the trace's GPU
-    window, the busy time between the first and the last of them is the work of the requests
-    answered after the first (``estimate: between answers``): every request's work lies
-    between the answer before it and its own one when they run one at a time, and the rate
-    is unbiased in a steady stream. Else the answers inside the window share its whole busy
-    time (``estimate: window``), an estimate whose error, requests partly worked on before or
-    after the window, shrinks with the requests in it. The time per kernel class is the
-    window's split, scaled to the time counted. {} without the window (a trace without a base
-    time, or no GPU operations)."""
+    """The GPU work per request of a traced window. ``requests``: the traced round's answered
+    requests as ``(engine start, engine end, answer)`` in Unix s (the engine span from the
+    server's timing, or the whole request where it gives none); ``busy``: the GPU's merged
+    busy intervals (:func:`summarize_trace`'s ``busy_out``).
+
+    ``estimate: "between answers"``: the GPU's busy time from the first answer inside the
+    window to the last one at the same point of the answers' rhythm (:func:`_between`), over
+    the answers after the first. One request at a time every request's work lies between the
+    answer before it and its own, so this is exact, and whole waves of a batched load keep it
+    so. It is used where that span covers at least half the window. Else (one wave of answers,
+    or a single answer) ``"engine spans"``: the window's whole busy time over the requests'
+    share of it, each request counted by the part of its engine span inside the window (work
+    assumed spread evenly over the span). The time per kernel class is the window's split,
+    scaled to the time counted. {} without the window (a trace without a base time, or no GPU
+    operations)."""
     window = summary.get("gpu_window_unix")
     total = summary.get("gpu_busy_us")
+    origin = summary.get("gpu_window_us")
     if not isinstance(window, list) or not isinstance(total, (int, float)) or total <= 0:
         return {}
-    inside = sorted(t for t in ends_unix if window[0] <= t <= window[1])
-    if not inside:
-        return {"requests_in_window": 0}
-    work, n, estimate = total, len(inside), "window"
-    origin = summary.get("gpu_window_us")
+    lo, hi = window
+    inside = sorted(end for _, _, end in requests if lo <= end <= hi)
+    work, n, estimate = 0.0, 0.0, ""
     if busy and len(inside) >= 2 and isinstance(origin, list):
-        base_s = window[0] - origin[0] / 1e6  # the trace's ts 0 in Unix s
-        between = busy_between(busy, *((t - base_s) * 1e6 for t in (inside[0], inside[-1])))
-        if between > 0:
-            work, n, estimate = between, len(inside) - 1, "between answers"
+        t1, t2 = _between(inside)
+        counted = sum(1 for t in inside if t1 < t <= t2)
+        if counted and t2 - t1 >= (hi - lo) / 2:
+            base_s = lo - origin[0] / 1e6  # the trace's ts 0 in Unix s
+            work = busy_between(busy, (t1 - base_s) * 1e6, (t2 - base_s) * 1e6)
+            n, estimate = float(counted), "between answers"
+    if not estimate:
+        n = sum(
+            max(0.0, min(b, hi) - max(a, lo)) / (b - a) if b > a else float(lo <= b <= hi)
+            for a, b, _ in requests
+        )
+        work, estimate = total, "engine spans"
+    if n < 1 or work <= 0:  # less than one request's work to share it by
+        return {"requests_in_window": len(inside)}
     classes = summary.get("gpu_time_by_class")
     summed = sum(c["total_us"] for c in classes) if isinstance(classes, list) else 0.0
     by_class = (
@@ -146,7 +175,7 @@ def work_per_request(
     )
     return {
         "requests_in_window": len(inside),
-        "requests_counted": n,
+        "requests_counted": round(n, 2),
         "estimate": estimate,
         "gpu_ms_per_request": round(work / 1e3 / n, 3),
         "gpu_ms_per_request_by_class": by_class,

@@ -454,24 +454,36 @@ def test_a_gpu_trace_gives_the_work_per_request_of_its_window(tmp_path, marker):
 
 
 def test_work_per_request_only_where_one_file_holds_the_gpu_work():
-    """One GPU file in the traced round: its answers inside the window counted (the round's
-    ok ones only); two (replicas behind a router, each counting every answer) or none: no
-    estimate at all."""
+    """One GPU file in the traced round: the round's ok requests counted by their engine spans
+    (the Server-Timing engine phase, placed before respond and ipc; the whole request where
+    the server gives none); two files (replicas behind a router, each counting every
+    answer) or none: no estimate at all."""
     from harness.load.client import EPOCH_UNIX, Record
-    from harness.run.cell import add_work_per_request
+    from harness.run.cell import add_work_per_request, engine_span
 
     def gpu_file() -> dict:
         return {"gpu_window_unix": [EPOCH_UNIX + 10.0, EPOCH_UNIX + 11.0], "gpu_busy_us": 1e5}
 
-    recs = [Record("c", 3, "trace", i, 0, t_send=9.0, t_end=10.0 + i / 10) for i in range(5)]
+    def rec(i: int, t_send: float, rnd: int = 3, phase: str = "trace", **kw) -> Record:
+        r = Record("c", rnd, phase, i, 0, t_send=t_send, t_end=t_send + 0.2, **kw)
+        r.server_ms = {"tokenize": 10.0, "engine": 150.0, "ipc": 5.0, "respond": 15.0}
+        return r
+
+    r = rec(0, 10.0)
+    assert engine_span(r) == pytest.approx(
+        (EPOCH_UNIX + 10.03, EPOCH_UNIX + 10.18, EPOCH_UNIX + 10.2)
+    )
+    bare = Record("c", 3, "trace", 9, 0, t_send=9.0, t_end=9.5)  # no Server-Timing
+    assert engine_span(bare) == (EPOCH_UNIX + 9.0, EPOCH_UNIX + 9.5, EPOCH_UNIX + 9.5)
+    recs = [rec(i, 10.0 + i / 5) for i in range(4)]  # engine spans inside the window
     recs += [
-        Record("c", 3, "trace", 5, 0, t_send=9.0, t_end=10.5, status="error"),
-        Record("c", 2, "measure", 6, 0, t_send=9.0, t_end=10.5),
-        Record("c", 3, "trace", 7, 0, t_send=9.0, t_end=12.0),  # after the window
+        rec(5, 10.4, status="error"),
+        rec(6, 10.4, rnd=2, phase="measure"),
+        rec(7, 11.5),  # after the window
     ]
     one = [gpu_file(), {"device": "cpu"}]
     add_work_per_request(one, recs, 3)
-    assert one[0]["requests_in_window"] == 5 and one[0]["gpu_ms_per_request"] == 20.0
+    assert one[0]["requests_counted"] == 4.0 and one[0]["gpu_ms_per_request"] == 25.0
     assert "requests_in_window" not in one[1]
     two = [gpu_file(), gpu_file()]
     add_work_per_request(two, recs, 3)

@@ -502,40 +502,58 @@ def test_named_spans_are_broken_down_in_the_summary_and_the_report(tmp_path):
     assert "host span flashrec.results: not in the trace" in text
 
 
-def test_gpu_work_per_request_from_the_window_in_unix_time(tmp_path):
+BASE = 1_796_600_000.0  # a trace's baseTimeNanoseconds, in s
+
+
+def _gpu_trace(tmp_path: Path, kernels: list[dict]) -> Path:
+    """``kernels`` (ts in us from BASE) written as a torch.profiler-like gzipped trace."""
+    for e in kernels:
+        e.setdefault("pid", 0)
+        e.setdefault("tid", 0)
+    p = tmp_path / f"t{len(list(tmp_path.iterdir()))}.trace.json.gz"
+    with gzip.open(p, "wt") as fh:
+        json.dump({"traceEvents": kernels, "baseTimeNanoseconds": int(BASE * 1e9)}, fh)
+    return p
+
+
+def _req(start_ms: float, stop_ms: float, answer_ms: float) -> tuple[float, float, float]:
+    """A request's (engine start, engine end, answer) in Unix s, from ms after BASE + 1 s."""
+    return tuple(BASE + 1.0 + t / 1e3 for t in (start_ms, stop_ms, answer_ms))
+
+
+def test_gpu_work_per_request_over_the_engine_spans_in_the_window(tmp_path):
     """A trace with torch.profiler's ``baseTimeNanoseconds``: its GPU window in Unix time
-    (base + ts); the requests answered inside it share its busy time and its time per kernel
-    class; answers before or after the window, and failed ones the caller left out, do not
-    count. The report says the figure, and what the GPU never idle would allow."""
+    (base + ts). With no answers to measure between, the window's busy time is shared by the
+    requests' parts of it: each counted by the share of its engine span inside the window
+    (two whole, two halves, one outside: 3 requests); the time per kernel class likewise. The
+    report says the figure, and what the GPU never idle would allow."""
     from harness.report.render_stages import trace_lines
     from harness.trace.summary import work_per_request
 
-    base = 1_796_600_000.0  # s
-    events = [
-        _kernel("nvjet_sm90_tst_gemm", 1_000_000, 3000),  # ts in us from the base
-        _kernel("rms_norm_kernel", 1_003_000, 1000),
-        _kernel("nvjet_sm90_tst_gemm", 1_010_000, 2000),  # a 6 ms idle gap before it
-    ]
-    for e in events:
-        e.setdefault("pid", 0)
-        e.setdefault("tid", 0)
-    p = tmp_path / "t.trace.json.gz"
-    with gzip.open(p, "wt") as fh:
-        json.dump({"traceEvents": events, "baseTimeNanoseconds": int(base * 1e9)}, fh)
+    p = _gpu_trace(
+        tmp_path,
+        [
+            _kernel("nvjet_sm90_tst_gemm", 1_000_000, 3000),
+            _kernel("rms_norm_kernel", 1_003_000, 1000),
+            _kernel("nvjet_sm90_tst_gemm", 1_010_000, 2000),  # a 6 ms idle gap before it
+        ],
+    )
     s = summarize_trace(p)
     assert s["gpu_busy_us"] == 6000.0 and s["gpu_window_us"] == [1_000_000, 1_012_000]
     lo, hi = s["gpu_window_unix"]
-    assert abs(lo - (base + 1.0)) < 1e-6 and abs(hi - (base + 1.012)) < 1e-6
-    ends = [base + 0.99, base + 1.001, base + 1.005, base + 1.011, base + 1.02]  # 3 inside
-    w = work_per_request(s, ends)
-    assert w["requests_in_window"] == 3
-    assert w["gpu_ms_per_request"] == 2.0  # 6 ms of GPU work over 3 answers
+    assert abs(lo - (BASE + 1.0)) < 1e-6 and abs(hi - (BASE + 1.012)) < 1e-6
+    reqs = [_req(0, 6, 7), _req(6, 12, 13), _req(-4, 4, 5), _req(10, 14, 15), _req(20, 30, 31)]
+    w = work_per_request(s, reqs)
+    assert w["estimate"] == "engine spans" and w["requests_counted"] == 3.0
+    assert w["requests_in_window"] == 2  # answers inside the window, said beside
+    assert w["gpu_ms_per_request"] == 2.0  # 6 ms of GPU work over 3 requests
     assert w["gpu_ms_per_request_by_class"] == {
         "GEMM": round(5.0 / 3, 3),
         "norm / activation / quant": round(1.0 / 3, 3),
     }
-    assert w["qps_at_full_busy"] == 500.0  # 3 answers per 6 ms of GPU work
-    assert work_per_request(s, [base + 2.0]) == {"requests_in_window": 0}
+    assert w["qps_at_full_busy"] == 500.0  # 3 requests per 6 ms of GPU work
+    # less than one request's share of the window: nothing to divide by
+    assert work_per_request(s, [_req(11, 13, 14)]) == {"requests_in_window": 0}
     text = "\n".join(
         trace_lines(
             {"cells": [{"id": "c", "trace": {"status": "complete", "files": [{**s, **w}]}}]}
@@ -543,8 +561,8 @@ def test_gpu_work_per_request_from_the_window_in_unix_time(tmp_path):
     )
     assert (
         "GPU work per request: 2.00 ms (GEMM 1.67, norm / activation / quant 0.33), the traced "
-        "window's work over the 3 requests answered inside it; with the GPU never idle that is "
-        "500.0 QPS"
+        "window's work over the 3.00 requests whose engine spans it holds; with the GPU never "
+        "idle that is 500.0 QPS"
     ) in text
     none = {**s, "requests_in_window": 0}
     text = "\n".join(
@@ -553,48 +571,65 @@ def test_gpu_work_per_request_from_the_window_in_unix_time(tmp_path):
     assert "no request was answered inside the traced window" in text
 
 
-def test_gpu_work_per_request_between_answers(tmp_path):
-    """One request at a time, 3 ms of GPU work each, answered 0.5 ms after its work: the window
-    ends with the last kernel, so the last answer falls after it and the window's estimate
-    counts that request's work but not its answer (4 ms per request, 1.33x the truth). The
-    busy time between the first and the last answer inside is the work of the two requests
-    answered after the first: 3 ms each, as run."""
+def test_gpu_work_per_request_between_answers_one_at_a_time(tmp_path):
+    """One request at a time, 3 ms of GPU work each, answered 0.5 ms after its work: the
+    busy time between the first and the last answer inside the window is the work of the two
+    requests answered after the first, 3 ms each, as run. The window's whole busy time over
+    its answers would count the last request's work without its answer (4 ms, 1.33x)."""
     from harness.report.render_stages import trace_lines
     from harness.trace.summary import busy_between, work_per_request
 
-    base = 1_796_600_000.0
-    events = [_kernel("nvjet_sm90_tst_gemm", 1_000_000 + k * 5000, 3000) for k in range(4)]
-    for e in events:
-        e.setdefault("pid", 0)
-        e.setdefault("tid", 0)
-    p = tmp_path / "t.trace.json.gz"
-    with gzip.open(p, "wt") as fh:
-        json.dump({"traceEvents": events, "baseTimeNanoseconds": int(base * 1e9)}, fh)
+    p = _gpu_trace(
+        tmp_path, [_kernel("nvjet_sm90_tst_gemm", 1_000_000 + k * 5000, 3000) for k in range(4)]
+    )
     busy: list = []
     s = summarize_trace(p, busy_out=busy)
     assert busy == [(1_000_000 + k * 5000, 1_003_000 + k * 5000) for k in range(4)]
     assert busy_between(busy, 1_001_000, 1_011_000) == 2000 + 3000 + 1000
     assert busy_between(busy, 1_003_500, 1_004_500) == 0.0  # inside a gap
-    ends = [base + 1.0035 + k * 0.005 for k in range(4)]  # 3 inside the window
-    w = work_per_request(s, ends, busy)
+    reqs = [_req(k * 5, k * 5 + 3, k * 5 + 3.5) for k in range(4)]  # 3 answers inside
+    w = work_per_request(s, reqs, busy)
     assert w["requests_in_window"] == 3 and w["requests_counted"] == 2
     assert w["estimate"] == "between answers"
     assert w["gpu_ms_per_request"] == 3.0 and w["qps_at_full_busy"] == round(2 / 0.006, 2)
     assert w["gpu_ms_per_request_by_class"] == {"GEMM": 3.0}
-    window = work_per_request(s, ends)  # without the intervals: the window's estimate
-    assert window["estimate"] == "window" and window["gpu_ms_per_request"] == 4.0
-    one = work_per_request(s, ends[:1], busy)  # one answer inside: nothing to measure between
-    assert one["estimate"] == "window" and one["requests_counted"] == 1
+    assert s["gpu_busy_us"] / 1e3 / w["requests_in_window"] == 4.0
     text = "\n".join(
         trace_lines(
             {"cells": [{"id": "c", "trace": {"status": "complete", "files": [{**s, **w}]}}]}
         )
     )
     assert (
-        "GPU work per request: 3.00 ms (GEMM 3.00), the GPU's work between the first and the "
-        "last of the 3 answers inside the traced window, over the 2 requests answered after "
-        "the first; with the GPU never idle that is 333.3 QPS"
+        "GPU work per request: 3.00 ms (GEMM 3.00), the GPU's work from the first of the 3 "
+        "answers inside the traced window to the last at the same point of their rhythm, over "
+        "the 2 answered after the first; with the GPU never idle that is 333.3 QPS"
     ) in text
+
+
+def test_gpu_work_per_request_between_whole_waves(tmp_path):
+    """A batched load: waves of four requests, 8 ms of GPU work a wave, the wave's answers
+    0.1 ms apart after it. The span ends at the third wave's first answer, so that it holds
+    whole waves: 16 ms of work over 8 answers, 2 ms each, as run (ending at the last answer
+    would count 11 answers: 1.45 ms). A single wave's answers span too little of the window
+    to measure between: the engine spans share the window instead."""
+    from harness.trace.summary import work_per_request
+
+    kernels = [_kernel("nvjet_sm90_tst_gemm", 1_000_000 + k * 10_000, 8000) for k in range(4)]
+    busy: list = []
+    s = summarize_trace(_gpu_trace(tmp_path, kernels), busy_out=busy)
+    reqs = [
+        _req(k * 10, k * 10 + 8, k * 10 + 8.5 + j * 0.1) for k in range(4) for j in range(4)
+    ]  # wave 3 answers after the window (it ends at 38 ms)
+    w = work_per_request(s, reqs, busy)
+    assert w["estimate"] == "between answers" and w["requests_in_window"] == 12
+    assert w["requests_counted"] == 8 and w["gpu_ms_per_request"] == 2.0
+    one = [_kernel("nvjet_sm90_tst_gemm", 1_000_000, 8000)]
+    busy = []
+    s = summarize_trace(_gpu_trace(tmp_path, one), busy_out=busy)
+    wave = [_req(0, 8, 7.6 + j * 0.1) for j in range(4)]  # answered as the window ends
+    w = work_per_request(s, wave, busy)
+    assert w["estimate"] == "engine spans" and w["requests_counted"] == 4.0
+    assert w["gpu_ms_per_request"] == 2.0
 
 
 def test_no_work_per_request_without_a_base_time_or_gpu_work(tmp_path):
@@ -614,7 +649,7 @@ def test_no_work_per_request_without_a_base_time_or_gpu_work(tmp_path):
             json.dump(doc, fh)
         s = summarize_trace(p)
         assert "gpu_window_unix" not in s
-        assert work_per_request(s, [1_796_600_000.0]) == {}
+        assert work_per_request(s, [(1_796_600_000.0,) * 3]) == {}
 
 
 def test_torch_profiler_files_count_ts_from_their_base_time(tmp_path):
