@@ -287,9 +287,10 @@ class EngineLoop:
                 # requests that finished before the failure (--overlap-results held their
                 # results back): their results if the copy completes, else the error
                 finished += self.scheduler.flush_pending()
+            # the counters first: a client that reads /metrics once answered sees its step
+            self._take_snapshot()
             for req, res in finished:
                 self._resolve(req.rid, res)
-            self._take_snapshot()
             for hook in list(self._hooks):
                 try:
                     hook(self.scheduler.stats.steps_total)
