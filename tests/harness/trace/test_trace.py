@@ -516,6 +516,14 @@ def _gpu_trace(tmp_path: Path, kernels: list[dict]) -> Path:
     return p
 
 
+def _rendered(summary: dict) -> str:
+    """REPORT.md's trace lines for one cell whose traced round wrote ``summary``."""
+    from harness.report.render_stages import trace_lines
+
+    cells = [{"id": "c", "trace": {"status": "complete", "files": [summary]}}]
+    return "\n".join(trace_lines({"cells": cells}))
+
+
 def _req(start_ms: float, stop_ms: float, answer_ms: float) -> tuple[float, float, float]:
     """A request's (engine start, engine end, answer) in Unix s, from ms after BASE + 1 s."""
     return tuple(BASE + 1.0 + t / 1e3 for t in (start_ms, stop_ms, answer_ms))
@@ -527,7 +535,6 @@ def test_gpu_work_per_request_over_the_engine_spans_in_the_window(tmp_path):
     requests' parts of it: each counted by the share of its engine span inside the window
     (two whole, two halves, one outside: 3 requests); the time per kernel class likewise. The
     report says the figure, and what the GPU never idle would allow."""
-    from harness.report.render_stages import trace_lines
     from harness.trace.summary import work_per_request
 
     p = _gpu_trace(
@@ -554,20 +561,13 @@ def test_gpu_work_per_request_over_the_engine_spans_in_the_window(tmp_path):
     assert w["qps_at_full_busy"] == 500.0  # 3 requests per 6 ms of GPU work
     # less than one request's share of the window: nothing to divide by
     assert work_per_request(s, [_req(11, 13, 14)]) == {"requests_in_window": 0}
-    text = "\n".join(
-        trace_lines(
-            {"cells": [{"id": "c", "trace": {"status": "complete", "files": [{**s, **w}]}}]}
-        )
-    )
+    text = _rendered({**s, **w})
     assert (
         "GPU work per request: 2.00 ms (GEMM 1.67, norm / activation / quant 0.33), the traced "
         "window's work over the 3.00 requests whose engine spans it holds; with the GPU never "
         "idle that is 500.0 QPS"
     ) in text
-    none = {**s, "requests_in_window": 0}
-    text = "\n".join(
-        trace_lines({"cells": [{"id": "c", "trace": {"status": "complete", "files": [none]}}]})
-    )
+    text = _rendered({**s, "requests_in_window": 0})
     assert "no request was answered inside the traced window" in text
 
 
@@ -576,7 +576,6 @@ def test_gpu_work_per_request_between_answers_one_at_a_time(tmp_path):
     busy time between the first and the last answer inside the window is the work of the two
     requests answered after the first, 3 ms each, as run. The window's whole busy time over
     its answers would count the last request's work without its answer (4 ms, 1.33x)."""
-    from harness.report.render_stages import trace_lines
     from harness.trace.summary import busy_between, work_per_request
 
     p = _gpu_trace(
@@ -594,11 +593,7 @@ def test_gpu_work_per_request_between_answers_one_at_a_time(tmp_path):
     assert w["gpu_ms_per_request"] == 3.0 and w["qps_at_full_busy"] == round(2 / 0.006, 2)
     assert w["gpu_ms_per_request_by_class"] == {"GEMM": 3.0}
     assert s["gpu_busy_us"] / 1e3 / w["requests_in_window"] == 4.0
-    text = "\n".join(
-        trace_lines(
-            {"cells": [{"id": "c", "trace": {"status": "complete", "files": [{**s, **w}]}}]}
-        )
-    )
+    text = _rendered({**s, **w})
     assert (
         "GPU work per request: 3.00 ms (GEMM 3.00), the GPU's work from the first of the 3 "
         "answers inside the traced window to the last at the same point of their rhythm, over "
