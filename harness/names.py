@@ -31,6 +31,9 @@ DIRECTIONS: dict[str, int] = {
     # load mode "closed": completions per second while every client has a request in flight
     # (closed_extra); informational, so the calibrated A/B gate does not grow
     "qps_steady": 0,
+    # the traced GPU work per request x the round's QPS: the GPU's busy share it implies
+    # (harness.metrics.rounds.busy_extra); informational
+    "gpu_busy_implied": 0,
     # derived (harness.metrics.flops): with an ``mfu:`` section / an HF baseline
     "tflop_per_request": 0,
     "achieved_tflops": 1,

@@ -73,6 +73,27 @@ def burst_extra(size: int) -> Extra:
     return extra
 
 
+def busy_extra(trace: dict | None) -> Extra | None:
+    """Round metric ``gpu_busy_implied``: the GPU's busy share that the traced round's GPU work
+    per request (``trace.files[i].gpu_ms_per_request``, harness.trace.summary.work_per_request)
+    implies at the round's QPS. The traced round's own busy share is lower where the
+    profiler slows the host; this reads the unprofiled rounds. None without that figure."""
+    files = trace.get("files") if isinstance(trace, dict) else None
+    work = next(
+        (f["gpu_ms_per_request"] for f in files or [] if isinstance(f, dict)
+         and isinstance(f.get("gpu_ms_per_request"), (int, float))),
+        None,
+    )  # fmt: skip
+    if work is None:
+        return None
+
+    def extra(ok: list[Record], out: dict[str, float]) -> dict[str, float]:
+        qps = out.get("qps")
+        return {"gpu_busy_implied": work * qps / 1000.0} if qps else {}
+
+    return extra
+
+
 def closed_extra(clients: int) -> Extra:
     """Round metrics of a ``closed`` load of ``clients`` clients: ``qps_steady``, the rate of
     answers between the ``clients``-th and the ``(N - clients)``-th of the round's N answers

@@ -26,6 +26,7 @@ from harness.metrics.flops import derived_metrics
 from harness.metrics.rounds import (
     KEY_METRICS,
     burst_extra,
+    busy_extra,
     by_round,
     cell_metrics,
     closed_extra,
@@ -69,6 +70,7 @@ def cell_entry(res: CellResult, spec: MatrixSpec, here: dict | None = None) -> C
         round_extra(res.server_rounds),
         burst_extra(res.burst) if res.burst else None,
         closed_extra(res.closed) if res.closed else None,
+        busy_extra(res.trace),
     )
     metrics = cell_metrics(res.records, spec.stats, extra) if res.status == "ok" else {}
     notes_q = []

@@ -400,6 +400,15 @@ def trace_lines(report: Report | dict) -> list[str]:
                 continue
             for line, subs in _file_details(f):
                 out += [f"  - {line}"] + [f"    - {s}" for s in subs]
+        implied = c.metrics.get("gpu_busy_implied")  # the traced work at the measured QPS
+        if implied is not None and implied.median is not None:
+            lo, hi = (
+                f"{x:.1%}" if x is not None else "-" for x in (implied.ci95_low, implied.ci95_high)
+            )
+            out.append(
+                "- GPU busy implied in the measured rounds (traced GPU work per request x "
+                f"their QPS): {implied.median:.1%} [{lo}, {hi}]"
+            )
     return out
 
 

@@ -77,6 +77,21 @@ def test_closed_loop_steady_rate_leaves_out_start_and_drain():
     assert direction("qps_steady") == 0  # informational: the A/B gate does not judge it
 
 
+def test_gpu_busy_implied_by_the_traced_work_at_each_rounds_qps():
+    """The traced GPU work per request (the first trace file that has it) times a round's QPS:
+    10 requests in 2 s with 150 ms of GPU work each keep the GPU busy 75%. No such figure (no
+    trace, a CPU trace, a file without it): no metric at all, never a 0."""
+    from harness.metrics.rounds import busy_extra
+
+    records = [rec(0, "measure", i, i * 0.2, i * 0.2 + 0.2) for i in range(10)]
+    trace = {"files": [{"device": "cpu"}, {"gpu_ms_per_request": 150.0}]}
+    m = round_metrics(records, busy_extra(trace))
+    assert m["qps"] == pytest.approx(5.0) and m["gpu_busy_implied"] == pytest.approx(0.75)
+    assert direction("gpu_busy_implied") == 0  # informational
+    for none in (None, {}, {"files": []}, {"files": [{"device": "cpu"}]}):
+        assert busy_extra(none) is None
+
+
 def test_a_cell_whose_rounds_are_mostly_start_and_drain_gets_a_note():
     from harness.metrics.rounds import closed_extra
 

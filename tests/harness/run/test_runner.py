@@ -449,6 +449,11 @@ def test_a_gpu_trace_gives_the_work_per_request_of_its_window(tmp_path, marker):
     assert f["estimate"] == "between answers"
     assert f["requests_counted"] == f["requests_in_window"] - 1
     assert 19.0 <= f["gpu_ms_per_request"] <= 45.0, f  # 20 ms sleeps, a loaded host's overshoot
+    # each measured round: the busy share that work implies at the round's QPS
+    (rnd,) = cell["round_metrics"]
+    assert rnd["gpu_busy_implied"] == pytest.approx(f["gpu_ms_per_request"] * rnd["qps"] / 1e3)
+    assert 0.3 < rnd["gpu_busy_implied"] <= 1.05  # c=1, each request ~20 ms of the fake's work
+    assert "GPU busy implied in the measured rounds" in (out / "REPORT.md").read_text()
     assert "GPU work per request:" in (out / "REPORT.md").read_text()
     assert not processes_with(marker)
 
