@@ -112,15 +112,26 @@ def busy_between(busy: list[tuple[float, float]], lo: float, hi: float) -> float
 CLUSTER_GAP = 4.0  # answers after a gap this many times the median one start a new wave
 
 
-def _between(inside: list[float]) -> tuple[float, float]:
-    """``(T1, T2)``: the first answer inside the window and the last one at the same point of
-    the answers' rhythm. Answers that come in waves (a batch retiring together: gaps over
-    ``CLUSTER_GAP`` x the median) end the span at the last wave's first answer, so that
-    (T1, T2] holds whole waves; a steady stream ends it at the last answer."""
+def _spans(inside: list[float]) -> list[tuple[float, float]]:
+    """Candidate ``(T1, T2)`` spans over the answers inside the window, each from one answer
+    to a later one at the same point of the answers' rhythm, best first. Answers that come in
+    waves (a batch retiring together: a gap over ``CLUSTER_GAP`` x the median starts a wave)
+    are measured from the first big wave's first answer to the last big wave's (big: at least
+    half the largest wave; the stragglers between waves repeat with them), then from the
+    first answer to the last wave's first answer; a steady stream (one wave) from the first
+    answer to the last."""
     gaps = [b - a for a, b in zip(inside, inside[1:])]
     median = sorted(gaps)[len(gaps) // 2]
-    starts = [t for t, gap in zip(inside[1:], gaps) if gap > CLUSTER_GAP * median]
-    return inside[0], starts[-1] if starts else inside[-1]
+    waves = [[inside[0]]]
+    for t, gap in zip(inside[1:], gaps):
+        if gap > CLUSTER_GAP * median:
+            waves.append([t])
+        else:
+            waves[-1].append(t)
+    if len(waves) == 1:
+        return [(inside[0], inside[-1])]
+    big = [w for w in waves if 2 * len(w) >= max(map(len, waves))]
+    return [(big[0][0], big[-1][0]), (inside[0], waves[-1][0])]
 
 
 def work_per_request(
@@ -133,11 +144,11 @@ def work_per_request(
     server's timing, or the whole request where it gives none); ``busy``: the GPU's merged
     busy intervals (:func:`summarize_trace`'s ``busy_out``).
 
-    ``estimate: "between answers"``: the GPU's busy time from the first answer inside the
-    window to the last one at the same point of the answers' rhythm (:func:`_between`), over
-    the answers after the first. One request at a time every request's work lies between the
-    answer before it and its own, so this is exact, and whole waves of a batched load keep it
-    so. It is used where that span covers at least half the window. Else (one wave of answers,
+    ``estimate: "between answers"``: the GPU's busy time from one answer inside the window to
+    a later one at the same point of the answers' rhythm (:func:`_spans`), over the answers
+    in between. One request at a time every request's work lies between the answer before it
+    and its own, so this is exact, and whole waves of a batched load keep it so. The first
+    span that covers at least half the window is used. Else (one wave of answers,
     or a single answer) ``"engine spans"``: the window's whole busy time over the requests'
     share of it, each request counted by the part of its engine span inside the window (work
     assumed spread evenly over the span). The time per kernel class is the window's split,
@@ -152,12 +163,13 @@ def work_per_request(
     inside = sorted(end for _, _, end in requests if lo <= end <= hi)
     work, n, estimate = 0.0, 0.0, ""
     if busy and len(inside) >= 2 and isinstance(origin, list):
-        t1, t2 = _between(inside)
-        counted = sum(1 for t in inside if t1 < t <= t2)
-        if counted and t2 - t1 >= (hi - lo) / 2:
-            base_s = lo - origin[0] / 1e6  # the trace's ts 0 in Unix s
-            work = busy_between(busy, (t1 - base_s) * 1e6, (t2 - base_s) * 1e6)
-            n, estimate = float(counted), "between answers"
+        for t1, t2 in _spans(inside):
+            counted = sum(1 for t in inside if t1 < t <= t2)
+            if counted and t2 - t1 >= (hi - lo) / 2:
+                base_s = lo - origin[0] / 1e6  # the trace's ts 0 in Unix s
+                work = busy_between(busy, (t1 - base_s) * 1e6, (t2 - base_s) * 1e6)
+                n, estimate = float(counted), "between answers"
+                break
     if not estimate:
         n = sum(
             max(0.0, min(b, hi) - max(a, lo)) / (b - a) if b > a else float(lo <= b <= hi)

@@ -627,6 +627,28 @@ def test_gpu_work_per_request_between_whole_waves(tmp_path):
     assert w["gpu_ms_per_request"] == 2.0
 
 
+def test_gpu_work_per_request_between_the_big_waves_of_a_served_pattern(tmp_path):
+    """The answer times of a served n=512 c=8 traced window (H100): waves of 5-7 answers with
+    stragglers between them, the window opening and ending on a straggler. The span runs from
+    the first big wave's first answer (130.2 ms) to the last one's (389.1 ms): 16 answers, two
+    whole periods of a wave and its stragglers. Ended at the last wave of any size (the
+    straggler at 464.7 ms) it would count 24 answers for less than three periods' work. The
+    GPU is kept busy all through, so the figure is the span over its answers."""
+    from harness.trace.summary import work_per_request
+
+    busy: list = []
+    s = summarize_trace(
+        _gpu_trace(tmp_path, [_kernel("nvjet_sm90_tst_gemm", 1_000_000, 505_000)]), busy_out=busy
+    )
+    offsets = [121.8, 130.2, 130.7, 131.0, 132.5, 132.9, 133.3, 136.9, 224.5, 264.1, 264.5,
+               265.9, 266.6, 267.0, 271.3, 277.5, 338.6, 389.1, 389.6, 389.9, 390.6, 391.1,
+               403.4, 408.5, 464.7]  # fmt: skip
+    w = work_per_request(s, [_req(t - 100, t - 1, t) for t in offsets], busy)
+    assert w["estimate"] == "between answers" and w["requests_in_window"] == 25
+    assert w["requests_counted"] == 16
+    assert w["gpu_ms_per_request"] == pytest.approx((389.1 - 130.2) / 16, abs=1e-3)
+
+
 def test_no_work_per_request_without_a_base_time_or_gpu_work(tmp_path):
     """A trace without ``baseTimeNanoseconds`` has no Unix window, and a CPU-only one no busy
     time: nothing is estimated (never a figure from a missing clock)."""
