@@ -118,8 +118,9 @@ def _spans(inside: list[float]) -> list[tuple[float, float]]:
     waves (a batch retiring together: a gap over ``CLUSTER_GAP`` x the median starts a wave)
     are measured from the first big wave's first answer to the last big wave's (big: at least
     half the largest wave; the stragglers between waves repeat with them), then from the
-    first answer to the last wave's first answer; a steady stream (one wave) from the first
-    answer to the last."""
+    first answer to the last wave's first answer, then (one request at a time, where a pause
+    made a lone long gap) from the first answer to the last; a steady stream (one wave) from
+    the first answer to the last."""
     gaps = [b - a for a, b in zip(inside, inside[1:])]
     median = sorted(gaps)[len(gaps) // 2]
     waves = [[inside[0]]]
@@ -131,7 +132,7 @@ def _spans(inside: list[float]) -> list[tuple[float, float]]:
     if len(waves) == 1:
         return [(inside[0], inside[-1])]
     big = [w for w in waves if 2 * len(w) >= max(map(len, waves))]
-    return [(big[0][0], big[-1][0]), (inside[0], waves[-1][0])]
+    return [(big[0][0], big[-1][0]), (inside[0], waves[-1][0]), (inside[0], inside[-1])]
 
 
 def work_per_request(

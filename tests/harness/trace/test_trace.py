@@ -593,6 +593,16 @@ def test_gpu_work_per_request_between_answers_one_at_a_time(tmp_path):
     assert w["gpu_ms_per_request"] == 3.0 and w["qps_at_full_busy"] == round(2 / 0.006, 2)
     assert w["gpu_ms_per_request_by_class"] == {"GEMM": 3.0}
     assert s["gpu_busy_us"] / 1e3 / w["requests_in_window"] == 4.0
+    # a pause after the first request (read as two waves) whose spans to the second wave
+    # cover under half the window: the span from the first answer to the last still holds
+    # whole requests
+    starts = [0, 27, 32, 37, 42, 47, 52]  # ms; the last request is answered after the window
+    kernels = [_kernel("nvjet_sm90_tst_gemm", 1_000_000 + t * 1000, 3000) for t in starts]
+    busy = []
+    s2 = summarize_trace(_gpu_trace(tmp_path, kernels), busy_out=busy)
+    w2 = work_per_request(s2, [_req(t, t + 3, t + 3.5) for t in starts], busy)
+    assert w2["estimate"] == "between answers" and w2["requests_counted"] == 5
+    assert w2["gpu_ms_per_request"] == 3.0
     text = _rendered({**s, **w})
     assert (
         "GPU work per request: 3.00 ms (GEMM 3.00), the GPU's work from the first of the 3 "
