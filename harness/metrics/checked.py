@@ -111,6 +111,11 @@ def _reason(name: str, res: Any, ok: list[Record], evaluated: set[str]) -> str |
         return f"fewer than 3 x {res.closed} answers a round: no window with every client busy"
     if name in ("burst_ms_mean", "burst_ms_max") and not res.burst:
         return "not a burst load"
+    if name == "gpu_busy_implied":
+        return (
+            "no traced GPU work per request (the cell was not traced, or its trace has no GPU "
+            "window on the harness's clock)"
+        )
     if name in ("prompt_tokens_mean", "cached_frac") and ok:
         field = "prompt_tokens" if name == "prompt_tokens_mean" else "cached_tokens"
         return f"the server reports no {field} in its answers' usage"

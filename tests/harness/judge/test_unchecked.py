@@ -119,6 +119,7 @@ def test_the_audit_each_unmeasurable_metric_is_no_data_with_its_reason():
         (cell(records(), baseline={"hf": {"status": "skipped", "hf_skipped": "KV 9 GiB > 1"}}),
          "hf_latency_ratio", "HF baseline skipped: KV 9 GiB > 1"),
         (plain, "qps_steady", "not a closed load"),
+        (plain, "gpu_busy_implied", "no traced GPU work per request"),
         (plain, "quality_invalid_rate", "no quality eval"),
         (plain, "server_radix_hit_rate", "no prefix-cache counters"),
         (plain, "server_prefill_tokens_per_request", "no prefix-cache counters"),
