@@ -262,9 +262,8 @@ def _file_details(f: dict) -> list[tuple[str, list[str]]]:
         )
         n, counted = f["requests_in_window"], f.get("requests_counted") or 0
         over = (
-            f"the GPU's work from the first of the {n} answers inside the traced window to "
-            f"the last at the same point of their rhythm, over the {counted:g} answered after "
-            "the first"
+            f"the GPU's work between two of the {n} answers inside the traced window at the "
+            f"same point of their rhythm, over the {counted:g} answered in between"
             if f.get("estimate") == "between answers"
             else f"the traced window's work over the {counted:.2f} requests whose engine spans "
             "it holds"

@@ -605,9 +605,9 @@ def test_gpu_work_per_request_between_answers_one_at_a_time(tmp_path):
     assert w2["gpu_ms_per_request"] == 3.0
     text = _rendered({**s, **w})
     assert (
-        "GPU work per request: 3.00 ms (GEMM 3.00), the GPU's work from the first of the 3 "
-        "answers inside the traced window to the last at the same point of their rhythm, over "
-        "the 2 answered after the first; with the GPU never idle that is 333.3 QPS"
+        "GPU work per request: 3.00 ms (GEMM 3.00), the GPU's work between two of the 3 "
+        "answers inside the traced window at the same point of their rhythm, over the 2 "
+        "answered in between; with the GPU never idle that is 333.3 QPS"
     ) in text
 
 
