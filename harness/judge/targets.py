@@ -26,6 +26,7 @@ from harness.judge.gates import OPS, resolve_path
 from harness.report.model import Cell, Report, TargetCheck, TargetResult, Targets, as_report
 from harness.spec.cells import matches, reference_index
 from harness.spec.checks import TargetSpec, relative_overrides
+from harness.trace.summary import traced_work
 
 
 def _actual(cell: Cell, metric: str) -> float | None:
@@ -42,16 +43,6 @@ SPEED_METRICS = ("qps", "latency_")  # a metric name equal to or starting with o
 def _mfu(cell: Cell) -> float | None:
     value = (cell.mfu or {}).get("mfu")
     return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
-
-
-def _traced_work(cell: Cell) -> dict[str, Any] | None:
-    """The GPU work per request of the cell's first traced file that has it
-    (:func:`harness.trace.summary.work_per_request`), or None."""
-    files = cell.trace.get("files") if isinstance(cell.trace, dict) else None
-    for f in files or []:
-        if isinstance(f, dict) and isinstance(f.get("gpu_ms_per_request"), (int, float)):
-            return f
-    return None
 
 
 def check(
@@ -150,7 +141,7 @@ def evaluate_targets(targets: list[TargetSpec], report: Report | dict) -> Target
                 if reason := (cell.unchecked or {}).get(t.metric):  # not measurable
                     why[cell.id] = reason
                 continue
-            got = check(t, actual, _mfu(cell), _traced_work(cell))
+            got = check(t, actual, _mfu(cell), traced_work(cell.trace))
             checks.append(TargetCheck(cell=cell.id, **got))
         missed = any(not c.met for c in checks)
         # met only when every selected cell was measured and met it: a cell without the

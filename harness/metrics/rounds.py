@@ -22,6 +22,7 @@ from harness.names import (  # noqa: F401  (the metric names, re-exported)
     named_direction,
 )
 from harness.spec.matrix import StatsSpec
+from harness.trace.summary import traced_work
 
 NAN = float("nan")
 
@@ -78,14 +79,10 @@ def busy_extra(trace: dict | None) -> Extra | None:
     per request (``trace.files[i].gpu_ms_per_request``, harness.trace.summary.work_per_request)
     implies at the round's QPS. The traced round's own busy share is lower where the
     profiler slows the host; this reads the unprofiled rounds. None without that figure."""
-    files = trace.get("files") if isinstance(trace, dict) else None
-    work = next(
-        (f["gpu_ms_per_request"] for f in files or [] if isinstance(f, dict)
-         and isinstance(f.get("gpu_ms_per_request"), (int, float))),
-        None,
-    )  # fmt: skip
-    if work is None:
+    traced = traced_work(trace)
+    if traced is None:
         return None
+    work = traced["gpu_ms_per_request"]
 
     def extra(ok: list[Record], out: dict[str, float]) -> dict[str, float]:
         qps = out.get("qps")

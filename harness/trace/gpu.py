@@ -5,7 +5,8 @@ of them), the largest gaps between them, CUDA-graph replays (``cudaGraphLaunch``
 ``decode_graph_replay`` counts only those inside FlashRec's decode spans, since prefill replays
 graphs too), top kernels by time, the time by kind of kernel (``gpu_time_by_class``: attention,
 GEMM, the norm / activation / quant kernels between them, copies, other; ``elementwise_pct``:
-that middle class's share in percent) and whether the GEMMs are FP8 kernels. On a CPU-only trace those fields are ``"n/a"``.
+that middle class's share in percent) and whether the GEMMs are FP8 kernels. On a CPU-only
+trace those fields are ``"n/a"``.
 
 Where the GPU waits (``gpu_idle_by_host``): every gap between GPU operations is charged to the
 outermost host annotation (``record_function`` span, e.g. ``flashrec.prefill``) running at its

@@ -98,6 +98,16 @@ def summarize_trace(
     return out
 
 
+def traced_work(trace: dict | None) -> dict[str, Any] | None:
+    """The first file of a cell's ``trace`` entry that has a GPU work per request
+    (:func:`work_per_request`'s fields), or None."""
+    files = trace.get("files") if isinstance(trace, dict) else None
+    for f in files or []:
+        if isinstance(f, dict) and isinstance(f.get("gpu_ms_per_request"), (int, float)):
+            return f
+    return None
+
+
 def busy_between(busy: list[tuple[float, float]], lo: float, hi: float) -> float:
     """GPU busy time (us) of the merged intervals ``busy`` inside ``[lo, hi]`` (trace ``ts``)."""
     i = bisect.bisect_right(busy, (lo, math.inf)) - 1  # the interval that may hold lo
