@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository (this file is scripts/probes/)
@@ -46,6 +47,42 @@ def _at_ref(ref: str):
     return mod
 
 
+def sid_text(codes: int = CODES) -> Callable[[list[int]], str]:
+    """The text of a beam's ids: a table of 3 x ``codes`` SID tokens from id ``BASE`` and the
+    end token at ``BASE - 1``."""
+    table = {BASE + i: f"<s_{'abc'[i // codes]}_{i % codes}>" for i in range(3 * codes)}
+    table[BASE - 1] = "<|sid_end|>"
+
+    def text(ids: list[int]) -> str:
+        return "".join(map(table.__getitem__, ids))
+
+    return text
+
+
+def sid_answer(
+    n: int, rng: random.Random, text: Callable[[list[int]], str], codes: int = CODES
+) -> GenResult:
+    """An answer of ``n`` beams shaped like the engine's: 3 SID tokens of ``codes`` each and
+    the end token, float scores, texts through ``text`` (:func:`sid_text`)."""
+    beams = [
+        BeamResult(
+            [BASE + lvl * codes + rng.randrange(codes) for lvl in range(3)] + [BASE - 1],
+            -rng.uniform(0, 20),
+            -rng.uniform(0, 5),
+            "stop",
+            text,
+        )  # fmt: skip
+        for _ in range(n)
+    ]
+    return GenResult(f"chatcmpl-{rng.getrandbits(128):032x}", beams, 1000, 0)
+
+
+def as_columns(r: GenResult, text: Callable[[list[int]], str]) -> GenResult:
+    """``r`` with its beams as the engine retires them (``BeamColumns``)."""
+    cols = BeamColumns.from_beams(r.beams, text)
+    return GenResult(r.rid, cols, r.prompt_tokens, r.cached_tokens)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ref", default="HEAD~1")
@@ -56,30 +93,12 @@ def main() -> int:
     args = ap.parse_args()
     ref = _at_ref(args.ref)
     rng = random.Random(0)
-    table = {BASE + i: f"<s_{'abc'[i // CODES]}_{i % CODES}>" for i in range(3 * CODES)}
-    table[BASE - 1] = "<|sid_end|>"
-
-    def text(ids: list[int]) -> str:
-        return "".join(map(table.__getitem__, ids))
+    text = sid_text()
 
     def result(n: int) -> GenResult:
-        beams = [
-            BeamResult(
-                [BASE + lvl * CODES + rng.randrange(CODES) for lvl in range(3)] + [BASE - 1],
-                -rng.uniform(0, 20),
-                -rng.uniform(0, 5),
-                "stop",
-                text,
-            )  # fmt: skip
-            for _ in range(n)
-        ]
-        return GenResult(f"chatcmpl-{rng.getrandbits(128):032x}", beams, 1000, 0)
+        return sid_answer(n, rng, text)
 
-    def as_columns(r: GenResult) -> GenResult:
-        cols = BeamColumns.from_beams(r.beams, text)
-        return GenResult(r.rid, cols, r.prompt_tokens, r.cached_tokens)
-
-    mine = as_columns if args.columns else (lambda r: r)
+    mine = (lambda r: as_columns(r, text)) if args.columns else (lambda r: r)
 
     print(
         f"{platform.machine()}, Python {platform.python_version()}, ref {args.ref}"

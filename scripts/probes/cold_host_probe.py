@@ -22,36 +22,21 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from flashrec.engine.request import BeamColumns, BeamResult, GenResult
+from body_bench import as_columns, sid_answer, sid_text  # scripts/probes/, beside this file
+
+from flashrec.engine.request import GenResult
 from flashrec.prompt import encode_text
 from flashrec.server.responses import chat_completion_json
 from flashrec.synth import build_checkpoint, synth_prompts
 
-CODES = 256
-BASE = 1000  # token ids of the synthetic SID table (what a body's texts are made of)
+CODES = 256  # codes per SID level of the answers' beams
 
 
 def body_result(n: int, rng: random.Random) -> GenResult:
-    """A 3-level answer of ``n`` beams, as the engine hands it over (columns)."""
-    table = {BASE + i: f"<s_{'abc'[i // CODES]}_{i % CODES}>" for i in range(3 * CODES)}
-    table[BASE - 1] = "<|sid_end|>"
-
-    def text(ids: list[int]) -> str:
-        return "".join(map(table.__getitem__, ids))
-
-    beams = [
-        BeamResult(
-            [BASE + lvl * CODES + rng.randrange(CODES) for lvl in range(3)] + [BASE - 1],
-            -rng.uniform(0, 20),
-            -rng.uniform(0, 5),
-            "stop",
-            text,
-        )  # fmt: skip
-        for _ in range(n)
-    ]
-    return GenResult(
-        f"chatcmpl-{rng.getrandbits(128):032x}", BeamColumns.from_beams(beams, text), 1000, 0
-    )
+    """A 3-level answer of ``n`` beams (``body_bench.sid_answer``), as the engine hands it over
+    (columns)."""
+    text = sid_text(CODES)
+    return as_columns(sid_answer(n, rng, text, CODES), text)
 
 
 def timed(calls: list[Callable[[], Any]], sleep_s: float) -> tuple[float, float]:
