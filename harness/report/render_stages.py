@@ -277,6 +277,14 @@ def _file_details(f: dict) -> list[tuple[str, list[str]]]:
         )
     elif f.get("requests_in_window") == 0:
         out.append(("GPU work per request: no request was answered inside the traced window", []))
+    elif "requests_in_window" in f:  # answers inside, but under one request's work to share
+        out.append(
+            (
+                f"GPU work per request: none; the traced window holds {f['requests_in_window']} "
+                "answers but under one request's engine time",
+                [],
+            )
+        )
     if f.get("annotations"):
         spans = ", ".join(
             f"{k['name']} x{k['count']} {k['total_us'] / 1000:.1f} ms" for k in f["annotations"][:6]

@@ -561,6 +561,9 @@ def test_gpu_work_per_request_over_the_engine_spans_in_the_window(tmp_path):
     assert w["qps_at_full_busy"] == 500.0  # 3 requests per 6 ms of GPU work
     # less than one request's share of the window: nothing to divide by
     assert work_per_request(s, [_req(11, 13, 14)]) == {"requests_in_window": 0}
+    thin = work_per_request(s, [_req(-20, 1, 2)])  # answered inside, 1/21 of its span there
+    assert thin == {"requests_in_window": 1}
+    assert "holds 1 answers but under one request's engine time" in _rendered({**s, **thin})
     text = _rendered({**s, **w})
     assert (
         "GPU work per request: 2.00 ms (GEMM 1.67, norm / activation / quant 0.33), the traced "
