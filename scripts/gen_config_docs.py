@@ -129,7 +129,6 @@ ZH = {
     "warmup": "/health 返回 ok 之前先跑预热请求",
     "gc_freeze": "预热后把所有存活对象移入 Python GC 的永久代（gc.freeze）：完整回收（同样会暂停引擎线程）此后只遍历请求分配的对象",
     "gc_gen0_threshold": "每个 server 进程中两次第 0 代垃圾回收之间的分配次数（gc.set_threshold）；0 保持 Python 的默认值（700）。更大：回收次数更少，每次遍历更多对象，总共遍历的对象更少",
-    "cpu_dma_latency_us": "生成请求进行期间（及其后 50 ms），通过 /dev/cpu_dma_latency（Linux PM QoS；需要 root）把每个 CPU 的唤醒延迟限制在这么多微秒以内：0 让空闲核心不进入深度睡眠，每次等待引擎之后的主机工作从热状态开始，代价是功耗；-1 不改变 CPU 的空闲状态",
     "respond_workers": "并行构建宽回答（至少 64 个 beam、非流式）JSON 正文的进程数，不占事件循环；0 = 在事件循环上构建",
     "tokenizer_workers": "并行构建 prompt（chat template + 分词）的线程数，每个线程持有自己的 tokenizer 副本；1 = 单线程使用引擎自身的 tokenizer；不超过 32,768 个字符、且其请求是唯一在处理的请求时，prompt 改在事件循环上构建（FLASHREC_PROMPT_INLINE=off 仍用线程）",
     "gil_switch_interval_ms": "服务进程的 sys.setswitchinterval（毫秒）：引擎线程等待 GIL 时，HTTP / 分词线程最多可持有 GIL 的时长（Python 默认 5）",

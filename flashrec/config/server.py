@@ -57,13 +57,6 @@ class ServerConfig(EngineConfig):
         "(gc.set_threshold); 0 keeps Python's (700). Higher: fewer collections, each walking "
         "more objects, fewer objects walked in all",
     )
-    cpu_dma_latency_us: int = opt(
-        -1,
-        "while generation requests are in flight (and 50 ms after), hold every CPU's wake-up "
-        "latency at most this many microseconds through /dev/cpu_dma_latency (Linux PM QoS; "
-        "needs root): 0 keeps idle cores out of deep sleep, so host work after each engine wait "
-        "starts warm, at the cost of power; -1 leaves the CPUs' idle states alone",
-    )
     tokenizer_workers: int = opt(
         4,
         "threads that build prompts (chat template + tokenization) in parallel, each with its "
@@ -110,10 +103,6 @@ class ServerConfig(EngineConfig):
         if not 0 <= self.gc_gen0_threshold <= 10_000_000:
             raise ValueError(
                 f"--gc-gen0-threshold must be in 0..10000000, got {self.gc_gen0_threshold}"
-            )
-        if not -1 <= self.cpu_dma_latency_us <= 1_000_000:
-            raise ValueError(
-                f"--cpu-dma-latency-us must be in -1..1000000, got {self.cpu_dma_latency_us}"
             )
         if self.max_connections < 0:
             raise ValueError(f"--max-connections must be >= 0, got {self.max_connections}")

@@ -45,7 +45,6 @@ from flashrec import boundedread
 from flashrec.config import ServerConfig, add_config_args, config_from_args
 from flashrec.server import control, generation, handlers
 from flashrec.server.backend import Backend
-from flashrec.server.cpuqos import CpuLatencyHold
 from flashrec.server.engine_api import ServedEngine
 from flashrec.server.errors import APIError
 from flashrec.server.frontends import ASK_TIMEOUT_S, FrontendGroup, Member, Snapshot
@@ -277,15 +276,6 @@ class Server:
                 "this address can send requests. Keep it on 127.0.0.1 or behind a trusted proxy.",
                 cfg.host,
             )
-        if cfg.cpu_dma_latency_us >= 0:  # each front end bounds wake-ups for its own requests
-            hold = CpuLatencyHold(cfg.cpu_dma_latency_us)
-            try:
-                hold.open()
-            except OSError as exc:
-                _log.error("%s", exc.strerror)
-                self.state.backend.close()
-                return 1
-            st.cpu_hold = hold
         if self.member is not None:  # a spawned front end: set up whole before it listens
             st.gc = GcWatch().install(cfg.gc_gen0_threshold)
             if cfg.gc_freeze:
@@ -297,8 +287,6 @@ class Server:
         except OSError as exc:
             _log.error("cannot listen on %s:%s: %s", cfg.host, self.bind_port, exc)
             self.state.backend.close()
-            if st.cpu_hold is not None:
-                st.cpu_hold.close()
             return 1
         self.port = site.port
         try:
@@ -371,8 +359,6 @@ class Server:
             finally:
                 await asyncio.to_thread(self.engine.stop)
                 be.close()
-                if st.cpu_hold is not None:
-                    st.cpu_hold.close()
                 if st.gc is not None:
                     st.gc.uninstall()
                 if self.config.gc_freeze:  # an in-process server leaves the process as found

@@ -148,7 +148,6 @@ def snapshot(st: ServerState, copy_metrics: bool = True) -> Snapshot:
         inflight=len(be.inflight),
         ready=be.healthy,
         draining=be.draining,
-        cpu_bound_us=st.cpu_hold.bound_us if st.cpu_hold is not None else -1,
     )
 
 
@@ -167,9 +166,6 @@ async def metrics(request: web.Request) -> web.Response:
         "flashrec_draining": int(any(s.draining for s in snaps)),
         "flashrec_http_inflight_requests": sum(s.inflight for s in snaps),
         "flashrec_profiler_active": int(profiler_state == "active"),
-        "flashrec_cpu_dma_latency_bound_us": min(
-            (s.cpu_bound_us for s in snaps if s.cpu_bound_us >= 0), default=-1
-        ),
     }
     served = ServerMetrics.merged(s.metrics for s in snaps) if others else st.metrics
     text = served.render(

@@ -58,7 +58,6 @@ class Snapshot(NamedTuple):
     inflight: int
     ready: bool
     draining: bool
-    cpu_bound_us: int = -1  # the --cpu-dma-latency-us bound it holds now, -1 when none
 
 
 class Link:

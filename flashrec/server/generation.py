@@ -45,8 +45,6 @@ async def _generation(request: web.Request, endpoint: str, parse: Parse) -> web.
     assert task is not None
     st.backend.active_handlers += 1
     st.held.add(task)
-    if st.cpu_hold is not None:
-        st.cpu_hold.enter()
     try:
         resp = await _respond(request, parse)
     except APIError as exc:
@@ -66,8 +64,6 @@ async def _generation(request: web.Request, endpoint: str, parse: Parse) -> web.
     finally:
         st.backend.active_handlers -= 1
         st.held.discard(task)
-        if st.cpu_hold is not None:
-            st.cpu_hold.leave()
     st.metrics.count(endpoint, "success")
     st.metrics.observe_latency(endpoint, time.perf_counter() - t0)
     return resp

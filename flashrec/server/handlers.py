@@ -20,7 +20,6 @@ from aiohttp import web
 from flashrec.config import ServerConfig
 from flashrec.server import protocol
 from flashrec.server.backend import Backend
-from flashrec.server.cpuqos import CpuLatencyHold
 from flashrec.server.engine_api import Profiler, ServedEngine
 from flashrec.server.errors import NOT_FOUND, APIError, error_body
 from flashrec.server.frontends import FrontendGroup, Member
@@ -41,7 +40,6 @@ class ServerState:
     model_name: str
     started: float = dataclasses.field(default_factory=time.time)
     gc: GcWatch | None = None  # installed by ``Server.run``
-    cpu_hold: CpuLatencyHold | None = None  # --cpu-dma-latency-us, opened by ``Server.run``
     # several front-end processes (--api-server-count): this one's index, and the handle that
     # gathers the others' snapshots (front end 0's group, another front end's membership)
     frontend_index: int = 0

@@ -492,8 +492,4 @@ _EXTRA_HELP = {
     "flashrec_draining": "1 while shutting down (new requests get 503).",
     "flashrec_http_inflight_requests": "Generation requests the HTTP layer is waiting on.",
     "flashrec_profiler_active": "1 while a torch profiler trace is being recorded.",
-    "flashrec_cpu_dma_latency_bound_us": (
-        "CPU wake-up latency bound held now for requests in flight (--cpu-dma-latency-us); "
-        "-1 when none."
-    ),
 }

@@ -9,10 +9,6 @@ from the code. Thread CPU time beside wall time says it is not a wait for the GI
 
     python scripts/probes/cold_host_probe.py                    # builds the tiny tokenizer
     python scripts/probes/cold_host_probe.py --model-path DIR --tokens 1000 --beams 256
-    python scripts/probes/cold_host_probe.py --cpu-dma-latency-us 0   # root: idle, bounded too
-
-``--cpu-dma-latency-us N`` adds a third block per cycle: the same idle pauses while the
-server's ``--cpu-dma-latency-us`` bound is held (every CPU's wake-up latency <= N us).
 """
 
 from __future__ import annotations
@@ -30,7 +26,6 @@ from body_bench import as_columns, sid_answer, sid_text  # scripts/probes/, besi
 
 from flashrec.engine.request import GenResult
 from flashrec.prompt import encode_text
-from flashrec.server.cpuqos import CpuLatencyHold
 from flashrec.server.responses import chat_completion_json
 from flashrec.synth import build_checkpoint, synth_prompts
 
@@ -65,14 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--calls", type=int, default=60, help="calls per block")
     ap.add_argument("--blocks", type=int, default=4, help="hot / idle blocks, alternating")
     ap.add_argument("--sleep-ms", type=float, default=20.0, help="idle before each cold call")
-    ap.add_argument(
-        "--cpu-dma-latency-us",
-        type=int,
-        default=-1,
-        help="also time idle blocks under this PM QoS wake-up bound (needs root); -1: no",
-    )
     args = ap.parse_args(argv)
-    kinds = ["hot", "idle"] + (["bound"] if args.cpu_dma_latency_us >= 0 else [])
 
     from transformers import AutoTokenizer
 
@@ -80,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         model = args.model_path or build_checkpoint(Path(tmp) / "tiny", "tiny", catalog_size=2000)
         tok = AutoTokenizer.from_pretrained(str(model))
         rng = random.Random(0)
-        n = args.calls * args.blocks * len(kinds)
+        n = args.calls * args.blocks
         prompts = synth_prompts(n, median_tokens=args.tokens, spread=0.0, seed=1)
         texts = [
             tok.apply_chat_template(m, tokenize=False, add_generation_prompt=True, enable_thinking=False)
@@ -88,30 +76,16 @@ def main(argv: list[str] | None = None) -> int:
         ]  # fmt: skip
         results = [body_result(args.beams, rng) for _ in range(n)]
         print(f"prompts ~{len(encode_text(tok, texts[0]))} tokens, bodies of {args.beams} beams")
-        print("block            encode wall / cpu ms   body wall / cpu ms")
-        for b in range(args.blocks * len(kinds)):
-            kind = kinds[b % len(kinds)]
-            sleep_s = args.sleep_ms / 1e3 if kind != "hot" else 0.0
-            hold = CpuLatencyHold(args.cpu_dma_latency_us) if kind == "bound" else None
-            if hold is not None:
-                hold.open()
-                hold.enter()
+        print("block  encode wall / cpu ms   body wall / cpu ms")
+        for b in range(args.blocks):
+            sleep_s = args.sleep_ms / 1e3 if b % 2 else 0.0
             part = slice(b * args.calls, (b + 1) * args.calls)
-            try:
-                enc = timed([lambda t=t: encode_text(tok, t) for t in texts[part]], sleep_s)
-                body = timed(
-                    [lambda r=r: chat_completion_json(r, "m", 0) for r in results[part]],
-                    sleep_s,
-                )
-            finally:
-                if hold is not None:
-                    hold.close()
-            label = {
-                "hot": "hot",
-                "idle": f"idle {args.sleep_ms:g} ms",
-                "bound": f"idle, <={args.cpu_dma_latency_us} us",
-            }[kind]
-            print(f"{label:<16} {enc[0]:6.3f} / {enc[1]:6.3f}     {body[0]:6.3f} / {body[1]:6.3f}")
+            enc = timed([lambda t=t: encode_text(tok, t) for t in texts[part]], sleep_s)
+            body = timed(
+                [lambda r=r: chat_completion_json(r, "m", 0) for r in results[part]], sleep_s
+            )
+            label = f"idle {args.sleep_ms:g} ms" if sleep_s else "hot"
+            print(f"{label:<12} {enc[0]:6.3f} / {enc[1]:6.3f}     {body[0]:6.3f} / {body[1]:6.3f}")
     return 0
 
 
