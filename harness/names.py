@@ -49,6 +49,7 @@ DIRECTIONS: dict[str, int] = {
     "server_ipc_ms_mean": 0,  # FlashRec --engine-process: engine process -> server process
     "server_respond_ms_mean": 0,  # FlashRec: beams on the host -> answer text
     "server_handoff_ms_mean": 0,  # FlashRec: respond's part up to the handler (not summed)
+    "server_body_cpu_ms_mean": 0,  # FlashRec: the event loop's CPU time after the hand-off
     "outside_server_ms_mean": 0,  # client latency - the phases above: HTTP, event loops
     "host_path_ms_mean": 0,  # client latency - engine: every phase but the engine's own
     # the server's own counters over the round (harness.metrics.server), informational
@@ -87,6 +88,7 @@ NAMED_DIRECTIONS: dict[str, int] = {
     "server_ipc_ms_mean": -1,
     "server_respond_ms_mean": -1,
     "server_handoff_ms_mean": -1,
+    "server_body_cpu_ms_mean": -1,
     "outside_server_ms_mean": -1,
     "host_path_ms_mean": -1,
     "server_gc_pause_ms": -1,

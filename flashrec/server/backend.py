@@ -126,6 +126,7 @@ class Answer:
     tokenize_s: float
     back: float
     body: str | list[bytes]
+    back_cpu: float | None = None  # the event loop thread's CPU clock (thread_time) at ``back``
 
 
 @dataclass
@@ -204,22 +205,26 @@ class Backend:
         t_tok = time.perf_counter() - t_tok  # prompt building (the requests made at once)
         results = await self.generate(gens)
         back = time.monotonic()  # the results are the handler's, on the event loop
+        back_cpu = time.thread_time()
         if isinstance(req, ChatRequest):
             self._count(results)
             (result,) = results
             model = req.model or model
             if req.stream:
-                return Answer(results, t_tok, back, list(responses.chat_stream(result, model)))
-            return Answer(results, t_tok, back, await self.chat_json(result, model))
+                return Answer(
+                    results, t_tok, back, list(responses.chat_stream(result, model)), back_cpu
+                )
+            return Answer(results, t_tok, back, await self.chat_json(result, model), back_cpu)
         results = [responses.returned(r, req.params.num_return) for r in results]  # best n of k
         latency = time.perf_counter() - t0
         self._count(results)
         if req.stream:
             outs = [responses.generate_result(r, latency) for r in results]
             events = [responses.sse(outs if req.batched else outs[0]), b"data: [DONE]\n\n"]
-            return Answer(results, t_tok, back, events)
+            return Answer(results, t_tok, back, events, back_cpu)
         texts = await asyncio.gather(*(self.generate_json(r, latency) for r in results))
-        return Answer(results, t_tok, back, f"[{','.join(texts)}]" if req.batched else texts[0])
+        body = f"[{','.join(texts)}]" if req.batched else texts[0]
+        return Answer(results, t_tok, back, body, back_cpu)
 
     def _count(self, results: list[GenResult]) -> None:
         for r in results:

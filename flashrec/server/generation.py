@@ -75,14 +75,19 @@ async def _respond(request: web.Request, parse: Parse) -> web.StreamResponse:
     t0 = time.perf_counter()  # a /generate answer's e2e_latency counts from here
     req = parse(await read_json(request, st.config), st.limits)
     ans = await st.backend.answer(req, st.model_name, t0)
-    timing = {"Server-Timing": server_timing(ans.tokenize_s, ans.results, ans.back)}
+    timing = {"Server-Timing": server_timing(ans.tokenize_s, ans.results, ans.back, ans.back_cpu)}
     timing.update(weights_header(ans.results))
     if isinstance(ans.body, str):
         return web.json_response(text=ans.body, headers=timing)
     return await _send_sse(request, ans.body, timing)
 
 
-def server_timing(tokenize_s: float, results: list[GenResult], back: float | None = None) -> str:
+def server_timing(
+    tokenize_s: float,
+    results: list[GenResult],
+    back: float | None = None,
+    back_cpu: float | None = None,
+) -> str:
     """The ``Server-Timing`` header (W3C) of a generation response, in ms: ``tokenize`` (the
     prompt built from messages / text), ``queue`` (submitted -> admitted for prefill),
     ``engine`` (admitted -> ranked beams on the host), ``ipc`` (with ``--engine-process``: from
@@ -90,7 +95,9 @@ def server_timing(tokenize_s: float, results: list[GenResult], back: float | Non
     answer's text: the beams' host objects, the hand-off to the event loop, JSON); for a
     batch, the slowest request's. ``handoff``, the part of ``respond`` up to ``back`` (when
     the handler held the results on the event loop: host objects and the loop's wake-up), is
-    a detail of ``respond``, not a phase of its own. Call it once the answer is built. What
+    a detail of ``respond``, not a phase of its own; so is ``body_cpu``, the event loop
+    thread's CPU time from ``back`` on (``back_cpu``, its ``thread_time`` then): against the
+    rest of ``respond`` it tells code time from waits. Call it once the answer is built. What
     the client measures beyond the phases' sum is HTTP and the client's own event loop."""
     queue = max((r.queue_s or 0.0) for r in results) if results else 0.0
     engine = max((r.engine_s or 0.0) for r in results) if results else 0.0
@@ -101,10 +108,12 @@ def server_timing(tokenize_s: float, results: list[GenResult], back: float | Non
         parts.append(("ipc", max(0.0, max(b - a for a, b in zip(done, received)))))
         done = received
     if done:
-        now = time.monotonic()
+        now, cpu_now = time.monotonic(), time.thread_time()  # together: body_cpu <= the wall
         parts.append(("respond", max(0.0, now - min(done))))
         if back is not None:
             parts.append(("handoff", min(max(0.0, back - min(done)), parts[-1][1])))
+        if back_cpu is not None:
+            parts.append(("body_cpu", max(0.0, cpu_now - back_cpu)))
     return ", ".join(f"{name};dur={sec * 1000.0:.3f}" for name, sec in parts)
 
 

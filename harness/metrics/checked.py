@@ -26,7 +26,7 @@ NO_CATALOG = (
 ONE_BEAM = "one beam per answer: duplicates cannot occur, so none were checked"
 NO_TRUTH = "no ground truth: the workload's prompts carry no answer to score"
 SERVER_PHASE_METRICS = {
-    *(f"server_{p}_ms_mean" for p in (*SERVER_PHASES, "ipc", "respond", "handoff")),
+    *(f"server_{p}_ms_mean" for p in (*SERVER_PHASES, "ipc", "respond", "handoff", "body_cpu")),
     "outside_server_ms_mean",
     "host_path_ms_mean",
 }

@@ -29,7 +29,7 @@ NAN = float("nan")
 SERVER_PHASES = ("tokenize", "queue", "engine")
 OPTIONAL_SERVER_PHASES = ("ipc", "respond")  # counted where every timed request of a round has it
 # details of a phase (the part of it named), reported beside it, never summed with the phases
-DETAIL_SERVER_PHASES = {"handoff": "respond"}
+DETAIL_SERVER_PHASES = {"handoff": "respond", "body_cpu": "respond"}
 KEY_METRICS = (
     "qps",
     "latency_mean_ms",

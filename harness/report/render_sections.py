@@ -115,6 +115,7 @@ def server_timing_table(report: Report | dict) -> Table | None:
         return None
     respond = any("server_respond_ms_mean" in c.metrics for c in cells)
     handoff = any("server_handoff_ms_mean" in c.metrics for c in cells)
+    body_cpu = any("server_body_cpu_ms_mean" in c.metrics for c in cells)
     ipc = any("server_ipc_ms_mean" in c.metrics for c in cells)
     gc = any("server_gc_pause_ms" in c.metrics for c in cells)
     other = any("host_other_cpu_cores" in c.metrics for c in cells)
@@ -124,6 +125,7 @@ def server_timing_table(report: Report | dict) -> Table | None:
     keys += ["server_engine_ms_mean"] + (["server_ipc_ms_mean"] if ipc else [])
     keys += ["server_respond_ms_mean"] if respond else []
     keys += ["server_handoff_ms_mean"] if handoff else []
+    keys += ["server_body_cpu_ms_mean"] if body_cpu else []
     keys += ["outside_server_ms_mean"] + (["server_gc_pause_ms"] if gc else [])
     fmt = dict.fromkeys(("host_other_cpu_cores", "harness_cpu_cores", *host.SERVER_METRICS), ".2f")
     keys += cpu
@@ -136,7 +138,8 @@ def server_timing_table(report: Report | dict) -> Table | None:
     ]
     head = ["cell", "client latency ms", "tokenize", "queue", "engine"]
     head += (["ipc"] if ipc else []) + (["respond"] if respond else [])
-    head += (["of respond: hand-off"] if handoff else []) + ["outside the server"]
+    head += ["of respond: hand-off"] if handoff else []
+    head += (["after it: event-loop CPU"] if body_cpu else []) + ["outside the server"]
     head += ["server GC pauses ms / round"] if gc else []
     head += [CPU_HEADS[k] for k in cpu]
     head += ["other processes' CPU cores"] if other else []
@@ -272,8 +275,10 @@ SERVER_TIMING_NOTE = (
     "result objects, the "
     "hand-off to the event loop and JSON encoding). Of respond, hand-off (where the server "
     "reports it): the part up to the request's handler holding the result on the event "
-    "loop, the rest being the answer's encoding. Outside the server = client latency - "
-    "their sum (hand-off not counted again): HTTP and event-loop time on both sides (and, "
+    "loop, the rest being the answer's encoding; after it, event-loop CPU (where the server "
+    "reports it): the event loop thread's CPU time over that rest, so that the rest less it "
+    "is time the loop waited (for the GIL, or its core) rather than ran. Outside the server "
+    "= client latency - their sum (neither detail counted again): HTTP and event-loop time on both sides (and, "
     "for servers without respond, the answer's encoding). Server GC pauses: the server's "
     "garbage-collector time during the round (its /metrics before and after), which stops "
     "every server thread. Server "

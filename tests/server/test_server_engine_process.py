@@ -79,7 +79,7 @@ def test_engine_runs_elsewhere_and_reports(proc_srv: ServerThread) -> None:
     os.kill(pid, 0)  # alive
     r = proc_srv.post("/v1/chat/completions", _chat("timing"))
     parts = dict(p.split(";dur=") for p in r.headers["Server-Timing"].split(", "))
-    assert list(parts) == ["tokenize", "queue", "engine", "ipc", "respond", "handoff"]
+    assert list(parts) == ["tokenize", "queue", "engine", "ipc", "respond", "handoff", "body_cpu"]
     assert all(float(v) >= 0 for v in parts.values())
     assert float(parts["handoff"]) <= float(parts["respond"])  # from the result's arrival
     m = proc_srv.metrics()

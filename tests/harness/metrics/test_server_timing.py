@@ -113,3 +113,27 @@ def test_handoff_is_a_detail_of_respond_never_summed():
     head, rows = server_timing_table({"cells": [cell]})
     assert head.index("of respond: hand-off") == head.index("respond") + 1
     assert rows[0][head.index("of respond: hand-off")].startswith("0.8")
+
+
+def test_body_cpu_is_a_detail_of_respond_beside_the_handoff():
+    """FlashRec's ``body_cpu`` (the event loop's CPU time after the hand-off) is averaged
+    like the hand-off, shown after it, never summed: "outside" is what it was without it."""
+    from harness.report.render_sections import server_timing_table
+
+    phases = {"tokenize": 1.0, "queue": 2.0, "engine": 30.0, "respond": 3.0, "handoff": 1.0}
+    recs = [
+        _rec(0, 0.040, {**phases, "body_cpu": 1.5}),
+        _rec(1, 0.050, {**phases, "engine": 40.0, "body_cpu": 0.5}),
+    ]
+    m = round_metrics(recs)
+    assert math.isclose(m["server_body_cpu_ms_mean"], 1.0)
+    assert math.isclose(m["outside_server_ms_mean"], ((40 - 36) + (50 - 46)) / 2)
+    assert "server_body_cpu_ms_mean" not in round_metrics([recs[0], _rec(1, 0.05, phases)])
+    cell = {
+        "id": "a",
+        "metrics": {k: dict.fromkeys(("median", "ci95_low", "ci95_high"), v) for k, v in m.items()},
+    }
+    head, rows = server_timing_table({"cells": [cell]})
+    col = head.index("after it: event-loop CPU")
+    assert col == head.index("of respond: hand-off") + 1 and len(rows[0]) == len(head)
+    assert rows[0][col].startswith("1.0")
