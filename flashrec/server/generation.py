@@ -96,8 +96,9 @@ def server_timing(
     batch, the slowest request's. ``handoff``, the part of ``respond`` up to ``back`` (when
     the handler held the results on the event loop: host objects and the loop's wake-up), is
     a detail of ``respond``, not a phase of its own; so is ``body_cpu``, the event loop
-    thread's CPU time from ``back`` on (``back_cpu``, its ``thread_time`` then): against the
-    rest of ``respond`` it tells code time from waits. Call it once the answer is built. What
+    thread's CPU time from ``back`` on (``back_cpu``, its ``thread_time`` then; with other
+    requests' work if the loop ran any meanwhile): against the rest of ``respond`` it tells
+    code time from waits. Call it once the answer is built. What
     the client measures beyond the phases' sum is HTTP and the client's own event loop."""
     queue = max((r.queue_s or 0.0) for r in results) if results else 0.0
     engine = max((r.engine_s or 0.0) for r in results) if results else 0.0
