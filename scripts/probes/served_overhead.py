@@ -17,6 +17,13 @@ always torn down.
     PYTHONPATH=. python scripts/probes/served_overhead.py                 # builds the tiny model
     PYTHONPATH=. python scripts/probes/served_overhead.py --model-path DIR --n 256 50 --profile
     PYTHONPATH=. python scripts/probes/served_overhead.py --raw-client   # the client's share
+
+``--first-touch`` times the answer body where the handler builds it: its first build (what
+``body_cpu`` holds), the same build again at once, and the first build after a build of an
+older answer (the code path warm, this answer's data not): first against again is what the
+moment costs, and the warmed build says whether the cold part is the code or the data. It
+also reads which CPU the event loop and the engine thread ran on. ``--pin-loop`` /
+``--pin-engine`` bind either thread to one CPU, for the same figures with no migration.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ import asyncio
 import cProfile
 import io
 import json
+import os
 import pstats
 import re
 import socket
@@ -61,6 +69,7 @@ class Instrumented:
         self.done_at: dict[str, float] = {}
         self.resolved_at: dict[str, float] = {}
         self.idle_at: list[float] = []
+        self.engine_cpus: list[int] = []  # the engine thread's CPU at each resolve
         self._active: set[str] = set()
         self._lock = threading.Lock()
         submit, step, has_work = loop.submit, loop.scheduler.step, loop.scheduler.has_work
@@ -72,7 +81,8 @@ class Instrumented:
                 self.steps_s[req.rid] = 0.0
             fut = submit(req)
 
-            def done(f: Any) -> None:
+            def done(f: Any) -> None:  # on the engine thread
+                self.engine_cpus.append(thread_cpu())
                 self.engine_s[req.rid] = time.perf_counter() - t0
                 self.resolved_at[req.rid] = time.monotonic()
                 with self._lock:
@@ -104,6 +114,100 @@ class Instrumented:
         loop.submit = timed_submit  # type: ignore[method-assign]
         loop.scheduler.has_work = timed_has_work  # type: ignore[method-assign]
         loop.scheduler.step = timed_step  # type: ignore[method-assign]
+
+
+def thread_cpu() -> int:
+    """The CPU the calling thread last ran on (/proc; -1 where it cannot be read)."""
+    try:
+        with open("/proc/thread-self/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[36])
+    except (OSError, ValueError, IndexError):
+        return -1
+
+
+class FirstTouch:
+    """Wraps the chat body's encoder (``responses.chat_completion_json``, as the handler calls
+    it) to time, per answer on the event loop: the first build, the same build again, and
+    (from the second answer on) a build of the previous answer first, then this one's."""
+
+    def __init__(self) -> None:
+        self.first: list[float] = []
+        self.first_cpu: list[float] = []
+        self.again: list[float] = []
+        self.warmed: list[float] = []
+        self.loop_cpus: list[int] = []
+        self.engine_cpus: list[int] = []
+        self.warm_code = False
+        self._prev: GenResult | None = None
+        self._encode = responses.chat_completion_json
+
+    def install(self) -> None:
+        responses.chat_completion_json = self._wrapped  # type: ignore[assignment]
+
+    def restore(self) -> None:
+        responses.chat_completion_json = self._encode  # type: ignore[assignment]
+
+    def _wrapped(self, result: GenResult, model: str, created: int | None = None) -> str:
+        encode = self._encode
+        if self.warm_code:
+            if self._prev is None:  # nothing older to build first: served as is, not counted
+                self._prev = result
+                return encode(result, model, created)
+            encode(self._prev, model, created)  # the code path warm, this answer's data not
+        self.loop_cpus.append(thread_cpu())
+        c0, t0 = time.thread_time(), time.perf_counter()
+        out = encode(result, model, created)
+        t1, c1 = time.perf_counter(), time.thread_time()
+        encode(result, model, created)
+        t2 = time.perf_counter()
+        (self.warmed if self.warm_code else self.first).append(t1 - t0)
+        self.first_cpu.append(c1 - c0)
+        self.again.append(t2 - t1)
+        self._prev = result
+        return out
+
+    def report(self, skip: int) -> None:
+        def cut(xs: list[Any]) -> list[Any]:
+            return xs[skip:] if len(xs) > skip else xs
+
+        print("  the body where the handler builds it (chat_completion_json, ms):")
+        for name, xs in (("first build", self.first), ("after an older one", self.warmed),
+                         ("its CPU time", self.first_cpu), ("again at once", self.again)):  # fmt: skip
+            if xs:
+                print(f"    {name:<18} {ms(cut(xs))}")
+        loops, engines = cut(self.loop_cpus), cut(self.engine_cpus)
+        if loops and min(loops) >= 0:
+            moved = sum(a != b for a, b in zip(loops, loops[1:]))
+            print(f"    event loop's CPU   {len(set(loops))} distinct, moved {moved} of "
+                  f"{max(1, len(loops) - 1)} times")  # fmt: skip
+        if engines and loops and min(engines) >= 0:
+            same = sum(a == b for a, b in zip(loops, engines))
+            print(f"    engine thread's    {len(set(engines))} distinct CPUs at the hand-off, "
+                  f"the loop's own {same} of {min(len(loops), len(engines))} times")  # fmt: skip
+
+
+def first_touch(
+    url: str, bodies: list[dict], warmup: int, inst: Instrumented, touch: FirstTouch
+) -> None:
+    """The same requests again (raw socket) with the body's builds timed in the handler: once
+    as served, once with an older answer built first."""
+    for warm in (False, True):
+        touch.__init__()  # type: ignore[misc]
+        touch.warm_code = warm
+        inst.engine_cpus.clear()
+        touch.install()
+        try:
+            drive_raw(url, bodies, warmup)
+        finally:
+            touch.restore()
+        touch.engine_cpus = list(inst.engine_cpus)
+        print(f"  first touch, {'an older answer built first' if warm else 'as served'}:")
+        touch.report(warmup)
+
+
+def pin(native_id: int, cpu: int) -> None:
+    """Bind one thread (its native id; 0: the caller) to ``cpu``."""
+    os.sched_setaffinity(native_id, {cpu})
 
 
 class ServerThread:
@@ -337,6 +441,12 @@ def main(argv: list[str] | None = None) -> int:
         help="also send the requests through a raw keep-alive socket (the client's share)",
     )  # fmt: skip
     ap.add_argument("--profile-lines", type=int, default=30)
+    ap.add_argument(
+        "--first-touch", action="store_true",
+        help="time the body's first build in the handler against a second and a warmed one",
+    )  # fmt: skip
+    ap.add_argument("--pin-loop", type=int, default=None, help="bind the event loop to this CPU")
+    ap.add_argument("--pin-engine", type=int, default=None, help="bind the engine thread")
     args = ap.parse_args(argv)
 
     with tempfile.TemporaryDirectory(prefix="served-overhead-") as tmp:
@@ -361,15 +471,27 @@ def main(argv: list[str] | None = None) -> int:
         loop = EngineLoop(engine)
         inst = Instrumented(loop)
         srv = ServerThread(Server(loop, config))
+        touch = FirstTouch() if args.first_touch else None
         srv.start()
         try:
-            run(srv, engine, inst, args)
+            if args.pin_engine is not None:
+                pin(loop._thread.native_id or 0, args.pin_engine)
+            if args.pin_loop is not None:
+                srv.server._aloop.call_soon_threadsafe(pin, 0, args.pin_loop)
+            run(srv, engine, inst, args, touch)
         finally:
             srv.stop()
+
     return 0
 
 
-def run(srv: ServerThread, engine: Any, inst: Instrumented, args: argparse.Namespace) -> None:
+def run(
+    srv: ServerThread,
+    engine: Any,
+    inst: Instrumented,
+    args: argparse.Namespace,
+    touch: FirstTouch | None = None,
+) -> None:
     url = srv.server.url
     prompts = synth_prompts(
         args.requests + args.warmup, median_tokens=args.prompt_tokens, spread=0.0, seed=1
@@ -411,6 +533,8 @@ def run(srv: ServerThread, engine: Any, inst: Instrumented, args: argparse.Names
             for name, xs in phases.items():
                 print(f"    {name:<18} {ms(xs)}")
             print_handoff(inst, [rid for rid, _, _ in raw_rows])
+        if touch is not None:
+            first_touch(url, bodies, args.warmup, inst, touch)
         if inst.last is not None:
             breakdown(engine, srv.server.state.limits, bodies[0], inst.last)
         if args.profile and srv.profile is not None:
