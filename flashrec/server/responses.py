@@ -36,6 +36,19 @@ def dumps(obj: Any) -> str:
     return orjson.dumps(obj).decode()
 
 
+def nums(xs: list[float]) -> list[float] | map:
+    """``num`` of every value: ``xs`` itself where they are all finite ``float`` (the engine's
+    scores: one pass in C instead of a call per value), else mapped."""
+    if set(map(type, xs)) <= {float} and all(map(math.isfinite, xs)):
+        return xs
+    return map(num, xs)
+
+
+def lists(rows: list[list[int]]) -> list[list[int]] | map:
+    """Every row as a ``list``: ``rows`` itself where they all are (the engine's)."""
+    return rows if set(map(type, rows)) <= {list} else map(list, rows)
+
+
 def _columns(beams: list[BeamResult] | BeamColumns) -> zip:
     """Per beam, best first: (text, finish reason, sequence score, token ids, cumulative
     logprob) with the scores through ``num`` and the ids as a ``list``. The engine's
@@ -43,8 +56,8 @@ def _columns(beams: list[BeamResult] | BeamColumns) -> zip:
     cols = BeamColumns.from_beams(beams)
     texts = cols.texts() if cols is beams else [b.text for b in beams]  # each beam's own text
     return zip(
-        texts, cols.finish_reasons, map(num, cols.sequence_scores), map(list, cols.token_ids),
-        map(num, cols.cum_logprobs),
+        texts, cols.finish_reasons, nums(cols.sequence_scores), lists(cols.token_ids),
+        nums(cols.cum_logprobs),
     )  # fmt: skip
 
 

@@ -57,3 +57,21 @@ def test_from_table_makes_the_same_text_and_loads_the_tokenizer_on_first_need(ti
     other = [5, 6, *sid[:2]]  # tokens outside the SID table
     assert copy(other) == full(other) != "" and copy.tokenizer is not None
     assert SidText.from_table(full.table, None)(other) == ""
+
+
+def test_texts_of_many_rows_are_each_rows_text():
+    """``texts`` (one pass over equal-length rows) gives what a call per row gives, for rows of
+    one length, of mixed lengths, empty rows and a row with a token outside the table (only
+    that row goes to the tokenizer)."""
+    tok = _Tokenizer()
+    text = SidText(tok, _Layout())
+    same = [[100, 101, 102, 105], [100, 104, 103, 105], [100, 101, 101, 105]]
+    mixed = [[100, 101], [100, 102, 105], []]
+    outside = [[100, 101, 105], [100, 7, 105], [100, 102, 105]]
+    for rows in (same, mixed, [[], []], [], outside):
+        tok.decoded.clear()
+        assert text.texts(rows) == [text(r) for r in rows]
+    assert text.texts(same)[1] == "<t100><t104><t103><t105>"
+    tok.decoded.clear()
+    text.texts(outside)
+    assert tok.decoded == [[100, 7, 105]]

@@ -433,3 +433,19 @@ def test_prompts_build_in_parallel_on_private_builders(workers: int) -> None:
     assert got == [[i, 1] for i in range(6)]
     assert eng.copies == workers
     assert eng.peak == workers
+
+
+def test_nums_pass_finite_floats_through_and_map_anything_else() -> None:
+    """``nums``: the engine's scores (finite floats) go to the body as they are; a list with a
+    non-finite value, an int or a numpy float is mapped through ``num`` (null, float)."""
+    finite = [-1.5, -0.0, 1e300, -3.0]
+    assert responses.nums(finite) is finite
+    assert list(responses.nums([-1.5, float("nan"), float("-inf")])) == [-1.5, None, None]
+    mapped = list(responses.nums([-3, -1.5]))
+    assert mapped == [-3.0, -1.5] and type(mapped[0]) is float
+    np = pytest.importorskip("numpy")
+    mapped = list(responses.nums([np.float64(-2.5), -1.0]))
+    assert mapped == [-2.5, -1.0] and type(mapped[0]) is float
+    rows = [[1, 2], [3, 4]]
+    assert responses.lists(rows) is rows
+    assert list(responses.lists([(1, 2), [3, 4]])) == [[1, 2], [3, 4]]
