@@ -6,7 +6,8 @@ handler does at concurrency 1, and splits each request's hand-off into:
 
 - ``done -> resolved``: from the engine's ``done_at`` (its results on the host) until the
   engine thread resolves the request's future (the rest of the step, result objects, the
-  counters' snapshot);
+  counters' snapshot), in parts: ``-> results built`` (the beams' columns and result
+  objects), ``-> step returned``, ``-> snapshot taken`` and ``-> resolved``;
 - ``resolved -> hooks``: until the engine thread runs the step hooks (what follows the
   resolve in the engine thread);
 - ``resolved -> resumed``: until the awaiting coroutine runs again (the event loop's wake-up
@@ -55,6 +56,33 @@ async def bare_wakes(count: int) -> float:
     return med(out)
 
 
+def time_parts(loop) -> dict[str, float]:
+    """Marks (``time.monotonic``) of the engine thread's last results built, step returned and
+    snapshot taken, kept up to date by wrappers around those three calls."""
+    marks: dict[str, float] = {}
+    sched = loop.scheduler
+    finish, step, snapshot = sched.results.finish, sched.step, loop._take_snapshot
+
+    def timed_finish(pending):
+        out = finish(pending)
+        marks["built"] = time.monotonic()
+        return out
+
+    def timed_step():
+        out = step()
+        marks["stepped"] = time.monotonic()
+        return out
+
+    def timed_snapshot():
+        snapshot()
+        marks["snapshot"] = time.monotonic()
+
+    sched.results.finish = timed_finish
+    sched.step = timed_step
+    loop._take_snapshot = timed_snapshot
+    return marks
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--model-path", default="", help="checkpoint dir (default: build tiny)")
@@ -96,9 +124,13 @@ def main(argv: list[str] | None = None) -> int:
         ]  # fmt: skip
         ids = [encode_text(tok, t) for t in texts]
         loop = EngineLoop(Engine(config))
+        marks = time_parts(loop)
         hooks: list[float] = []
         loop.add_step_hook(lambda _steps: hooks.append(time.monotonic()))
         loop.start()
+
+        parts: list[list[float]] = []
+        dones: list[float] = []
 
         async def run() -> tuple[list[tuple[float, float, float]], float]:
             rows = []
@@ -111,6 +143,8 @@ def main(argv: list[str] | None = None) -> int:
                 after = [h for h in hooks if h >= mark["t"]]
                 if i >= 5 and res.done_at is not None and after:
                     rows.append((mark["t"] - res.done_at, after[0] - mark["t"], back - mark["t"]))
+                    parts.append([marks[k] for k in ("built", "stepped", "snapshot")] + [mark["t"]])
+                    dones.append(res.done_at)
                 await asyncio.sleep(0.002)
             return rows, await bare_wakes(50)
 
@@ -120,6 +154,10 @@ def main(argv: list[str] | None = None) -> int:
             loop.stop()
     print(f"{len(rows)} requests, n={args.beams}, ~{len(ids[0])} prompt tokens, {args.device}")
     print(f"done -> resolved      {med([r[0] for r in rows]):.3f} ms (median)")
+    names = ("-> results built", "-> step returned", "-> snapshot taken", "-> resolved")
+    for k, name in enumerate(names):
+        prev = [d if k == 0 else p[k - 1] for d, p in zip(dones, parts)]
+        print(f"  {name:<20}{med([p[k] - a for p, a in zip(parts, prev)]):.3f} ms")
     print(f"resolved -> hooks     {med([r[1] for r in rows]):.3f} ms")
     print(f"resolved -> resumed   {med([r[2] for r in rows]):.3f} ms")
     print(f"bare thread wake-up   {bare:.3f} ms (a sleeping thread's set_result -> resumed)")
