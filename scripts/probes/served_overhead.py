@@ -205,6 +205,39 @@ def first_touch(
         touch.report(warmup)
 
 
+def pin_alternate(
+    url: str,
+    bodies: list[dict],
+    warmup: int,
+    srv: ServerThread,
+    loop: EngineLoop,
+    cpus: tuple[int, int],
+) -> None:
+    """The same requests again (raw socket), the event loop and the engine thread bound to
+    ``cpus`` (loop, engine) for every other request and free (the process's CPUs) for the
+    rest: one server, interleaved, so the two are compared without a second start."""
+    free = os.sched_getaffinity(0)
+    ids = (srv._thread.native_id or 0, loop._thread.native_id or 0)
+
+    def before(i: int) -> None:
+        for tid, cpu in zip(ids, cpus):
+            os.sched_setaffinity(tid, {cpu} if i % 2 else free)
+
+    phases: dict[str, list[float]] = {}
+    rows = drive_raw(url, bodies, warmup, phases, before)
+    start = warmup % 2  # phases hold requests warmup.. in order: the first of them is unbound
+    print(f"  alternating, loop on CPU {cpus[0]} and engine on CPU {cpus[1]} / free (ms):")
+    e2e = [dt for _, dt, _ in rows]
+    for name, xs in {"e2e": e2e, **phases}.items():
+        bound = [x for j, x in enumerate(xs) if (j + start) % 2]
+        unbound = [x for j, x in enumerate(xs) if not (j + start) % 2]
+        if bound and unbound:
+            print(f"    {name:<18} bound {statistics.median(bound) * 1e3:7.3f}  "
+                  f"free {statistics.median(unbound) * 1e3:7.3f}")  # fmt: skip
+    for tid in ids:
+        os.sched_setaffinity(tid, free)
+
+
 def pin(native_id: int, cpu: int) -> None:
     """Bind one thread (its native id; 0: the caller) to ``cpu``."""
     os.sched_setaffinity(native_id, {cpu})
@@ -284,13 +317,18 @@ async def drive(url: str, bodies: list[dict], warmup: int) -> list[tuple[str, fl
 
 
 def drive_raw(
-    url: str, bodies: list[dict], warmup: int, phases: dict[str, list[float]] | None = None
+    url: str,
+    bodies: list[dict],
+    warmup: int,
+    phases: dict[str, list[float]] | None = None,
+    before: Any = None,
 ) -> list[tuple[str, float, int]]:
     """``drive`` with the least client there is: one blocking keep-alive socket, each request's
     bytes built before its clock starts, the answer read by its Content-Length. Beside
     ``drive`` it shows the aiohttp client's own share of the e2e time. ``phases`` collects the
     answers' ``Server-Timing`` durations (seconds) by name, plus ``outside``: the e2e time
-    past the server's phases."""
+    past the server's phases. ``before(i)``, where given, runs before request ``i`` is sent
+    (off the clock)."""
     host, port = url.split("//", 1)[1].split(":")
     sock = socket.create_connection((host, int(port)))
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -298,6 +336,8 @@ def drive_raw(
     out = []
     try:
         for i, body in enumerate(bodies):
+            if before is not None:
+                before(i)
             data = json.dumps(body).encode()
             req = (
                 f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\n"
@@ -447,6 +487,11 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     ap.add_argument("--pin-loop", type=int, default=None, help="bind the event loop to this CPU")
     ap.add_argument("--pin-engine", type=int, default=None, help="bind the engine thread")
+    ap.add_argument(
+        "--pin-alternate", action="store_true",
+        help="bind the two threads (--pin-loop / --pin-engine, default the last two CPUs) for "
+        "every other request of one more pass, free for the rest",
+    )  # fmt: skip
     args = ap.parse_args(argv)
 
     with tempfile.TemporaryDirectory(prefix="served-overhead-") as tmp:
@@ -474,11 +519,11 @@ def main(argv: list[str] | None = None) -> int:
         touch = FirstTouch() if args.first_touch else None
         srv.start()
         try:
-            if args.pin_engine is not None:
+            if args.pin_engine is not None and not args.pin_alternate:
                 pin(loop._thread.native_id or 0, args.pin_engine)
-            if args.pin_loop is not None:
+            if args.pin_loop is not None and not args.pin_alternate:
                 srv.server._aloop.call_soon_threadsafe(pin, 0, args.pin_loop)
-            run(srv, engine, inst, args, touch)
+            run(srv, engine, inst, args, touch, loop)
         finally:
             srv.stop()
 
@@ -491,6 +536,7 @@ def run(
     inst: Instrumented,
     args: argparse.Namespace,
     touch: FirstTouch | None = None,
+    loop: EngineLoop | None = None,
 ) -> None:
     url = srv.server.url
     prompts = synth_prompts(
@@ -535,6 +581,13 @@ def run(
             print_handoff(inst, [rid for rid, _, _ in raw_rows])
         if touch is not None:
             first_touch(url, bodies, args.warmup, inst, touch)
+        if args.pin_alternate and loop is not None:
+            last = sorted(os.sched_getaffinity(0))[-2:]
+            cpus = (
+                args.pin_loop if args.pin_loop is not None else last[0],
+                args.pin_engine if args.pin_engine is not None else last[-1],
+            )
+            pin_alternate(url, bodies, args.warmup, srv, loop, cpus)
         if inst.last is not None:
             breakdown(engine, srv.server.state.limits, bodies[0], inst.last)
         if args.profile and srv.profile is not None:
