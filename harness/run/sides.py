@@ -220,7 +220,7 @@ class ABRun:
         try:
             await server.start(session)
         except ServerError as exc:
-            self.log(f"{side} server failed to start: {exc}")
+            self.log(f"{side} server failed to start: {exc}{exc.log_end()}")
             for cell in group:
                 res = self.results[side][cell.id]
                 res.status, res.error = "failed", f"{side} server start failed: {exc}"

@@ -42,6 +42,14 @@ class ServerError(RuntimeError):
         super().__init__(message)
         self.log_tail = log_tail
 
+    def log_end(self, lines: int = 5) -> str:
+        """The last ``lines`` non-blank lines of the server's log, indented under a heading,
+        for a one-glance cause where the error is printed; "" with no log."""
+        last = [ln.rstrip()[:300] for ln in self.log_tail.splitlines() if ln.strip()][-lines:]
+        if not last:
+            return ""
+        return "; its log ends:" + "".join(f"\n    {ln}" for ln in last)
+
 
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port that was free a moment ago."""

@@ -315,7 +315,7 @@ def test_gate_aa_passes_and_slowed_candidate_fails(tmp_path, monkeypatch, marker
     assert len(_git(repo, "worktree", "list").splitlines()) == 1, "baseline worktree removed"
 
 
-def test_gate_without_usable_baseline(tmp_path, monkeypatch, marker):
+def test_gate_without_usable_baseline(tmp_path, monkeypatch, marker, capsys):
     repo = _repo(tmp_path, commits=1)
     _commit_matrix(repo, tmp_path, marker, pairs=3)  # HEAD~1 exists but predates gate.yaml
     code, res = _gate(repo, monkeypatch)
@@ -329,8 +329,14 @@ def test_gate_without_usable_baseline(tmp_path, monkeypatch, marker):
     _write_server(repo, 4.0, broken=True)
     _git(repo, "commit", "-q", "-am", "broken server")
     _write_server(repo, 4.0)
+    capsys.readouterr()
     code, res = _gate(repo, monkeypatch, "--baseline-ref", "HEAD")
     assert code == 3 and res["gate"]["status"] == "error"
+    # the failed start is printed with the end of that server's log: its cause at a glance
+    said = capsys.readouterr()
+    printed = said.out + said.err
+    assert "baseline server failed to start" in printed
+    assert "its log ends:" in printed and "\n    this baseline cannot serve\n" in printed
     code, res = _gate(repo, monkeypatch, "--baseline-ref", "HEAD", "--allow-no-baseline")
     assert code == 0 and "cannot serve" in res["gate"]["reason"]
     cand = json.loads((repo.parent / "out" / "candidate" / "report.json").read_text())
