@@ -45,8 +45,10 @@
 # .whl/router (scripts/router_wheels.sh), where carried, installs sglang-router for matrices with
 # replicas: STAGES=matrix bash scripts/gpu_bench.sh matrices/h200_router.yaml
 # STAGES=gate runs `flashrec-bench gate MATRIX` (this tree against a baseline, interleaved) from
-# the two trees of .gate/repo.bundle (scripts/gate_bundle.sh BASE here; carry .gate):
-#   STAGES=gate ONLY="beam_width=50" bash scripts/gpu_bench.sh matrices/h200_targets.yaml
+# the two trees of .gate/repo.bundle (scripts/gate_bundle.sh BASE here; carry .gate). Both
+# sides' servers share the GPU: a matrix whose pools fit twice (h200_targets' 600,000-token
+# pools do not on an 80 GB card):
+#   STAGES=gate ONLY="prompt_tokens=1000" bash scripts/gpu_bench.sh matrices/experiments/h200_host_gate.yaml
 # To run exactly a commit (not a working tree that others are editing): here
 #   git archive --format=tar.gz -o .gate/head.tgz HEAD   (carry .whl and .gate/head.tgz)
 # there: unpack it into /tmp/fr, copy .whl beside it, run this script from /tmp/fr with
