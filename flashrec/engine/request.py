@@ -291,9 +291,9 @@ class SidText:
 
     def texts(self, rows: list[list[int]]) -> list[str]:
         """``self(row)`` for every row. Rows of one length (a request's beams) are looked up as
-        one run of tokens and joined in groups of that length, with no Python call per row:
-        half the time of a call per beam at 256 beams; any other rows, or a token outside the
-        table, go one by one."""
+        one run of tokens and joined in groups of that length, with no Python call per row
+        (the wide answer's body builds every beam's text); any other rows, or a token outside
+        the table, go one by one."""
         if rows:
             g = len(rows[0])
             if g and sum(map(len, rows)) == g * len(rows):
