@@ -130,14 +130,14 @@ class FirstTouch:
     it) to time, per answer on the event loop: the first build, the same build again, and
     (from the second answer on) a build of the previous answer first, then this one's."""
 
-    def __init__(self) -> None:
+    def __init__(self, warm_code: bool = False) -> None:
         self.first: list[float] = []
         self.first_cpu: list[float] = []
         self.again: list[float] = []
         self.warmed: list[float] = []
         self.loop_cpus: list[int] = []
         self.engine_cpus: list[int] = []
-        self.warm_code = False
+        self.warm_code = warm_code
         self._prev: GenResult | None = None
         self._encode = responses.chat_completion_json
 
@@ -186,14 +186,11 @@ class FirstTouch:
                   f"the loop's own {same} of {min(len(loops), len(engines))} times")  # fmt: skip
 
 
-def first_touch(
-    url: str, bodies: list[dict], warmup: int, inst: Instrumented, touch: FirstTouch
-) -> None:
+def first_touch(url: str, bodies: list[dict], warmup: int, inst: Instrumented) -> None:
     """The same requests again (raw socket) with the body's builds timed in the handler: once
     as served, once with an older answer built first."""
     for warm in (False, True):
-        touch.__init__()  # type: ignore[misc]
-        touch.warm_code = warm
+        touch = FirstTouch(warm)
         inst.engine_cpus.clear()
         touch.install()
         try:
@@ -516,14 +513,13 @@ def main(argv: list[str] | None = None) -> int:
         loop = EngineLoop(engine)
         inst = Instrumented(loop)
         srv = ServerThread(Server(loop, config))
-        touch = FirstTouch() if args.first_touch else None
         srv.start()
         try:
             if args.pin_engine is not None and not args.pin_alternate:
                 pin(loop._thread.native_id or 0, args.pin_engine)
             if args.pin_loop is not None and not args.pin_alternate:
                 srv.server._aloop.call_soon_threadsafe(pin, 0, args.pin_loop)
-            run(srv, engine, inst, args, touch, loop)
+            run(srv, engine, inst, args, loop)
         finally:
             srv.stop()
 
@@ -535,7 +531,6 @@ def run(
     engine: Any,
     inst: Instrumented,
     args: argparse.Namespace,
-    touch: FirstTouch | None = None,
     loop: EngineLoop | None = None,
 ) -> None:
     url = srv.server.url
@@ -579,8 +574,8 @@ def run(
             for name, xs in phases.items():
                 print(f"    {name:<18} {ms(xs)}")
             print_handoff(inst, [rid for rid, _, _ in raw_rows])
-        if touch is not None:
-            first_touch(url, bodies, args.warmup, inst, touch)
+        if args.first_touch:
+            first_touch(url, bodies, args.warmup, inst)
         if args.pin_alternate and loop is not None:
             last = sorted(os.sched_getaffinity(0))[-2:]
             cpus = (
