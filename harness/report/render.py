@@ -45,7 +45,9 @@ def _host_line(env: Environment) -> str:
     return (
         f"host CPU: {probe.get('cpu_model') or '?'}; host probe "
         + (f"{ms:.3f} ms" if ms is not None else "-")
-        + " per 256-beam JSON body, one thread (host phases of two runs compare through it)"
+        + " per json.dumps of a built 256-beam body, one thread: a yardstick of the host's"
+        " speed (host phases of two runs compare through it), not the served body, which is"
+        " built too"
     )
 
 
