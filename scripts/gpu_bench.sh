@@ -93,6 +93,12 @@ if [ -f .fijit/fi.tgz ] && ! find "$FLASHINFER_WORKSPACE_BASE" -name '*.so' 2>/d
   tar xzf .fijit/fi.tgz -C "$(dirname "$FLASHINFER_WORKSPACE_BASE")"
 fi
 python -m flashrec.check_env --require gpu,fp8,triton | tee "$OUT/check_env.txt"
+# the server's answer bodies need orjson and flashrec-bench needs pydantic; the image has
+# neither: stop here, before the setup spends the call, if the carried wheels lacked them
+if ! python -c "import orjson, pydantic" 2>/dev/null; then
+  echo "gpu_bench: orjson or pydantic missing: run scripts/gpu_wheels.sh here and carry .whl" >&2
+  exit 2
+fi
 # FI_HEAD_DIMS: the head dims built before anything runs (~70 s each on a fresh machine): 128
 # (onerec-1.7b) and, where the GPU tests run, 64 (tiny test models); other dims build on first use
 case $STAGES in *" tests "*) fi_dims=${FI_HEAD_DIMS:-128 64};; *) fi_dims=${FI_HEAD_DIMS:-128};; esac
