@@ -60,7 +60,11 @@ set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-reports/gpu/$(date +%Y%m%d-%H%M%S)}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-if [ -f /tmp/flashrec-site/.installed ]; then  # a warm machine: installed by an earlier call
+# a warm machine: installed by an earlier call, unless that call's wheels lacked one now carried
+[ -f /tmp/flashrec-site/.installed ] && ls .whl/*.whl 2>/dev/null | grep -qE "orjson|pydantic" \
+  && ! PYTHONPATH=/tmp/flashrec-site python3 -c "import orjson, pydantic" 2>/dev/null \
+  && rm -f /tmp/flashrec-site/.installed
+if [ -f /tmp/flashrec-site/.installed ]; then
   export PYTHONPATH=$PYTHONPATH:/tmp/flashrec-site
 elif ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/flashrec-site .whl/*.whl \
