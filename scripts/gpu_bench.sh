@@ -60,8 +60,8 @@ set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-reports/gpu/$(date +%Y%m%d-%H%M%S)}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-# a warm machine: installed by an earlier call, unless that call's wheels lacked one now carried
-[ -f /tmp/flashrec-site/.installed ] && ls .whl/*.whl 2>/dev/null | grep -qE "orjson|pydantic" \
+# a warm machine: installed by an earlier call, unless that call's wheels lacked orjson or pydantic
+[ -f /tmp/flashrec-site/.installed ] \
   && ! PYTHONPATH=/tmp/flashrec-site python3 -c "import orjson, pydantic" 2>/dev/null \
   && rm -f /tmp/flashrec-site/.installed
 if [ -f /tmp/flashrec-site/.installed ]; then

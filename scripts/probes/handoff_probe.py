@@ -129,8 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         loop.add_step_hook(lambda _steps: hooks.append(time.monotonic()))
         loop.start()
 
-        parts: list[list[float]] = []
-        dones: list[float] = []
+        parts: list[list[float]] = []  # per request: done, built, stepped, snapshot, resolved
 
         async def run() -> tuple[list[tuple[float, float, float]], float]:
             rows = []
@@ -143,8 +142,8 @@ def main(argv: list[str] | None = None) -> int:
                 after = [h for h in hooks if h >= mark["t"]]
                 if i >= 5 and res.done_at is not None and after:
                     rows.append((mark["t"] - res.done_at, after[0] - mark["t"], back - mark["t"]))
-                    parts.append([marks[k] for k in ("built", "stepped", "snapshot")] + [mark["t"]])
-                    dones.append(res.done_at)
+                    stamps = [marks[k] for k in ("built", "stepped", "snapshot")]
+                    parts.append([res.done_at, *stamps, mark["t"]])
                 await asyncio.sleep(0.002)
             return rows, await bare_wakes(50)
 
@@ -156,8 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"done -> resolved      {med([r[0] for r in rows]):.3f} ms (median)")
     names = ("-> results built", "-> step returned", "-> snapshot taken", "-> resolved")
     for k, name in enumerate(names):
-        prev = [d if k == 0 else p[k - 1] for d, p in zip(dones, parts)]
-        print(f"  {name:<20}{med([p[k] - a for p, a in zip(parts, prev)]):.3f} ms")
+        print(f"  {name:<20}{med([p[k + 1] - p[k] for p in parts]):.3f} ms")
     print(f"resolved -> hooks     {med([r[1] for r in rows]):.3f} ms")
     print(f"resolved -> resumed   {med([r[2] for r in rows]):.3f} ms")
     print(f"bare thread wake-up   {bare:.3f} ms (a sleeping thread's set_result -> resumed)")

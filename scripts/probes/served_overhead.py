@@ -522,7 +522,6 @@ def main(argv: list[str] | None = None) -> int:
             run(srv, engine, inst, args, loop)
         finally:
             srv.stop()
-
     return 0
 
 
@@ -531,7 +530,7 @@ def run(
     engine: Any,
     inst: Instrumented,
     args: argparse.Namespace,
-    loop: EngineLoop | None = None,
+    loop: EngineLoop,
 ) -> None:
     url = srv.server.url
     prompts = synth_prompts(
@@ -576,7 +575,7 @@ def run(
             print_handoff(inst, [rid for rid, _, _ in raw_rows])
         if args.first_touch:
             first_touch(url, bodies, args.warmup, inst)
-        if args.pin_alternate and loop is not None:
+        if args.pin_alternate:
             last = sorted(os.sched_getaffinity(0))[-2:]
             cpus = (
                 args.pin_loop if args.pin_loop is not None else last[0],
