@@ -289,7 +289,17 @@ class EngineLoop:
                 finished += self.scheduler.flush_pending()
             # the counters first: a client that reads /metrics once answered sees its step
             self._take_snapshot()
+            # nothing else to do: the requests' finishers (their answer bodies) run here, on
+            # the thread that just built the results, before the waiting thread wakes
+            idle = not self._inbox and not self.scheduler.has_work()
             for req, res in finished:
+                if (
+                    idle
+                    and req.finisher is not None
+                    and isinstance(res, GenResult)
+                    and req.rid in self._futures  # still awaited (not cancelled)
+                ):
+                    self._finish(req, res)
                 self._resolve(req.rid, res)
             for hook in list(self._hooks):
                 try:
@@ -326,6 +336,17 @@ class EngineLoop:
         for req in held:
             self.scheduler.add(req)
         self._take_snapshot()
+
+    @staticmethod
+    def _finish(req: GenRequest, res: GenResult) -> None:
+        """``res.finished = req.finisher(res)``; a finisher that fails leaves ``finished``
+        None, so the waiting thread does the work itself (and meets the error there)."""
+        if res.error:
+            return
+        try:
+            res.finished = req.finisher(res)  # type: ignore[misc]
+        except Exception:  # noqa: BLE001 - the waiting side repeats it and answers the error
+            log.debug("request %s: finisher failed on the engine thread", req.rid, exc_info=True)
 
     def _resolve(self, rid: str, res: GenResult | BaseException) -> None:
         with self._cond:

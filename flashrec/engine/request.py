@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import chain
+from typing import Any
 
 from flashrec.prompt import load_tokenizer
 
@@ -60,6 +61,10 @@ class GenRequest:
     arrival: float = field(default_factory=time.monotonic)
     # the catalog it decodes over, by name (``--sid-vocab-file NAME=PATH``; None: the default)
     catalog: str | None = None
+    # what the waiting thread would do first with the result (the server: its answer body),
+    # run by the engine thread instead when it has nothing else to do; its value is the
+    # result's ``finished``. Never crosses to an engine process (RemoteEngine drops it).
+    finisher: Callable[[GenResult], Any] | None = field(default=None, compare=False, repr=False)
 
     @property
     def prompt_len(self) -> int:
@@ -239,6 +244,8 @@ class GenResult:
     # content hash of the catalog the request was decoded with (None: unconstrained); it
     # tells a client which side of a catalog hot reload its request started on
     catalog_hash: str | None = None
+    # the request's ``finisher(self)`` where the engine thread ran it (None: it did not)
+    finished: Any = None
 
     @property
     def completion_tokens(self) -> int:

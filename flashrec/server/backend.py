@@ -33,6 +33,7 @@ import queue
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -65,6 +66,10 @@ LARGE_LANE_DEPTH = 2  # large prompts being built or waiting at once; another on
 # handler is alone is built on the event loop: no hand-off to a thread and back, its encoding
 # on the thread that just read the request; off: always a thread
 PROMPT_INLINE = env_choice("FLASHREC_PROMPT_INLINE", "idle", ("idle", "off"))
+# FLASHREC_ANSWER_ON_ENGINE=idle: a one-prompt, unstreamed answer's body is built by the engine
+# thread (GenRequest.finisher) when that thread has nothing else to do, right after it built
+# the results, so the event loop only sends it; off (the default): the handler builds it
+ANSWER_ON_ENGINE = env_choice("FLASHREC_ANSWER_ON_ENGINE", "off", ("idle", "off"))
 STALL_LIMIT_S = 10.0  # an ordinary prompt waiting this long for a thread: /health degraded
 
 
@@ -195,17 +200,19 @@ class Backend:
         ``APIError``s; a cancelled wait withdraws every request."""
         t_tok = time.perf_counter()
         p = req.params
+        prompts = list(req.prompt_inputs())  # one engine request per prompt, either protocol
+        finisher = self._finisher(req, model, t0) if len(prompts) == 1 else None
         gens = []
-        for prompt in req.prompt_inputs():  # one engine request per prompt, for either protocol
+        for prompt in prompts:
             ids = await self.build_prompt(prompt.param, **prompt.kwargs)
             rid = f"{req.rid_prefix}{uuid.uuid4().hex}"
-            gens.append(
-                GenRequest(rid, ids, p.n, p.max_tokens, p.temperature, p.seed, catalog=p.catalog)
-            )
+            args = (rid, ids, p.n, p.max_tokens, p.temperature, p.seed)
+            gens.append(GenRequest(*args, catalog=p.catalog, finisher=finisher))
         t_tok = time.perf_counter() - t_tok  # prompt building (the requests made at once)
         results = await self.generate(gens)
         back = time.monotonic()  # the results are the handler's, on the event loop
         back_cpu = time.thread_time()
+        built = results[0].finished if finisher is not None else None  # by the engine thread
         if isinstance(req, ChatRequest):
             self._count(results)
             (result,) = results
@@ -214,7 +221,8 @@ class Backend:
                 return Answer(
                     results, t_tok, back, list(responses.chat_stream(result, model)), back_cpu
                 )
-            return Answer(results, t_tok, back, await self.chat_json(result, model), back_cpu)
+            body = built if built is not None else await self.chat_json(result, model)
+            return Answer(results, t_tok, back, body, back_cpu)
         results = [responses.returned(r, req.params.num_return) for r in results]  # best n of k
         latency = time.perf_counter() - t0
         self._count(results)
@@ -222,9 +230,27 @@ class Backend:
             outs = [responses.generate_result(r, latency) for r in results]
             events = [responses.sse(outs if req.batched else outs[0]), b"data: [DONE]\n\n"]
             return Answer(results, t_tok, back, events, back_cpu)
+        if built is not None:
+            return Answer(results, t_tok, back, f"[{built}]" if req.batched else built, back_cpu)
         texts = await asyncio.gather(*(self.generate_json(r, latency) for r in results))
         body = f"[{','.join(texts)}]" if req.batched else texts[0]
         return Answer(results, t_tok, back, body, back_cpu)
+
+    def _finisher(
+        self, req: ChatRequest | GenerateRequest, model: str, t0: float
+    ) -> Callable[[GenResult], str] | None:
+        """The body of a one-prompt, unstreamed answer, for the engine thread to build when
+        it is idle (``FLASHREC_ANSWER_ON_ENGINE=idle``; None: the handler builds it). Built
+        with the same functions and arguments as the handler's own build."""
+        if ANSWER_ON_ENGINE != "idle" or req.stream or self.respond is not None:
+            return None
+        if isinstance(req, ChatRequest):
+            name = req.model or model
+            return lambda res: responses.chat_completion_json(res, name, int(time.time()))
+        num_return = req.params.num_return
+        return lambda res: responses.generate_result_json(
+            responses.returned(res, num_return), time.perf_counter() - t0
+        )
 
     def _count(self, results: list[GenResult]) -> None:
         for r in results:

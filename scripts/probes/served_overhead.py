@@ -24,6 +24,8 @@ older answer (the code path warm, this answer's data not): first against again i
 moment costs, and the warmed build says whether the cold part is the code or the data. It
 also reads which CPU the event loop and the engine thread ran on. ``--pin-loop`` /
 ``--pin-engine`` bind either thread to one CPU, for the same figures with no migration.
+``--answer-alternate`` compares, on one server, bodies built by the engine thread when it is
+idle (``FLASHREC_ANSWER_ON_ENGINE=idle``) with the handler's own, every other request.
 """
 
 from __future__ import annotations
@@ -202,6 +204,24 @@ def first_touch(url: str, bodies: list[dict], warmup: int, inst: Instrumented) -
         touch.report(warmup)
 
 
+def alternate(
+    url: str, bodies: list[dict], warmup: int, before: Any, names: tuple[str, str]
+) -> None:
+    """The same requests again (raw socket), ``before(i)`` setting request ``i``'s side (odd:
+    ``names[0]``, even: ``names[1]``): one server, interleaved, so the two sides are compared
+    without a second start. Prints each Server-Timing phase's median per side."""
+    phases: dict[str, list[float]] = {}
+    rows = drive_raw(url, bodies, warmup, phases, before)
+    start = warmup % 2  # phases hold requests warmup.. in order: the first of them is even
+    e2e = [dt for _, dt, _ in rows]
+    for name, xs in {"e2e": e2e, **phases}.items():
+        odd = [x for j, x in enumerate(xs) if (j + start) % 2]
+        even = [x for j, x in enumerate(xs) if not (j + start) % 2]
+        if odd and even:
+            print(f"    {name:<18} {names[0]} {statistics.median(odd) * 1e3:7.3f}  "
+                  f"{names[1]} {statistics.median(even) * 1e3:7.3f}")  # fmt: skip
+
+
 def pin_alternate(
     url: str,
     bodies: list[dict],
@@ -210,9 +230,8 @@ def pin_alternate(
     loop: EngineLoop,
     cpus: tuple[int, int],
 ) -> None:
-    """The same requests again (raw socket), the event loop and the engine thread bound to
-    ``cpus`` (loop, engine) for every other request and free (the process's CPUs) for the
-    rest: one server, interleaved, so the two are compared without a second start."""
+    """``alternate``: the event loop and the engine thread bound to ``cpus`` (loop, engine)
+    for every other request, free (the process's CPUs) for the rest."""
     free = os.sched_getaffinity(0)
     ids = (srv._thread.native_id or 0, loop._thread.native_id or 0)
 
@@ -220,19 +239,26 @@ def pin_alternate(
         for tid, cpu in zip(ids, cpus):
             os.sched_setaffinity(tid, {cpu} if i % 2 else free)
 
-    phases: dict[str, list[float]] = {}
-    rows = drive_raw(url, bodies, warmup, phases, before)
-    start = warmup % 2  # phases hold requests warmup.. in order: the first of them is unbound
     print(f"  alternating, loop on CPU {cpus[0]} and engine on CPU {cpus[1]} / free (ms):")
-    e2e = [dt for _, dt, _ in rows]
-    for name, xs in {"e2e": e2e, **phases}.items():
-        bound = [x for j, x in enumerate(xs) if (j + start) % 2]
-        unbound = [x for j, x in enumerate(xs) if not (j + start) % 2]
-        if bound and unbound:
-            print(f"    {name:<18} bound {statistics.median(bound) * 1e3:7.3f}  "
-                  f"free {statistics.median(unbound) * 1e3:7.3f}")  # fmt: skip
+    alternate(url, bodies, warmup, before, ("bound", "free"))
     for tid in ids:
         os.sched_setaffinity(tid, free)
+
+
+def answer_alternate(url: str, bodies: list[dict], warmup: int) -> None:
+    """``alternate``: the answer body built by the engine thread when idle
+    (``FLASHREC_ANSWER_ON_ENGINE=idle``) for every other request, by the handler for the rest."""
+    from flashrec.server import backend
+
+    def before(i: int) -> None:
+        backend.ANSWER_ON_ENGINE = "idle" if i % 2 else "off"
+
+    was = backend.ANSWER_ON_ENGINE
+    print("  alternating, body on the engine thread / in the handler (ms):")
+    try:
+        alternate(url, bodies, warmup, before, ("engine", "handler"))
+    finally:
+        backend.ANSWER_ON_ENGINE = was
 
 
 def pin(native_id: int, cpu: int) -> None:
@@ -489,6 +515,11 @@ def main(argv: list[str] | None = None) -> int:
         help="bind the two threads (--pin-loop / --pin-engine, default the last two CPUs) for "
         "every other request of one more pass, free for the rest",
     )  # fmt: skip
+    ap.add_argument(
+        "--answer-alternate", action="store_true",
+        help="one more pass, the body built by the engine thread when idle "
+        "(FLASHREC_ANSWER_ON_ENGINE=idle) for every other request, by the handler for the rest",
+    )  # fmt: skip
     args = ap.parse_args(argv)
 
     with tempfile.TemporaryDirectory(prefix="served-overhead-") as tmp:
@@ -582,6 +613,8 @@ def run(
                 args.pin_engine if args.pin_engine is not None else last[-1],
             )
             pin_alternate(url, bodies, args.warmup, srv, loop, cpus)
+        if args.answer_alternate:
+            answer_alternate(url, bodies, args.warmup)
         if inst.last is not None:
             breakdown(engine, srv.server.state.limits, bodies[0], inst.last)
         if args.profile and srv.profile is not None:

@@ -5,6 +5,7 @@ engine process dies, every waiting future fails and ``on_death`` is told why."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import multiprocessing as mp
@@ -120,6 +121,8 @@ class EngineClient:
             if req.rid in self._futures:
                 raise ValueError(f"duplicate request id {req.rid!r}")
             self._futures[req.rid] = fut
+        if req.finisher is not None:  # a closure of this process: it never crosses the pipe
+            req = dataclasses.replace(req, finisher=None)
         try:
             self._send(Submit(req))
         except EngineProcessError as exc:
