@@ -94,7 +94,8 @@ def server_timing(
     there to the result's arrival in the server process) and ``respond`` (from there to the
     answer's text: the beams' host objects, the hand-off to the event loop, JSON); for a
     batch, the slowest request's. ``handoff``, the part of ``respond`` up to ``back`` (when
-    the handler held the results on the event loop: host objects and the loop's wake-up), is
+    the handler held the results on the event loop: host objects and the loop's wake-up; an
+    answer body the idle engine thread built, ``FLASHREC_ANSWER_ON_ENGINE``), is
     a detail of ``respond``, not a phase of its own; so is ``body_cpu``, the event loop
     thread's CPU time from ``back`` on (``back_cpu``, its ``thread_time`` then; with other
     requests' work if the loop ran any meanwhile): against the rest of ``respond`` it tells
