@@ -31,6 +31,15 @@ SERVE_ENV = [  # scripts/serve.sh variable -> flag
 ]
 
 ENV_VARS = {
+    "FLASHREC_ANSWER_ON_ENGINE": (
+        "`idle` = a one-prompt, unstreamed answer's body (chat or `/generate`) is built by the "
+        "engine thread right after the results when that thread has nothing else to do, so the "
+        "event loop only sends it; `off` (default) = the handler builds it. Only with the engine "
+        "in the server process (`--engine-process off`); an A/B knob",
+        "`idle` = 单 prompt、非流式回答的 body（chat 或 `/generate`）在引擎线程空闲时由它在结果"
+        "生成后立即构建，事件循环只负责发送；`off`（默认）= 由 handler 构建。仅在引擎与服务同进程"
+        "（`--engine-process off`）时生效；A/B 开关",
+    ),
     "FLASHREC_TORCH_PROFILER_DIR": (
         "where /start_profile writes traces (output_dir must resolve inside it); default ./profiles",
         "/start_profile 的 trace 落盘目录（output_dir 必须位于其内）；默认 ./profiles",
