@@ -114,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
             warmup=False,
             beam_width=args.beams,
             batch_slots=max(512, args.beams),
+            cuda_graph_max_bs=max(512, args.beams),  # the served p=1,000 cell's graphs
             max_seq_len=args.tokens + 512,
         )
         tok = AutoTokenizer.from_pretrained(model)

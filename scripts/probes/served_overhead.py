@@ -533,6 +533,7 @@ def main(argv: list[str] | None = None) -> int:
             device=args.device,
             warmup=True,
             batch_slots=max(256, *args.n),
+            cuda_graph_max_bs=max(256, *args.n),  # graphs for these widths only: a shorter start
             beam_width=args.n[0],
             kv_pool_tokens=1 << 16,
             max_seq_len=8192,
