@@ -31,6 +31,13 @@ SERVE_ENV = [  # scripts/serve.sh variable -> flag
 ]
 
 ENV_VARS = {
+    "FLASHREC_PREFILL_BUCKET": (
+        "`32`, `64` or `128` (default): the token bucket of the one-prompt prefill graphs "
+        "(`--prefill-graph-max-tokens`); a prompt is padded up to a multiple of it, so a smaller "
+        "bucket pads less and captures more graphs at start; an A/B knob",
+        "`32`、`64` 或 `128`（默认）：单 prompt prefill 图（`--prefill-graph-max-tokens`）的 token "
+        "分桶；prompt 补齐到它的整数倍，桶越小补齐越少、启动时捕获的图越多；A/B 开关",
+    ),
     "FLASHREC_ANSWER_ON_ENGINE": (
         "`idle` = a one-prompt, unstreamed answer's body (chat or `/generate`) is built by the "
         "engine thread right after the results when that thread has nothing else to do, so the "

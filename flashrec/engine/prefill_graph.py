@@ -3,7 +3,7 @@
 One request at a time with a ~1,000-token prompt is host-bound: the eager prefill launches
 ~10 kernels per layer (GEMMs, Triton kernels whose Python launch path is the slowest part,
 attention), and the GPU waits for them. Here the whole forward of ONE prompt with no cached
-prefix is captured per 128-token bucket and replayed:
+prefix is captured per 128-token bucket (``FLASHREC_PREFILL_BUCKET``) and replayed:
 
 - the prompt is padded to its bucket; padding tokens sit after the real ones (causal
   attention: no real token sees them) and write their K/V to scratch pool slots reserved at
@@ -23,12 +23,15 @@ import logging
 
 import torch
 
+from flashrec.config.flags import env_choice
 from flashrec.layers.attention import PrefillMeta, create_backend
 from flashrec.profiler import trace_range
 
 log = logging.getLogger("flashrec")
 
-BUCKET = 128
+# FLASHREC_PREFILL_BUCKET: the one-prompt graphs' token bucket (128 by default): a prompt is
+# padded up to a multiple of it; a smaller one pads less and captures more graphs at start
+BUCKET = int(env_choice("FLASHREC_PREFILL_BUCKET", "128", ("32", "64", "128")))
 
 
 class PaddedInputs:

@@ -155,3 +155,37 @@ def test_flush_while_a_request_runs_keeps_its_prompt_kv(tiny_model):
     ((_, got),) = done
     assert [x.token_ids for x in got.beams] == [y.token_ids for y in want.beams]
     assert sched.kv_used_tokens == 0
+
+
+def test_a_smaller_bucket_pads_less_and_equals_plain_prefill(tiny_model, monkeypatch):
+    import flashrec.engine.prefill_graph as prefill_graph
+
+    monkeypatch.setattr(prefill_graph, "BUCKET", 32)  # FLASHREC_PREFILL_BUCKET=32
+    plain = _engine(tiny_model, enable_prefix_cache=False)
+    padded = _engine(tiny_model, enable_prefix_cache=False, prefill_graph_max_tokens=256)
+    pg = padded.runner.prefill_graphs
+    assert pg.sizes == list(range(32, 257, 32))
+    buckets = []
+    orig = pg.load
+    pg.load = lambda ids, meta: buckets.append(orig(ids, meta)) or buckets[-1]
+    for p in _prompts(plain):
+        if len(p) > 256:
+            continue
+        a = plain.generate([plain.new_request(p, n=8)])[0]
+        b = padded.generate([padded.new_request(p, n=8)])[0]
+        assert [x.token_ids for x in a.beams] == [y.token_ids for y in b.beams]
+        for x, y in zip(a.beams, b.beams):
+            assert abs(x.cum_logprob - y.cum_logprob) <= 1e-4
+    assert buckets and all(t - 32 < n <= t and t % 32 == 0 for n, t in buckets)
+
+
+def test_the_bucket_knob_refuses_other_sizes():
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "FLASHREC_PREFILL_BUCKET": "100"}
+    code = "import flashrec.engine.prefill_graph"
+    got = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert got.returncode != 0
+    assert "FLASHREC_PREFILL_BUCKET must be 32, 64 or 128, got '100'" in got.stderr
