@@ -100,10 +100,16 @@ def test_front_ends_share_the_port_and_the_engine(procs: list[Proc], tiny_checkp
     assert _group_gone(pgid), "a front end or the engine outlived the server"
 
 
-def test_sigterm_drains_every_front_end(procs: list[Proc], tiny_checkpoint: Path) -> None:
-    # the engine's planted slowdown keeps eight requests in flight, spread over the front ends
+def test_sigterm_drains_every_front_end(
+    procs: list[Proc], tiny_checkpoint: Path, tmp_path: Path
+) -> None:
+    # a planted gate holds the engine after every step (it waits for the file): eight requests,
+    # spread over the front ends, stay in flight together on any machine until it opens
+    gate = tmp_path / "open"
+    gate.touch()  # open while the server starts
     argv = cli_argv(tiny_checkpoint, "--api-server-count", "2", "--shutdown-timeout-s", "30")
-    p = start(procs, argv, env={"FLASHREC_TEST_STEP_DELAY_MS": "150"})
+    p = start(procs, argv, env={"FLASHREC_TEST_STEP_GATE": str(gate)})
+    gate.unlink()
     results: list[int] = []
 
     def call(i: int) -> None:
@@ -118,10 +124,15 @@ def test_sigterm_drains_every_front_end(procs: list[Proc], tiny_checkpoint: Path
     threads = [threading.Thread(target=call, args=(i,)) for i in range(8)]
     for t in threads:
         t.start()
-    assert wait_inflight(p.url, 8, timeout=30), "the eight requests never were in flight together"
-    ready = parse_metrics(requests.get(p.url + "/metrics", timeout=30).text)["flashrec_ready"]
-    pgid = os.getpgid(p.p.pid)
-    p.p.send_signal(signal.SIGTERM)
+    try:
+        assert wait_inflight(p.url, 8, timeout=60), (
+            "the eight requests were never in flight together"
+        )
+        ready = parse_metrics(requests.get(p.url + "/metrics", timeout=30).text)["flashrec_ready"]
+        pgid = os.getpgid(p.p.pid)
+        p.p.send_signal(signal.SIGTERM)
+    finally:
+        gate.touch()  # the engine steps on: the drain finishes the eight
     for t in threads:
         t.join(timeout=120)
     assert results == [200] * 8
