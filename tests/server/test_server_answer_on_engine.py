@@ -161,3 +161,18 @@ def test_streams_and_batches_are_built_by_the_handler(
     msgs = [{"role": "user", "content": "hi"}]
     r = real.post("/v1/chat/completions", {"messages": msgs, "n": 2, "stream": True})
     assert r.status_code == 200 and r.text.rstrip().endswith("data: [DONE]")
+
+
+def test_off_is_the_default_and_a_typo_fails_the_import():
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "FLASHREC_ANSWER_ON_ENGINE"}
+    code = "from flashrec.server import backend; print(backend.ANSWER_ON_ENGINE)"
+    got = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert got.returncode == 0 and got.stdout.strip() == "off", got.stderr
+    env["FLASHREC_ANSWER_ON_ENGINE"] = "always"
+    bad = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert bad.returncode != 0
+    assert "FLASHREC_ANSWER_ON_ENGINE must be idle or off, got 'always'" in bad.stderr
