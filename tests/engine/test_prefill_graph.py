@@ -7,6 +7,7 @@ request runs."""
 from __future__ import annotations
 
 import pytest
+from knob_helpers import import_with
 from prefill_helpers import make_engine, make_prompts
 
 from flashrec.config import EngineConfig
@@ -180,12 +181,6 @@ def test_a_smaller_bucket_pads_less_and_equals_plain_prefill(tiny_model, monkeyp
 
 
 def test_the_bucket_knob_refuses_other_sizes():
-    import os
-    import subprocess
-    import sys
-
-    env = {**os.environ, "FLASHREC_PREFILL_BUCKET": "100"}
-    code = "import flashrec.engine.prefill_graph"
-    got = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    got = import_with("flashrec.engine.prefill_graph", "BUCKET", "FLASHREC_PREFILL_BUCKET", "100")
     assert got.returncode != 0
     assert "FLASHREC_PREFILL_BUCKET must be 32, 64 or 128, got '100'" in got.stderr

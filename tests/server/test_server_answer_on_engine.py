@@ -10,6 +10,7 @@ import threading
 from typing import Any
 
 import pytest
+from knob_helpers import import_with
 from server_fakes import FakeEngine
 from server_helpers import ServerThread, server_config
 
@@ -164,15 +165,9 @@ def test_streams_and_batches_are_built_by_the_handler(
 
 
 def test_off_is_the_default_and_a_typo_fails_the_import():
-    import os
-    import subprocess
-    import sys
-
-    env = {k: v for k, v in os.environ.items() if k != "FLASHREC_ANSWER_ON_ENGINE"}
-    code = "from flashrec.server import backend; print(backend.ANSWER_ON_ENGINE)"
-    got = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    knob = ("flashrec.server.backend", "ANSWER_ON_ENGINE", "FLASHREC_ANSWER_ON_ENGINE")
+    got = import_with(*knob)
     assert got.returncode == 0 and got.stdout.strip() == "off", got.stderr
-    env["FLASHREC_ANSWER_ON_ENGINE"] = "always"
-    bad = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    bad = import_with(*knob, "always")
     assert bad.returncode != 0
     assert "FLASHREC_ANSWER_ON_ENGINE must be idle or off, got 'always'" in bad.stderr

@@ -5,12 +5,10 @@ handled is built on the event loop (no hand-off to a prompt thread); otherwise, 
 from __future__ import annotations
 
 import asyncio
-import os
-import subprocess
-import sys
 import threading
 
 import pytest
+from knob_helpers import import_with
 from server_fakes import StubEngine
 
 from flashrec.server import backend as backend_mod
@@ -61,12 +59,10 @@ def test_idle_server_builds_a_small_prompt_on_the_event_loop(monkeypatch):
 
 
 def test_idle_is_the_default_and_a_typo_fails_the_import():
-    env = {k: v for k, v in os.environ.items() if k != "FLASHREC_PROMPT_INLINE"}
-    code = "from flashrec.server import backend; print(backend.PROMPT_INLINE)"
-    got = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    knob = ("flashrec.server.backend", "PROMPT_INLINE", "FLASHREC_PROMPT_INLINE")
+    got = import_with(*knob)
     assert got.returncode == 0 and got.stdout.strip() == "idle", got.stderr
-    env["FLASHREC_PROMPT_INLINE"] = "always"
-    bad = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    bad = import_with(*knob, "always")
     assert bad.returncode != 0
     assert "FLASHREC_PROMPT_INLINE must be idle or off, got 'always'" in bad.stderr
 
