@@ -8,7 +8,17 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
+
+# One intra-op thread per process, tests and the servers they start alike (they inherit the
+# variable): the models are tiny, and two pytest-xdist workers with their servers' thread
+# pools would oversubscribe a 2-core machine. A value already set is kept.
+_ONE_THREAD = "OMP_NUM_THREADS" not in os.environ
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import torch  # noqa: E402 - after the thread count it reads at import
+
+if _ONE_THREAD:
+    torch.set_num_threads(1)  # in case a plugin imported torch first
 
 PLANTS = Path(__file__).resolve().parent / "plants"
 

@@ -87,8 +87,9 @@ def test_cells_carry_quality_and_the_report_draws_it(tmp_path, confident_model, 
 
 def test_cpu_copy_of_the_h200_quality_matrix(tmp_path, confident_model):
     """matrices/h200_quality.yaml with only its size and device changed (tiny calibrated model
-    given by path, CPU, n 4 / 32, 16 planted samples): its link expressions, quality section,
-    gates and targets run end to end, bf16 and FP8 (+ FP8 KV) cells alike."""
+    given by path, CPU, n=32 only, 16 planted samples): its link expressions, quality section,
+    gates and targets run end to end, bf16 and FP8 (+ FP8 KV) cells alike. (4 against 32
+    beams, the trade the charts draw, is the test above.)"""
     import yaml
 
     from harness.cli import main
@@ -98,7 +99,7 @@ def test_cpu_copy_of_the_h200_quality_matrix(tmp_path, confident_model):
     m["model"] = {"path": str(confident_model), "sid_entropy": 1.0}  # calibrated: accepted
     m["catalog"] = {"path": str(Path(confident_model) / "catalog.json")}
     m["workload"].update(requests=4, warmup_requests=1, median_tokens=32, system_prompt_tokens=8)
-    m["axes"]["beam_width"] = [4, 32]
+    m["axes"]["beam_width"] = [32]
     m["axes"]["concurrency"] = [2]
     m["load"]["rounds"] = 2
     m["quality"]["generate"].update(samples=16, median_tokens=32)
@@ -109,7 +110,7 @@ def test_cpu_copy_of_the_h200_quality_matrix(tmp_path, confident_model):
     assert main([str(matrix), "--out", str(out)]) == 0
     rep = json.loads((out / "report.json").read_text())
     cells = {(c["params"]["beam_width"], c["params"]["quantization"]): c for c in rep["cells"]}
-    assert set(cells) == {(n, q) for n in (4, 32) for q in ("bf16", "fp8")}
+    assert set(cells) == {(32, q) for q in ("bf16", "fp8")}
     for (n, q), c in cells.items():
         assert c["status"] == "ok" and c["quality"]["status"] == "ok", (n, q, c.get("error"))
         info = c["server"]["info"]
