@@ -238,6 +238,7 @@ def test_sigterm_past_the_deadline_answers_every_request(procs: list[Proc]) -> N
     body = {"messages": [{"role": "user", "content": "held"}], "n": 2}  # 4 steps: 8 s
     outcomes: list[str] = []
     lock = threading.Lock()
+    signalled: list[float] = []
 
     def call(session: requests.Session | None) -> None:
         try:
@@ -247,6 +248,10 @@ def test_sigterm_past_the_deadline_answers_every_request(procs: list[Proc]) -> N
             reason = getattr(exc.args[0] if exc.args else None, "reason", None)
             unsent = isinstance(reason, urllib3.exceptions.NewConnectionError)  # connect failed
             out = "refused" if unsent or "refused" in str(exc).lower() else f"dropped: {exc}"
+            if out != "refused":  # enough to tell the races apart if it ever happens
+                since = time.monotonic() - signalled[0] if signalled else None
+                kind = "kept-alive session" if session is not None else "new connection"
+                out += f" ({kind}, {since if since is None else round(since, 3)} s after SIGTERM)"
         with lock:
             outcomes.append(out)
 
@@ -274,6 +279,7 @@ def test_sigterm_past_the_deadline_answers_every_request(procs: list[Proc]) -> N
     for t in clients:
         t.start()
     p.p.send_signal(signal.SIGTERM)
+    signalled.append(time.monotonic())
     go.set()
     for t in [*held, *clients]:
         t.join(timeout=60)
