@@ -249,9 +249,13 @@ def test_sigterm_past_the_deadline_answers_every_request(procs: list[Proc]) -> N
             unsent = isinstance(reason, urllib3.exceptions.NewConnectionError)  # connect failed
             out = "refused" if unsent or "refused" in str(exc).lower() else f"dropped: {exc}"
             if out != "refused":  # enough to tell the races apart if it ever happens
-                since = time.monotonic() - signalled[0] if signalled else None
                 kind = "kept-alive session" if session is not None else "new connection"
-                out += f" ({kind}, {since if since is None else round(since, 3)} s after SIGTERM)"
+                when = (
+                    f"{time.monotonic() - signalled[0]:.3f} s after SIGTERM"
+                    if signalled
+                    else "before SIGTERM"
+                )
+                out += f" ({kind}, {when})"
         with lock:
             outcomes.append(out)
 
